@@ -1,0 +1,113 @@
+"""Conversion between growlm's GPT and ``transformers.GPT2LMHeadModel`` (both directions).
+
+Both models use the same parameter names and the same (in, out) Conv1D layout, so conversion is a name filter:
+HF adds ``lm_head.weight`` (tied) and, in some versions, non-persistent ``attn.bias`` causal-mask buffers.
+This is the only module of model/ that imports ``transformers`` (lazily, inside functions).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from model.config import GPTConfig
+from model.gpt import GPT
+
+if TYPE_CHECKING:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+
+def to_hf_config(cfg: GPTConfig) -> GPT2Config:
+    """The ``transformers.GPT2Config`` describing the same model (pre-LN, tanh GELU, tied head)."""
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=cfg.vocab_size,
+        n_positions=cfg.n_positions,
+        n_embd=cfg.n_embd,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        n_inner=cfg.n_inner,
+        activation_function="gelu_new",
+        resid_pdrop=cfg.dropout,
+        embd_pdrop=cfg.dropout,
+        attn_pdrop=cfg.dropout,
+        layer_norm_epsilon=cfg.layer_norm_epsilon,
+        tie_word_embeddings=True,
+        bos_token_id=50256 if cfg.vocab_size > 50256 else None,
+        eos_token_id=50256 if cfg.vocab_size > 50256 else None,
+    )
+
+
+def from_hf_config(hf_cfg: GPT2Config) -> GPTConfig:
+    """The GPTConfig of a ``transformers.GPT2Config``.
+
+    Raises:
+        ValueError: the HF config uses a feature growlm's GPT does not implement (another activation, untied
+            head, scaled or reordered attention, or unequal dropouts).
+    """
+    unsupported = []
+    if hf_cfg.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
+        unsupported.append(f"activation_function={hf_cfg.activation_function!r} (need 'gelu_new')")
+    if not getattr(hf_cfg, "tie_word_embeddings", True):
+        unsupported.append("tie_word_embeddings=False")
+    if getattr(hf_cfg, "scale_attn_by_inverse_layer_idx", False) or getattr(hf_cfg, "reorder_and_upcast_attn", False):
+        unsupported.append("scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn")
+    if not getattr(hf_cfg, "scale_attn_weights", True):
+        unsupported.append("scale_attn_weights=False")
+    drops = {hf_cfg.resid_pdrop, hf_cfg.embd_pdrop, hf_cfg.attn_pdrop}
+    if len(drops) > 1:
+        unsupported.append(f"unequal dropouts {sorted(drops)}")
+    if unsupported:
+        raise ValueError("cannot convert this GPT2Config: " + "; ".join(unsupported))
+    return GPTConfig(
+        n_layer=hf_cfg.n_layer,
+        n_embd=hf_cfg.n_embd,
+        n_head=hf_cfg.n_head,
+        n_inner=hf_cfg.n_inner,
+        n_positions=hf_cfg.n_positions,
+        vocab_size=hf_cfg.vocab_size,
+        dropout=float(drops.pop()),
+        layer_norm_epsilon=hf_cfg.layer_norm_epsilon,
+    )
+
+
+def to_hf(model: GPT) -> GPT2LMHeadModel:
+    """A ``GPT2LMHeadModel`` holding copies of ``model``'s weights (fp32), in eval mode.
+
+    Raises:
+        ValueError: the model still carries growth masks (finish the ramp first; a masked model is not GPT-2).
+    """
+    from transformers import GPT2LMHeadModel
+
+    if any("mask" in name or "gate" in name for name, _ in model.named_buffers()):
+        raise ValueError("model still has growth masks; let the mask ramp finish (masks at 1 are removed) first")
+    hf = GPT2LMHeadModel(to_hf_config(model.config))
+    ours = {k: v.detach().float() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    missing, unexpected = hf.load_state_dict(ours, strict=False)
+    missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias")) and k != "lm_head.weight"]
+    if missing or unexpected:
+        raise ValueError(f"state dict mismatch converting to HF: missing {missing}, unexpected {unexpected}")
+    hf.tie_weights()
+    return hf.eval()
+
+
+def from_hf(hf_model: GPT2LMHeadModel) -> GPT:
+    """A growlm GPT with copies of ``hf_model``'s weights (fp32).
+
+    Raises:
+        ValueError: the HF config is not convertible (see ``from_hf_config``) or parameters are missing.
+    """
+    model = GPT(from_hf_config(hf_model.config))
+    theirs = {
+        k: v.detach().float()
+        for k, v in hf_model.state_dict().items()
+        if not k.endswith((".attn.bias", ".attn.masked_bias")) and k != "lm_head.weight"
+    }
+    with torch.no_grad():
+        missing, unexpected = model.load_state_dict(theirs, strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]
+    if missing or unexpected:
+        raise ValueError(f"state dict mismatch converting from HF: missing {missing}, unexpected {unexpected}")
+    return model
