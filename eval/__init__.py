@@ -1,0 +1,1 @@
+"""Metrics and benchmarks: perplexity, accuracy, throughput."""

@@ -1,0 +1,119 @@
+"""Process-group setup for DeepSpeed on GPUs and CPUs, under the deepspeed launcher, torchrun or mpirun.
+
+The only job of this module: turn the launcher's environment into an initialised ``torch.distributed`` group.
+It imports deepspeed lazily, after choosing the accelerator, because DeepSpeed picks its accelerator at import.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits: global rank, world size, rank within its node, and the torch device it uses."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+
+def select_accelerator() -> str:
+    """Set ``DS_ACCELERATOR=cpu`` when no CUDA device exists (unless the user set it); return its value.
+
+    Must run before deepspeed is imported anywhere in the process.
+    """
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+    return os.environ.get("DS_ACCELERATOR", "cuda")
+
+
+def discover_mpi() -> bool:
+    """Fill RANK, WORLD_SIZE, LOCAL_RANK (and MASTER_ADDR/PORT if unset) from an MPI launch; True if it did.
+
+    Unlike DeepSpeed's own ``mpi_discovery`` this keeps a MASTER_ADDR the user exported (``mpirun -x
+    MASTER_ADDR=...``), and when every rank runs on one host it uses 127.0.0.1 instead of the host's
+    non-loopback address. Across hosts without MASTER_ADDR, rank 0's resolved host name is used.
+
+    Raises:
+        RuntimeError: launched by mpirun but mpi4py is not installed.
+    """
+    if "RANK" in os.environ or not any(k in os.environ for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")):
+        return False
+    try:
+        from mpi4py import MPI
+    except ImportError as e:
+        raise RuntimeError("launched by mpirun but mpi4py is missing; pip install 'growlm[mpi]' (needs an MPI)") from e
+    comm = MPI.COMM_WORLD
+    rank, world = comm.Get_rank(), comm.Get_size()
+    hosts = comm.allgather(MPI.Get_processor_name())
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
+    os.environ["LOCAL_RANK"] = str(sum(h == hosts[rank] for h in hosts[:rank]))
+    os.environ["LOCAL_WORLD_SIZE"] = str(sum(h == hosts[rank] for h in hosts))
+    if "MASTER_ADDR" not in os.environ:
+        addr = "127.0.0.1" if len(set(hosts)) == 1 else socket.gethostbyname(socket.gethostname())
+        os.environ["MASTER_ADDR"] = comm.bcast(addr, root=0)
+    os.environ.setdefault("MASTER_PORT", "29500")
+    return True
+
+
+def init_distributed(timeout_s: float = 300.0) -> DistInfo:
+    """Initialise the default process group (NCCL on CUDA, gloo or oneCCL on CPU) and return where we are.
+
+    Works without a launcher too (a single process, world size 1, on 127.0.0.1). On a CPU, torch threads are set to
+    cores / ranks-on-this-node unless OMP_NUM_THREADS is set (oversubscribed threads make CPU steps erratic).
+
+    Args:
+        timeout_s: seconds to wait for the other ranks (rendezvous and every collective).
+
+    Raises:
+        RuntimeError: the rendezvous at MASTER_ADDR:MASTER_PORT did not complete within timeout_s; the message
+            names the address so an unreachable or wrong master is obvious.
+    """
+    accelerator = select_accelerator()
+    discover_mpi()
+    if "RANK" not in os.environ:  # plain `python train.py`: a world of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if accelerator == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_here))
+
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    try:
+        deepspeed.init_distributed(
+            dist_backend=acc.communication_backend_name(),
+            auto_mpi_discovery=False,
+            timeout=timedelta(seconds=timeout_s),
+        )
+    except (RuntimeError, TimeoutError) as e:
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        raise RuntimeError(
+            f"could not join the process group at {where} within {timeout_s:.0f} s ({e}); check that the master "
+            "address is reachable from every node, the port is free, and every rank was started"
+        ) from e
+    if accelerator == "cpu":
+        device = torch.device("cpu")
+    else:
+        acc.set_device(local_rank)
+        device = torch.device(acc.device_name(local_rank))
+    return DistInfo(
+        rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), local_rank=local_rank, device=device
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

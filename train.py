@@ -1,0 +1,479 @@
+"""growlm training entry point: pretrain a GPT-2 with DeepSpeed ZeRO on a prepared token file.
+
+Launch with the deepspeed launcher (``deepspeed --num_gpus 2 train.py ...``; on a CPU DeepSpeed's CPU
+accelerator and gloo are chosen automatically), with ``torchrun --nproc_per_node 2 train.py ...``, with
+``mpirun -n 2 python train.py ...`` (mpi4py discovery), or as a single process (``python train.py ...``).
+DeepSpeed settings (ZeRO stage, precision, micro batch, gradient accumulation, clipping, AdamW, LR schedule) come
+from the JSON given by --ds_config; see ds_configs/README.md. Run ``python train.py --help`` for every flag.
+
+The file reads top to bottom: parse and validate, build, train, close.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from growth.ds_runtime import select_accelerator
+
+select_accelerator()  # before anything imports deepspeed
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from data.sampler import ResumableSampler, TokenWindows, micro_batch_start  # noqa: E402
+from eval.perplexity import NLL, token_nll  # noqa: E402
+from growth import ds_checkpoint  # noqa: E402
+from model.config import PRESETS, GPTConfig, flops_per_token, from_preset, param_count  # noqa: E402
+from model.gpt import GPT  # noqa: E402
+
+REPO = Path(__file__).resolve().parent
+DEFAULT_PRESET = "cpu-small"
+
+
+class UsageError(Exception):
+    """Bad input from the command line; printed as one message, exit status 2."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="growlm-train",
+        description="Pretrain a GPT-2 with DeepSpeed ZeRO. Model shape from --preset (+ overrides); DeepSpeed "
+        "settings (ZeRO stage, precision, batch, optimizer, LR schedule) from --ds_config.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    m = p.add_argument_group("model")
+    m.add_argument(
+        "--preset",
+        default=None,
+        help=f"model shape preset, one of: {', '.join(PRESETS)} "
+        f"(default {DEFAULT_PRESET}, or the checkpoint's shape with --resume)",
+    )
+    m.add_argument("--n_layer", type=int, help="override the preset's number of blocks L")
+    m.add_argument("--n_embd", type=int, help="override the preset's width d (must be divisible by n_head)")
+    m.add_argument("--n_head", type=int, help="override the preset's number of attention heads H")
+    m.add_argument("--n_inner", type=int, help="override the preset's FFN width F (default 4 * n_embd)")
+    m.add_argument("--n_positions", type=int, help="override the preset's longest context P")
+    m.add_argument("--dropout", type=float, help="override the preset's dropout (embedding, attention, residual)")
+    d = p.add_argument_group("data")
+    d.add_argument(
+        "--data",
+        default=None,
+        help="folder made by growlm-prepare (train.bin, val.bin, meta.json); "
+        "default: the built-in corpus, prepared on first use into data/cache/builtin",
+    )
+    d.add_argument("--seq_len", type=int, default=None, help="tokens per training sequence T (default n_positions)")
+    d.add_argument("--seed", type=int, default=1234, help="seed of the model init, data order and dropout")
+    t = p.add_argument_group("training")
+    t.add_argument(
+        "--ds_config",
+        default=str(REPO / "ds_configs" / "zero2_bf16.json"),
+        help='DeepSpeed JSON config; a scheduler total_num_steps of "auto" becomes --max_steps',
+    )
+    t.add_argument("--max_steps", type=int, default=200, help="train until this many optimizer steps (global step)")
+    t.add_argument(
+        "--out_dir",
+        default="runs/default",
+        help="run folder: checkpoints/, tb/ (TensorBoard), "
+        "metrics.jsonl; refused if it already holds checkpoints this run would write",
+    )
+    t.add_argument(
+        "--resume",
+        default=None,
+        help="checkpoint to continue from: a checkpoints folder (its "
+        "'latest' tag) or a tag folder; restores weights, Adam state, LR schedule, loss scaler, "
+        "consumed samples and RNG",
+    )
+    t.add_argument("--save_interval", type=int, default=0, help="also save every N steps (0: only at the end)")
+    t.add_argument("--no_final_save", action="store_true", help="do not save a checkpoint at the end")
+    t.add_argument("--log_interval", type=int, default=10, help="steps between TensorBoard/console logs")
+    t.add_argument("--dist_timeout_s", type=float, default=300.0, help="seconds to wait for other ranks")
+    e = p.add_argument_group("evaluation")
+    e.add_argument("--eval_interval", type=int, default=0, help="validate every N steps (0: only before/after)")
+    e.add_argument("--eval_tokens", type=int, default=32768, help="held-out tokens used by periodic validation")
+    e.add_argument(
+        "--final_eval_tokens",
+        type=int,
+        default=0,
+        help="held-out tokens scored before and after training (0: the whole validation split)",
+    )
+    e.add_argument(
+        "--eval_stride",
+        type=int,
+        default=None,
+        help="sliding-window stride for before/after perplexity (default seq_len: non-overlapping windows)",
+    )
+    e.add_argument("--eval_batch_size", type=int, default=8, help="windows per forward pass when evaluating")
+    e.add_argument("--no_eval", action="store_true", help="skip the before/after perplexity")
+    p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # set by the deepspeed launcher
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------------- validation (no ranks)
+
+
+def load_ds_config(path: str, max_steps: int) -> dict[str, Any]:
+    """The DeepSpeed config at ``path`` with ``"auto"`` scheduler step counts replaced by ``max_steps``."""
+    try:
+        cfg = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(
+            f"--ds_config {path}: no such file; pick one of {sorted(os.listdir(REPO / 'ds_configs'))}"
+        ) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"--ds_config {path} is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise UsageError(f"--ds_config {path} must hold a JSON object")
+    sched = cfg.get("scheduler", {}).get("params", {})
+    for key in ("total_num_steps", "warmup_num_steps"):
+        if sched.get(key) == "auto":
+            sched[key] = max_steps
+    if cfg.get("fp16", {}).get("enabled") and cfg.get("bf16", {}).get("enabled"):
+        raise UsageError(f"--ds_config {path} enables both fp16 and bf16; enable one")
+    return cfg
+
+
+def precision_of(ds_cfg: dict) -> str:
+    return (
+        "fp16" if ds_cfg.get("fp16", {}).get("enabled") else "bf16" if ds_cfg.get("bf16", {}).get("enabled") else "fp32"
+    )
+
+
+def model_config_from_args(args: argparse.Namespace, resume_state: dict | None) -> GPTConfig:
+    """The model shape: the checkpoint's when resuming (flags must agree with it), else preset + overrides."""
+    overrides = {k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "dropout")}
+    try:
+        if resume_state is None:
+            return from_preset(args.preset or DEFAULT_PRESET, **overrides)
+        saved = GPTConfig.from_dict(resume_state["model_config"])
+        requested = (
+            from_preset(args.preset, **overrides)
+            if args.preset
+            else GPTConfig.from_dict({**saved.to_dict(), **{k: v for k, v in overrides.items() if v is not None}})
+        )
+        return requested
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def validate_data_dir(path: str | None) -> Path:
+    from data.prepare import default_data_dir, load_meta
+
+    if path is None:
+        return default_data_dir()
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(
+            f"--data {p}: no such folder; prepare one with `growlm-prepare --train FILE... --val FILE... --out {p}`"
+        )
+    if p.is_file():
+        raise UsageError(
+            f"--data {p} is a file; train.py reads a prepared token folder: run `growlm-prepare "
+            f"--train {p} --val HELD_OUT_FILE --out DIR` and pass --data DIR"
+        )
+    try:
+        meta = load_meta(p)
+    except (ValueError, FileNotFoundError) as e:
+        raise UsageError(str(e)) from None
+    if meta["splits"]["train"]["n_tokens"] == 0:
+        raise UsageError(f"--data {p}: the train split is empty")
+    return p
+
+
+def planned_save_steps(start: int, max_steps: int, interval: int, final: bool) -> list[int]:
+    steps = list(range(start + interval - start % interval, max_steps + 1, interval)) if interval > 0 else []
+    if final and max_steps > start and max_steps not in steps:
+        steps.append(max_steps)
+    return steps
+
+
+# ----------------------------------------------------------------------------------------------- training
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW groups: weight decay on matrices and embeddings (dim >= 2), none on biases and LayerNorm."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def loss_scale_of(engine: Any) -> float:
+    """Current fp16 loss scale (1.0 for bf16/fp32)."""
+    for obj in (engine.optimizer, getattr(engine.optimizer, "loss_scaler", None)):
+        for attr in ("cur_scale", "loss_scale"):
+            value = getattr(obj, attr, None)
+            if isinstance(value, (int, float)) or torch.is_tensor(value):
+                return float(value)
+    return 1.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank_env = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    try:
+        return run(args)
+    except (UsageError, ds_checkpoint.CheckpointError) as e:
+        if rank_env == 0:
+            print(f"growlm-train: error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    # ---- parse and validate everything that needs no other rank, so bad input fails fast and alike everywhere
+    ds_cfg = load_ds_config(args.ds_config, args.max_steps)
+    zero_stage = int(ds_cfg.get("zero_optimization", {}).get("stage", 0))
+    precision = precision_of(ds_cfg)
+    resume = None
+    if args.resume:
+        resume = ds_checkpoint.resolve(args.resume)
+        resume_state = ds_checkpoint.read_state(*resume)
+    else:
+        resume_state = None
+    cfg = model_config_from_args(args, resume_state)
+    seq_len = args.seq_len or (resume_state["seq_len"] if resume_state else cfg.n_positions)
+    if not 1 <= seq_len <= cfg.n_positions:
+        raise UsageError(
+            f"--seq_len {seq_len} must be in [1, n_positions={cfg.n_positions}]; shorten it or raise --n_positions"
+        )
+    if resume_state is not None:
+        launched_world = int(os.environ.get("WORLD_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
+        ds_checkpoint.check_compatible(
+            resume_state,
+            model_config=cfg.to_dict(),
+            world_size=launched_world,
+            zero_stage=zero_stage,
+            path=resume[0] / resume[1],
+        )
+    data_dir = validate_data_dir(args.data)
+    out_dir = Path(args.out_dir)
+    save_dir = out_dir / "checkpoints"
+    start_step = resume_state["global_step"] if resume_state else 0
+    if args.max_steps < start_step:
+        raise UsageError(f"--max_steps {args.max_steps} is below the checkpoint's global step {start_step}")
+    planned = planned_save_steps(start_step, args.max_steps, args.save_interval, not args.no_final_save)
+    clash = sorted(set(ds_checkpoint.existing_tags(save_dir)) & {ds_checkpoint.tag_for(s) for s in planned})
+    if clash:
+        raise UsageError(
+            f"{save_dir} already holds {', '.join(clash)}, which this run would write; checkpoints are "
+            "never overwritten: choose another --out_dir (or --resume from the newest one)"
+        )
+
+    from deepspeed.accelerator import get_accelerator
+
+    if precision == "fp16" and not get_accelerator().is_fp16_supported():
+        available = ["fp32"] + (["bf16"] if get_accelerator().is_bf16_supported() else [])
+        raise UsageError(
+            f"--ds_config {args.ds_config} asks for fp16, which this device "
+            f"({get_accelerator().device_name()}) does not support; available precisions: "
+            f"{', '.join(available)} (e.g. ds_configs/zero{zero_stage}_{available[-1]}.json)"
+        )
+
+    # ---- build
+    from growth.ds_runtime import init_distributed
+
+    try:
+        info = init_distributed(args.dist_timeout_s)
+    except RuntimeError as e:
+        raise UsageError(str(e)) from None
+    import deepspeed
+
+    if args.data is None:
+        from data.prepare import ensure_builtin_prepared
+
+        if info.local_rank == 0:
+            ensure_builtin_prepared()
+        dist.barrier()
+    from data.prepare import load_meta, open_tokens
+
+    meta = load_meta(data_dir)
+    if meta["vocab_size"] > cfg.vocab_size:
+        raise UsageError(
+            f"the data's vocabulary ({meta['vocab_size']}) is larger than the model's vocab_size "
+            f"({cfg.vocab_size}); use --data prepared with the model's tokenizer"
+        )
+    train_tokens, val_tokens = open_tokens(data_dir, "train"), open_tokens(data_dir, "val")
+    windows = TokenWindows(train_tokens, seq_len)
+    sampler = ResumableSampler(len(windows), args.seed)
+
+    torch.manual_seed(args.seed)  # identical init on every rank
+    model = GPT(cfg)
+    weight_decay = ds_cfg.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=param_groups(model, weight_decay), config=ds_cfg
+    )
+    micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    global_batch = micro * gas * info.world_size
+    if resume_state is not None:
+        resume_state = ds_checkpoint.load(engine, *resume, rank=info.rank, world_size=info.world_size)
+        consumed = resume_state["consumed_samples"]
+    else:
+        torch.manual_seed(args.seed + 1 + info.rank)  # per-rank dropout stream
+        consumed = 0
+    step = engine.global_steps
+    if step != start_step:
+        raise ds_checkpoint.CheckpointError(
+            f"DeepSpeed restored global step {step}, growlm_state.json says "
+            f"{start_step}; the checkpoint is inconsistent"
+        )
+
+    is_main = info.rank == 0
+    writer = None
+    if is_main:
+        from torch.utils.tensorboard import SummaryWriter
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        writer = SummaryWriter(str(out_dir / "tb"))
+        metrics = open(out_dir / "metrics.jsonl", "a")
+        n_params = param_count(cfg)
+        print(
+            f"growlm: model {cfg.shape_str()} ({n_params / 1e6:.2f}M parameters), ZeRO stage {zero_stage}, "
+            f"{precision}, {info.world_size} rank(s) on {info.device.type}, micro batch {micro} x accumulation "
+            f"{gas} x {info.world_size} ranks = {global_batch} sequences of {seq_len} tokens per step",
+            flush=True,
+        )
+        print(
+            f"growlm: data {data_dir}: {len(train_tokens):,} train tokens ({len(windows):,} samples), "
+            f"{len(val_tokens):,} held-out tokens; starting at step {step}, {consumed:,} samples consumed",
+            flush=True,
+        )
+
+    def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+        t = t.to(info.device)
+        dist.all_reduce(t)
+        return t.cpu()
+
+    def evaluate(max_tokens: int, stride: int | None, progress: bool = False) -> NLL:
+        engine.eval()
+        tokens = val_tokens[:max_tokens] if max_tokens else val_tokens
+        result = token_nll(
+            lambda x: engine(x),
+            tokens,
+            seq_len,
+            stride,
+            args.eval_batch_size,
+            rank=info.rank,
+            world_size=info.world_size,
+            all_reduce_sum=all_reduce_sum,
+            device=info.device,
+            progress=progress and is_main,
+        )
+        engine.train()
+        return result
+
+    before = None
+    if not args.no_eval:
+        t0 = time.perf_counter()
+        before = evaluate(args.final_eval_tokens, args.eval_stride, progress=True)
+        if is_main:
+            print(
+                f"growlm: held-out perplexity before training: {before.perplexity:.2f} (loss {before.loss:.4f} "
+                f"over {before.n_tokens:,} tokens, {time.perf_counter() - t0:.1f} s)",
+                flush=True,
+            )
+
+    # ---- train
+    tok_per_step = global_batch * seq_len
+    flops_per_step = flops_per_token(cfg, seq_len) * tok_per_step
+    save_steps = set(planned)
+    bar = None
+    if is_main:
+        from tqdm import tqdm
+
+        bar = tqdm(total=args.max_steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
+    engine.train()
+    t_log, steps_since_log, tokens_per_s = time.perf_counter(), 0, 0.0
+    while step < args.max_steps:
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        for j in range(gas):
+            start = micro_batch_start(consumed, micro, j, info.rank, info.world_size)
+            x, y = windows.batch(sampler.sample_ids(start, micro))
+            loss = engine(x.to(info.device), y.to(info.device))
+            engine.backward(loss)
+            engine.step()
+            loss_sum += loss.detach().double().cpu()
+        step, consumed = step + 1, consumed + global_batch
+        steps_since_log += 1
+        mean_loss = float(all_reduce_sum(loss_sum / gas)) / info.world_size
+        lr = engine.get_lr()[0]
+        grad_norm = engine.get_global_grad_norm()
+        grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+        if is_main:
+            rec = {
+                "step": step,
+                "loss": mean_loss,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "loss_scale": loss_scale_of(engine),
+                "consumed_samples": consumed,
+                "tokens": consumed * seq_len,
+                "skipped_steps": engine.skipped_steps,
+            }
+            metrics.write(json.dumps(rec) + "\n")
+            metrics.flush()
+            bar.update(1)
+            if step % args.log_interval == 0 or step == args.max_steps:
+                dt = time.perf_counter() - t_log
+                tokens_per_s = steps_since_log * tok_per_step / dt
+                t_log, steps_since_log = time.perf_counter(), 0
+                tflops = flops_per_step / tok_per_step * tokens_per_s / 1e12  # model FLOPs, all ranks
+                for k in ("loss", "lr", "grad_norm", "loss_scale"):
+                    writer.add_scalar(f"train/{k}", rec[k], step)
+                writer.add_scalar("train/tokens_per_s", tokens_per_s, step)
+                writer.add_scalar("train/model_tflops", tflops, step)
+                writer.add_scalar("train/consumed_tokens", rec["tokens"], step)
+                bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}")
+        if args.eval_interval and step % args.eval_interval == 0 and step < args.max_steps:
+            val = evaluate(args.eval_tokens, None)
+            if is_main:
+                writer.add_scalar("val/loss", val.loss, step)
+                writer.add_scalar("val/perplexity", val.perplexity, step)
+                bar.write(f"step {step}: val loss {val.loss:.4f}, perplexity {val.perplexity:.2f}")
+        if step in save_steps:
+            state = {
+                "global_step": step,
+                "consumed_samples": consumed,
+                "consumed_tokens": consumed * seq_len,
+                "model_config": cfg.to_dict(),
+                "seq_len": seq_len,
+                "world_size": info.world_size,
+                "zero_stage": zero_stage,
+                "precision": precision,
+                "seed": args.seed,
+                "data": {"dir": str(data_dir), "train_sha256": meta["splits"]["train"].get("sha256")},
+                "ds_config": ds_cfg,
+            }
+            path = ds_checkpoint.save(engine, save_dir, state, rank=info.rank, local_rank=info.local_rank)
+            if is_main:
+                bar.write(f"growlm: saved checkpoint {path}")
+    if bar is not None:
+        bar.close()
+
+    # ---- close
+    if not args.no_eval:
+        after = evaluate(args.final_eval_tokens, args.eval_stride, progress=True)
+        if is_main:
+            writer.add_scalar("val/loss", after.loss, step)
+            writer.add_scalar("val/perplexity", after.perplexity, step)
+            print(
+                f"growlm: held-out perplexity after {step} steps: {after.perplexity:.2f} (loss {after.loss:.4f}); "
+                f"before: {before.perplexity:.2f}",
+                flush=True,
+            )
+    if is_main:
+        print(f"growlm: training tokens/s (last interval, all ranks): {tokens_per_s:,.0f}", flush=True)
+        print(f"growlm: TensorBoard logs: {out_dir / 'tb'}  (tensorboard --logdir {out_dir / 'tb'})", flush=True)
+        if (save_dir / ds_checkpoint.LATEST).exists():
+            print(f"growlm: checkpoint: {save_dir / (save_dir / ds_checkpoint.LATEST).read_text().strip()}", flush=True)
+        writer.close()
+        metrics.close()
+    dist.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
