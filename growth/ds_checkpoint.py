@@ -182,12 +182,12 @@ def check_compatible(
             at ZeRO stage >= 1 (partitioned optimizer state cannot be loaded at another size); or the ZeRO stage
             crosses between 1/2 and 3.
     """
-    if state["model_config"] != model_config:
-        diff = {
-            k: (state["model_config"].get(k), model_config.get(k))
-            for k in set(state["model_config"]) | set(model_config)
-            if state["model_config"].get(k) != model_config.get(k)
-        }
+    diff = {
+        k: (state["model_config"].get(k), model_config.get(k))
+        for k in sorted(set(state["model_config"]) | set(model_config))
+        if k != "dropout" and state["model_config"].get(k) != model_config.get(k)
+    }
+    if diff:
         raise CheckpointError(
             f"{path} holds a model of another shape; differing fields (checkpoint, requested): {diff}. "
             "Drop the shape flags to resume the checkpoint's own shape, or grow it first"

@@ -74,9 +74,8 @@ class GPTConfig:
 
     def shape_str(self) -> str:
         """Short human-readable shape, e.g. 'L=12 d=768 H=12 F=3072 P=1024 V=50257'."""
-        return (
-            f"L={self.n_layer} d={self.n_embd} H={self.n_head} F={self.ffn_dim} P={self.n_positions} V={self.vocab_size}"
-        )
+        c = self
+        return f"L={c.n_layer} d={c.n_embd} H={c.n_head} F={c.ffn_dim} P={c.n_positions} V={c.vocab_size}"
 
 
 def _staged_presets() -> dict[str, GPTConfig]:
@@ -87,8 +86,10 @@ def _staged_presets() -> dict[str, GPTConfig]:
     for base, (n_layer, n_embd) in {"base": (12, 768), "large": (24, 1536)}.items():
         for wdiv in (1, 2, 4):
             for ddiv in (1, 2, 4):
-                name = f"GPT2_{base}" + (f"_div{wdiv}_width" if wdiv > 1 else "") + (
-                    f"_div{ddiv}_depth" if ddiv > 1 else ""
+                name = (
+                    f"GPT2_{base}"
+                    + (f"_div{wdiv}_width" if wdiv > 1 else "")
+                    + (f"_div{ddiv}_depth" if ddiv > 1 else "")
                 )
                 d = n_embd // wdiv
                 out[name] = GPTConfig(n_layer=n_layer // ddiv, n_embd=d, n_head=d // 96)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import GPTConfig
+from model.masks import MASK_BUFFERS, MaskSpec, mask_values, masked_forward_hidden, new_unit_flags
 
 
 class Conv1D(nn.Module):
@@ -84,11 +85,17 @@ class GPT(nn.Module):
 
     Initialisation follows GPT-2 (Radford et al. 2019): N(0, 0.02) weights, zero biases, unit LayerNorm gains,
     and residual output projections (``*.c_proj.weight``) scaled by 1/sqrt(2 L).
+
+    Growth masks (``model/masks.py``): ``GPT(cfg, masks=spec)`` builds a model with the mask buffers of a
+    ``MaskSpec`` (at ramp value 0), e.g. to load a checkpoint saved mid-ramp; ``set_growth_step(step)`` moves the
+    ramp after each optimizer step and drops the masks when it reaches 1. Without masks the forward pass is the
+    plain GPT-2 one.
     """
 
-    def __init__(self, cfg: GPTConfig) -> None:
+    def __init__(self, cfg: GPTConfig, masks: MaskSpec | None = None) -> None:
         super().__init__()
         self.config = cfg
+        self.growth_masks: MaskSpec | None = None
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
@@ -101,6 +108,47 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied: (V, d)
         self.reset_parameters()
+        if masks is not None:
+            self.add_growth_masks(masks)
+
+    def add_growth_masks(self, spec: MaskSpec, step: int | None = None) -> None:
+        """Register the mask buffers of ``spec`` (persistent: in ``state_dict``), at the ramp value of ``step``
+        (default: spec.start_step, i.e. 0 on new units).
+
+        Raises:
+            ValueError: the model already has masks, or the spec does not fit this config.
+        """
+        if self.growth_masks is not None:
+            raise ValueError("model already has growth masks; remove_growth_masks() or finish the ramp first")
+        spec.check(self.config)
+        r = spec.value(spec.start_step if step is None else step)
+        device = self.transformer.wte.weight.device
+        dtype = self.transformer.wte.weight.dtype
+        for name, is_new in new_unit_flags(spec, self.config).items():
+            self.register_buffer(name, mask_values(is_new, r).to(device=device, dtype=dtype), persistent=True)
+        self.growth_masks = spec
+
+    def set_growth_step(self, step: int) -> float:
+        """Set every mask to the ramp value at ``step`` optimizer steps; at 1 remove the masks. Call after each
+        optimizer step (and after loading a checkpoint). Returns the ramp value (1.0 when there are no masks)."""
+        spec = self.growth_masks
+        if spec is None:
+            return 1.0
+        r = spec.value(step)
+        if r >= 1.0:
+            self.remove_growth_masks()
+            return 1.0
+        for name, is_new in new_unit_flags(spec, self.config).items():
+            buf = getattr(self, name)
+            buf.copy_(mask_values(is_new, r).to(buf.dtype))
+        return r
+
+    def remove_growth_masks(self) -> None:
+        """Drop the mask buffers: the model becomes a plain GPT-2 (exact when the ramp has reached 1)."""
+        for name in MASK_BUFFERS:
+            if name in self._buffers:
+                del self._buffers[name]
+        self.growth_masks = None
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -134,11 +182,14 @@ class GPT(nn.Module):
         if t > self.config.n_positions:
             raise ValueError(f"sequence length {t} exceeds n_positions={self.config.n_positions}")
         tr = self.transformer
-        pos = torch.arange(t, device=idx.device)
-        x = tr.drop(tr.wte(idx) + tr.wpe(pos))  # (B, T, d)
-        for block in tr.h:
-            x = block(x)
-        logits = self.lm_head(tr.ln_f(x))  # (B, T, V)
+        if self.growth_masks is not None:
+            logits = self.lm_head(masked_forward_hidden(self, idx))  # (B, T, V)
+        else:
+            pos = torch.arange(t, device=idx.device)
+            x = tr.drop(tr.wte(idx) + tr.wpe(pos))  # (B, T, d)
+            for block in tr.h:
+                x = block(x)
+            logits = self.lm_head(tr.ln_f(x))  # (B, T, V)
         if targets is None:
             return logits
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)

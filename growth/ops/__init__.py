@@ -1,0 +1,69 @@
+"""Growth operator families; each returns a growth.plan.GrowthPlan. Torch only.
+
+``make_plan(old, new, family, **options)`` picks and chains the operators that take ``old`` to ``new``:
+- family 'masked': ops.masked.masked_growth (every dimension at once, any size, exact).
+- family 'duplicate': ops.width.width_growth (n_embd x k, heads x k), then ops.width.ffn_growth (n_inner beyond
+  k F), then ops.depth.depth_growth (n_layer), composed per parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from growth.errors import GrowthError
+from growth.ops.depth import depth_growth
+from growth.ops.masked import masked_growth
+from growth.ops.width import check_width_target, ffn_growth, width_growth
+from growth.plan import GrowthPlan, compose
+from model.config import GPTConfig
+
+FAMILIES = ("masked", "duplicate")
+_DUP_OPTIONS = {"layer_order", "exact", "pattern", "alpha"}
+_MASKED_OPTIONS = {"layer_order", "new_layers", "init_std", "bias_std", "seed", "ramp_steps", "start_step"}
+
+
+def make_plan(old: GPTConfig, new: GPTConfig, family: str, **options: Any) -> GrowthPlan:
+    """The growth plan from ``old`` to ``new`` with the given operator family.
+
+    Options, masked: layer_order ('stack'|'interleave'), new_layers ('copy'|'fresh'), init_std, bias_std, seed,
+    ramp_steps, start_step. Duplicate: layer_order (default 'interleave'), exact (depth copies as identity blocks,
+    default True), pattern ('block'|'split', width symmetry breaker), alpha (split weight).
+
+    Raises:
+        GrowthError: unknown family or option, or a target the family cannot reach (see each operator).
+    """
+    if family not in FAMILIES:
+        raise GrowthError(f"unknown growth family {family!r}; use one of {FAMILIES}")
+    allowed = _MASKED_OPTIONS if family == "masked" else _DUP_OPTIONS
+    unknown = set(options) - allowed
+    if unknown:
+        raise GrowthError(f"unknown options {sorted(unknown)} for family {family!r}; allowed: {sorted(allowed)}")
+    if family == "masked":
+        return masked_growth(old, new, **options)
+    k = check_width_target(old, new)
+    plans: list[GrowthPlan] = []
+    cfg = old
+    if k > 1:
+        plans.append(width_growth(cfg, k, pattern=options.get("pattern", "block"), alpha=options.get("alpha", 0.75)))
+        cfg = plans[-1].new
+    if new.ffn_dim > cfg.ffn_dim:
+        plans.append(ffn_growth(cfg, new.ffn_dim))
+        cfg = plans[-1].new
+    elif new.ffn_dim < cfg.ffn_dim:
+        raise GrowthError(
+            f"width x{k} makes the FFN {cfg.ffn_dim} wide, more than the target's {new.ffn_dim}; "
+            f"set n_inner >= {cfg.ffn_dim} (or None)"
+        )
+    if new.n_layer > cfg.n_layer:
+        plans.append(
+            depth_growth(
+                cfg, new.n_layer, order=options.get("layer_order", "interleave"), exact=options.get("exact", True)
+            )
+        )
+    if not plans:
+        raise GrowthError(f"nothing grows: target {new.shape_str()} equals the current shape; change the target")
+    plan = plans[0]
+    for p in plans[1:]:
+        plan = compose(plan, p)
+    # carry the target's non-shape fields (dropout, eps, and n_inner=None vs explicit) exactly as asked
+    return GrowthPlan(old=plan.old, new=new, rules=plan.rules, family=plan.family, exact=plan.exact, notes=plan.notes)

@@ -1,0 +1,52 @@
+"""Duplication-family depth operator: L -> L' blocks by interleaving (staged training, Shen et al. 2022, arXiv
+2203.06211, section 3.2 "depth operator") or stacking (progressive stacking; G_stack, Du et al. 2024, arXiv
+2405.15319, section 3). Torch only.
+"""
+
+from __future__ import annotations
+
+from growth.errors import GrowthError
+from growth.ops.common import BLOCK_PARAMS, check_no_shrink, layer_map
+from growth.plan import GrowthPlan, Rule, identity, zeros
+from model.config import GPTConfig
+
+ZEROED_IN_EXACT = ("attn.c_proj.weight", "attn.c_proj.bias", "mlp.c_proj.weight", "mlp.c_proj.bias")
+
+
+def depth_growth(old: GPTConfig, n_layer: int, *, order: str = "interleave", exact: bool = True) -> GrowthPlan:
+    """n_layer L -> L' (any L' > L): each new block is a copy of an old block (``Rule.source``), placed by ``order``
+    (see ops.common.layer_map: 'interleave' L0 L0' L1 L1' ..., 'stack' L0..L(n-1) L0 L1 ...).
+
+    exact=True zeroes the copies' output projections (attn c_proj and mlp c_proj, weights and biases), so every new
+    block is the identity x + 0 + 0 and the function is unchanged (eval mode); their Adam state starts at zero.
+    exact=False is the plain copy (G_stack-style): **not** function-preserving (logits move by O(1)), kept because
+    G_stack reports it trains well. Adam state of copied tensors: copied (DESIGN.md 3.2); Adam step carried.
+
+    Raises:
+        GrowthError: n_layer <= L, or an unknown order.
+    """
+    if n_layer <= old.n_layer:
+        raise GrowthError(f"n_layer={n_layer} must exceed the current {old.n_layer} (depth growth only grows)")
+    new = GPTConfig(**{**old.to_dict(), "n_layer": n_layer})
+    check_no_shrink(old, new)
+    rules: dict[str, Rule] = {}
+    for i, (src, is_copy) in enumerate(layer_map(old.n_layer, n_layer, order)):
+        for s in BLOCK_PARAMS:
+            name, source = f"transformer.h.{i}.{s}", f"transformer.h.{src}.{s}"
+            zero = is_copy and exact and s in ZEROED_IN_EXACT
+            rules[name] = Rule(
+                weight=zeros if zero else identity,
+                exp_avg=zeros if zero else identity,
+                exp_avg_sq=zeros if zero else identity,
+                source=source if source != name else None,
+                place=zeros if is_copy else identity,
+            )
+    for name in (
+        "transformer.wte.weight",
+        "transformer.wpe.weight",
+        "transformer.ln_f.weight",
+        "transformer.ln_f.bias",
+    ):
+        rules[name] = Rule(weight=identity, exp_avg=identity, exp_avg_sq=identity)
+    notes = () if exact else ("depth plain copy (G_stack-style): not function-preserving",)
+    return GrowthPlan(old=old, new=new, rules=rules, family="duplicate", exact=exact, notes=notes)

@@ -1,0 +1,182 @@
+"""Masked Structural Growth (MSG, Yao et al. 2023, arXiv 2305.02869, sections 3-4): grow n_layer, n_embd, n_head and
+n_inner, alone or together, to any larger size, exactly preserving the function whatever the new weights are.
+
+Old values sit in the leading positions of each grown axis (attention: head h, dim r -> h * Q' + r), new units are
+initialised from a seed and masked (model/masks.py); new blocks are gated. Torch only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from growth.errors import GrowthError
+from growth.ops.common import BLOCK_PARAMS, check_no_shrink, layer_map
+from growth.plan import GrowthPlan, Map, Rule, seeded_normal
+from model.config import GPTConfig
+from model.masks import MaskSpec, attn_index
+
+NEW_LAYER_INITS = ("copy", "fresh")
+
+
+def _axis_kinds(suffix: str) -> tuple[str | None, ...]:
+    """Per axis of a parameter: h hidden, a attention, qkv fused q|k|v attention, f FFN, None unchanged."""
+    return {
+        "transformer.wte.weight": (None, "h"),
+        "transformer.wpe.weight": (None, "h"),
+        "attn.c_attn.weight": ("h", "qkv"),
+        "attn.c_attn.bias": ("qkv",),
+        "attn.c_proj.weight": ("a", "h"),
+        "mlp.c_fc.weight": ("h", "f"),
+        "mlp.c_fc.bias": ("f",),
+        "mlp.c_proj.weight": ("f", "h"),
+    }.get(suffix, ("h",))  # LayerNorm weights/biases and c_proj biases
+
+
+def _embed(index: tuple[Tensor, ...], scale: Tensor | None, fill: Map) -> Map:
+    """x -> fill(x) with x (times ``scale`` along its last axis) written at the positions ``index`` (one int64
+    index vector per axis)."""
+
+    def f(x: Tensor) -> Tensor:
+        out = fill(x)
+        val = x if scale is None else x * scale.to(dtype=x.dtype, device=x.device)
+        if out.is_meta:
+            return out
+        ix = [i.to(x.device) for i in index]
+        if len(ix) == 2:
+            out[ix[0][:, None], ix[1][None, :]] = val
+        else:
+            out[ix[0]] = val
+        return out
+
+    return f
+
+
+def masked_growth(
+    old: GPTConfig,
+    new: GPTConfig,
+    *,
+    layer_order: str = "stack",
+    new_layers: str = "copy",
+    init_std: float = 0.02,
+    bias_std: float = 0.0,
+    seed: int = 0,
+    ramp_steps: int = 5000,
+    start_step: int = 0,
+) -> GrowthPlan:
+    """MSG operator from ``old`` to ``new`` (any of n_layer, n_embd, n_head, n_inner larger or equal).
+
+    Shapes (HF (in, out)): wte (V, d) -> (V, d'), c_attn.weight (d, 3HQ) -> (d', 3H'Q'), attn c_proj (HQ, d) ->
+    (H'Q', d'), c_fc (d, F) -> (d', F'), mlp c_proj (F, d) -> (F', d'). New entries: N(0, init_std) for matrices
+    and embeddings, N(0, bias_std) for biases, 1 + N(0, bias_std) for LayerNorm gains (seeded by parameter name and
+    ``seed``; preservation does not depend on them). New blocks: copies of old ones (``new_layers='copy'``, placed by
+    ``layer_order``, see ops.common.layer_map) or fresh random blocks; either way gated to 0.
+
+    When the head dim grows (Q' > Q, e.g. n_embd grows with n_head fixed), the old q columns are scaled by
+    sqrt(Q'/Q), which keeps q.k / sqrt(Q') equal to the old q.k / sqrt(Q); their moments are scaled by the gradient
+    rule (exp_avg / c, exp_avg_sq / c^2). Adam state: old entries carried, new entries (and new blocks) zero
+    (DESIGN.md 3.1). The returned plan's ``masks`` (ramp from ``start_step`` over ``ramp_steps``) must be added to
+    the grown model.
+
+    Raises:
+        GrowthError: a dimension shrinks, the head dim would shrink (n_head grows faster than n_embd), vocab or
+            positions change, an unknown layer order or new-layer init, or nothing grows.
+    """
+    check_no_shrink(old, new)
+    if new.head_dim < old.head_dim:
+        raise GrowthError(
+            f"head dim would shrink from {old.head_dim} to {new.head_dim} (n_embd={new.n_embd}, n_head={new.n_head}); "
+            f"the masked family keeps old heads whole: set n_embd >= {new.n_head * old.head_dim}"
+        )
+    if new_layers not in NEW_LAYER_INITS:
+        raise GrowthError(f"unknown new_layers={new_layers!r}; use one of {NEW_LAYER_INITS}")
+    if (old.n_layer, old.n_embd, old.n_head, old.ffn_dim) == (new.n_layer, new.n_embd, new.n_head, new.ffn_dim):
+        raise GrowthError(f"nothing grows: target {new.shape_str()} equals the current shape; change the target")
+    lmap = layer_map(old.n_layer, new.n_layer, layer_order)
+
+    d, f = old.n_embd, old.ffn_dim
+    ai = attn_index(old.n_head, old.head_dim, new.head_dim)
+    a_new = new.n_embd  # attention width H'Q'
+    index = {
+        "h": torch.arange(d),
+        "a": ai,
+        "qkv": torch.cat([ai + t * a_new for t in range(3)]),
+        "f": torch.arange(f),
+    }
+    c = math.sqrt(new.head_dim / old.head_dim)
+    q_scale = torch.ones(3 * old.n_embd, dtype=torch.float64)
+    q_scale[: old.n_embd] = c
+
+    def rule(new_name: str, old_name: str, suffix: str, is_new_block: bool) -> Rule:
+        kinds = _axis_kinds(suffix)
+        sizes = {"h": new.n_embd, "a": a_new, "qkv": 3 * a_new, "f": new.ffn_dim}
+        new_shapes = [None if k is None else sizes[k] for k in kinds]  # None: the axis keeps its old length
+
+        def new_shape(x: Tensor) -> tuple[int, ...]:
+            return tuple(x.shape[ax] if n is None else n for ax, n in enumerate(new_shapes))
+
+        is_ln_gain = suffix.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))
+        is_bias = suffix.endswith("bias")
+
+        def fill(x: Tensor) -> Tensor:
+            shape = new_shape(x)
+            if is_ln_gain:
+                return 1.0 + seeded_normal(shape, bias_std, new_name, seed, x)
+            return seeded_normal(shape, bias_std if is_bias else init_std, new_name, seed, x)
+
+        def zero_fill(x: Tensor) -> Tensor:
+            return x.new_zeros(new_shape(x))
+
+        def full_index(x: Tensor) -> tuple[Tensor, ...]:  # an unchanged axis is written whole
+            return tuple(torch.arange(x.shape[ax]) if k is None else index[k] for ax, k in enumerate(kinds))
+
+        scales = {"weight": None, "exp_avg": None, "exp_avg_sq": None}
+        if "qkv" in kinds and c != 1.0:
+            scales = {"weight": q_scale, "exp_avg": 1 / q_scale, "exp_avg_sq": 1 / q_scale**2}
+
+        def embed(kind: str, base: Map) -> Map:
+            def g(x: Tensor) -> Tensor:
+                return _embed(full_index(x), scales[kind], base)(x)
+
+            return g
+
+        def placed(x: Tensor) -> Tensor:
+            return _embed(full_index(x), None, zero_fill)(x)
+
+        if is_new_block and new_layers == "fresh":
+            return Rule(weight=fill, exp_avg=zero_fill, exp_avg_sq=zero_fill, source=old_name, place=zero_fill)
+        if is_new_block:  # a gated copy: weights copied (+ new entries), Adam state zero (its gradient is 0 at g=0)
+            return Rule(
+                weight=embed("weight", fill), exp_avg=zero_fill, exp_avg_sq=zero_fill, source=old_name, place=zero_fill
+            )
+        return Rule(
+            weight=embed("weight", fill),
+            exp_avg=embed("exp_avg", zero_fill),
+            exp_avg_sq=embed("exp_avg_sq", zero_fill),
+            source=None if old_name == new_name else old_name,
+            place=placed,
+        )
+
+    rules: dict[str, Rule] = {}
+    for name in ("transformer.wte.weight", "transformer.wpe.weight"):
+        rules[name] = rule(name, name, name, False)
+    for i, (src, is_copy) in enumerate(lmap):
+        for suffix in BLOCK_PARAMS:
+            rules[f"transformer.h.{i}.{suffix}"] = rule(
+                f"transformer.h.{i}.{suffix}", f"transformer.h.{src}.{suffix}", suffix, is_copy
+            )
+    for name in ("transformer.ln_f.weight", "transformer.ln_f.bias"):
+        rules[name] = rule(name, name, name, False)
+
+    spec = MaskSpec(
+        old_n_embd=old.n_embd,
+        old_n_head=old.n_head,
+        old_head_dim=old.head_dim,
+        old_ffn_dim=old.ffn_dim,
+        new_layers=tuple(i for i, (_, is_copy) in enumerate(lmap) if is_copy),
+        start_step=start_step,
+        ramp_steps=ramp_steps,
+    )
+    return GrowthPlan(old=old, new=new, rules=rules, family="masked", exact=True, masks=spec)

@@ -1,0 +1,184 @@
+"""A growth operator as data: for each parameter of the grown model, the old tensor it reads and the maps that give
+its weight and Adam moments (DESIGN.md 3). Torch only; no model, engine, rank or file is touched here.
+
+Shapes follow HF GPT-2 (Conv1D weight (in, out)). Symbols: V vocab, P positions, L n_layer, d n_embd, H n_head,
+Q head dim, F n_inner.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from growth.errors import GrowthError
+from model.config import GPTConfig
+from model.masks import MaskSpec
+
+Map = Callable[[Tensor], Tensor]
+
+
+def identity(x: Tensor) -> Tensor:
+    return x
+
+
+def zeros(x: Tensor) -> Tensor:
+    return torch.zeros_like(x)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one parameter of the grown model is made from one old parameter.
+
+    weight, exp_avg, exp_avg_sq map the old fp32 tensors (full, unsharded, old shape) to new ones (new shape).
+    The moment maps are the operator's *gradient rule*: if the grown model's gradient is G(g_old), exp_avg maps like
+    G and exp_avg_sq like G squared; entries whose exp_avg_sq map gives 0 on an all-ones input are *fresh* (no old
+    counterpart). ``place`` puts the old tensor at its own positions, zeros elsewhere (the "carry old, zero new"
+    policy); None means the same as exp_avg. ``source`` is the old parameter's name when it differs (depth growth).
+    Maps must be deterministic (every rank computes the same tensor) and must work on meta tensors (shape checks).
+    """
+
+    weight: Map
+    exp_avg: Map
+    exp_avg_sq: Map
+    source: str | None = None
+    place: Map | None = None
+
+
+@dataclass(frozen=True)
+class GrowthPlan:
+    """An operator applied to one config: the grown config, a rule for every grown parameter, and (masked family)
+    the masks the grown model needs. ``family`` is 'masked' or 'duplicate'; ``exact`` says whether the grown model
+    computes the same function (eval mode) as the old one."""
+
+    old: GPTConfig
+    new: GPTConfig
+    rules: dict[str, Rule]
+    family: str
+    exact: bool = True
+    masks: MaskSpec | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+# ----- maps --------------------------------------------------------------------------------------------------------
+
+
+def seeded_normal(shape: tuple[int, ...], std: float, name: str, seed: int, like: Tensor) -> Tensor:
+    """N(0, std) tensor determined by (parameter name, seed) only: the same on every rank, independent of the global
+    RNG. On a meta tensor returns an empty meta tensor (shape checks)."""
+    if like.is_meta:
+        return torch.empty(shape, dtype=like.dtype, device="meta")
+    if std == 0:
+        return torch.zeros(shape, dtype=like.dtype, device=like.device)
+    g = torch.Generator().manual_seed((zlib.crc32(name.encode()) + 1_000_003 * seed) % (2**63))
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * std).to(dtype=like.dtype, device=like.device)
+
+
+def repeat_last(k: int, scale: float = 1.0) -> Map:
+    """[x, x, ..., x] (k copies) along the last axis, times ``scale``: (..., n) -> (..., k n)."""
+    return lambda x: torch.cat([x] * k, dim=-1) * scale if scale != 1.0 else torch.cat([x] * k, dim=-1)
+
+
+def kron_map(pattern: Tensor) -> Map:
+    """W -> kron(P, W): a (k, k) pattern of scaled copies of a (n, m) matrix, (n, m) -> (k n, k m).
+
+    Row block i reads input copy i, column block j is output copy j: P = I is block diagonal (staged training),
+    P = ones / k is Net2Net's equal split, a column of unequal weights is LEMON's split."""
+
+    def f(w: Tensor) -> Tensor:
+        return torch.kron(pattern.to(dtype=w.dtype, device=w.device), w)
+
+    return f
+
+
+def leading_block(shape_factor: tuple[int, ...]) -> Map:
+    """Old tensor in the leading block of a tensor ``shape_factor`` times as large per axis, zeros elsewhere."""
+
+    def f(x: Tensor) -> Tensor:
+        out = x.new_zeros(tuple(n * k for n, k in zip(x.shape, shape_factor, strict=True)))
+        out[tuple(slice(0, n) for n in x.shape)] = x
+        return out
+
+    return f
+
+
+def per_qkv(f: Map) -> Map:
+    """Apply f to the q, k and v thirds (last axis) of a fused c_attn tensor separately."""
+    return lambda t: torch.cat([f(part) for part in t.chunk(3, dim=-1)], dim=-1)
+
+
+def compose_maps(first: Map, second: Map) -> Map:
+    return lambda x: second(first(x))
+
+
+# ----- plans -------------------------------------------------------------------------------------------------------
+
+
+def param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every parameter of GPT(cfg) (tied lm_head listed once, as ``named_parameters`` does)."""
+    from model.gpt import GPT  # local: building on meta costs nothing, but keep import order simple
+
+    with torch.device("meta"):
+        model = GPT(cfg)
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def compose(first: GrowthPlan, second: GrowthPlan) -> GrowthPlan:
+    """The plan that applies ``first`` then ``second``, one parameter at a time (never two whole models).
+
+    Raises:
+        GrowthError: the plans do not chain (second.old != first.new) or both carry masks.
+    """
+    if second.old != first.new:
+        raise GrowthError(
+            f"plans do not chain: the second starts from {second.old.shape_str()}, the first ends at "
+            f"{first.new.shape_str()}; build the second from the first's new config"
+        )
+    if first.masks is not None or second.masks is not None:
+        raise GrowthError("masked plans cannot be composed; the masked family grows several dimensions in one plan")
+    rules = {}
+    for name, r2 in second.rules.items():
+        mid = r2.source or name
+        r1 = first.rules[mid]
+        place1 = r1.place or r1.exp_avg
+        place2 = r2.place or r2.exp_avg
+        rules[name] = Rule(
+            weight=compose_maps(r1.weight, r2.weight),
+            exp_avg=compose_maps(r1.exp_avg, r2.exp_avg),
+            exp_avg_sq=compose_maps(r1.exp_avg_sq, r2.exp_avg_sq),
+            source=r1.source or (mid if mid != name else None),
+            place=compose_maps(place1, place2),
+        )
+    return GrowthPlan(
+        old=first.old,
+        new=second.new,
+        rules=rules,
+        family=first.family,
+        exact=first.exact and second.exact,
+        notes=first.notes + second.notes,
+    )
+
+
+def check_plan(plan: GrowthPlan) -> None:
+    """Check, on meta tensors (no memory, no data), that the plan reads only existing old parameters and produces
+    every parameter of the grown model with the right shape, for weights and both moments.
+
+    Raises:
+        GrowthError: a parameter is missing or extra, a source does not exist, or a map gives the wrong shape.
+    """
+    old, new = param_shapes(plan.old), param_shapes(plan.new)
+    missing, extra = sorted(set(new) - set(plan.rules)), sorted(set(plan.rules) - set(new))
+    if missing or extra:
+        raise GrowthError(f"plan does not cover the grown model: missing rules {missing[:5]}, extra rules {extra[:5]}")
+    for name, rule in plan.rules.items():
+        src = rule.source or name
+        if src not in old:
+            raise GrowthError(f"rule for {name} reads {src}, which the old model {plan.old.shape_str()} lacks")
+        x = torch.empty(old[src], device="meta")
+        for kind, f in (("weight", rule.weight), ("exp_avg", rule.exp_avg), ("exp_avg_sq", rule.exp_avg_sq)):
+            got = tuple(f(x).shape)
+            if got != new[name]:
+                raise GrowthError(f"{kind} map of {name} gives shape {got}, expected {new[name]} (operator bug)")
