@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +32,19 @@ from eval.perplexity import NLL, token_nll  # noqa: E402
 from growth import ds_checkpoint  # noqa: E402
 from model.config import PRESETS, GPTConfig, flops_per_token, from_preset, param_count  # noqa: E402
 from model.gpt import GPT  # noqa: E402
+from model.masks import MaskSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parent
 DEFAULT_PRESET = "cpu-small"
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Show a flag's default only when it has one and its help does not already say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or "default" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
 
 
 class UsageError(Exception):
@@ -45,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="growlm-train",
         description="Pretrain a GPT-2 with DeepSpeed ZeRO. Model shape from --preset (+ overrides); DeepSpeed "
         "settings (ZeRO stage, precision, batch, optimizer, LR schedule) from --ds_config.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     m = p.add_argument_group("model")
     m.add_argument(
@@ -151,11 +162,10 @@ def model_config_from_args(args: argparse.Namespace, resume_state: dict | None) 
         if resume_state is None:
             return from_preset(args.preset or DEFAULT_PRESET, **overrides)
         saved = GPTConfig.from_dict(resume_state["model_config"])
-        requested = (
-            from_preset(args.preset, **overrides)
-            if args.preset
-            else GPTConfig.from_dict({**saved.to_dict(), **{k: v for k, v in overrides.items() if v is not None}})
-        )
+        given = {k: v for k, v in overrides.items() if v is not None}
+        requested = from_preset(args.preset, **given) if args.preset else replace(saved, **given)
+        if args.dropout is None:  # dropout is not part of the shape: keep the checkpoint's unless asked
+            requested = replace(requested, dropout=saved.dropout)
         return requested
     except ValueError as e:
         raise UsageError(str(e)) from None
@@ -210,6 +220,15 @@ def loss_scale_of(engine: Any) -> float:
             if isinstance(value, (int, float)) or torch.is_tensor(value):
                 return float(value)
     return 1.0
+
+
+def max_rss_bytes() -> int:
+    """Peak resident memory of this process so far (bytes); on CUDA, peak allocated device memory."""
+    if torch.cuda.is_available():
+        return int(torch.cuda.max_memory_allocated())
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -301,7 +320,8 @@ def run(args: argparse.Namespace) -> int:
     sampler = ResumableSampler(len(windows), args.seed)
 
     torch.manual_seed(args.seed)  # identical init on every rank
-    model = GPT(cfg)
+    masks = resume_state.get("growth_masks") if resume_state else None
+    model = GPT(cfg, masks=MaskSpec.from_dict(masks) if masks else None)
     weight_decay = ds_cfg.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=param_groups(model, weight_decay), config=ds_cfg
@@ -311,9 +331,11 @@ def run(args: argparse.Namespace) -> int:
     if resume_state is not None:
         resume_state = ds_checkpoint.load(engine, *resume, rank=info.rank, world_size=info.world_size)
         consumed = resume_state["consumed_samples"]
+        consumed_flops = resume_state.get("consumed_flops", 0)
+        model.set_growth_step(resume_state["global_step"])
     else:
         torch.manual_seed(args.seed + 1 + info.rank)  # per-rank dropout stream
-        consumed = 0
+        consumed, consumed_flops = 0, 0
     step = engine.global_steps
     if step != start_step:
         raise ds_checkpoint.CheckpointError(
@@ -365,6 +387,21 @@ def run(args: argparse.Namespace) -> int:
         engine.train()
         return result
 
+    def log_val(val: NLL, step: int, tokens: int, flops: int) -> None:
+        writer.add_scalar("val/loss", val.loss, step)
+        writer.add_scalar("val/perplexity", val.perplexity, step)
+        rec = {
+            "event": "val",
+            "step": step,
+            "val_loss": val.loss,
+            "val_perplexity": val.perplexity,
+            "val_tokens": val.n_tokens,
+            "tokens": tokens,
+            "flops": flops,
+        }
+        metrics.write(json.dumps(rec) + "\n")
+        metrics.flush()
+
     before = None
     if not args.no_eval:
         t0 = time.perf_counter()
@@ -387,23 +424,30 @@ def run(args: argparse.Namespace) -> int:
         bar = tqdm(total=args.max_steps, initial=step, desc="train", unit="step", dynamic_ncols=True)
     engine.train()
     t_log, steps_since_log, tokens_per_s = time.perf_counter(), 0, 0.0
+    stage0_norm = float("nan")
     while step < args.max_steps:
+        t_step = time.perf_counter()
         loss_sum = torch.zeros((), dtype=torch.float64)
         for j in range(gas):
             start = micro_batch_start(consumed, micro, j, info.rank, info.world_size)
             x, y = windows.batch(sampler.sample_ids(start, micro))
             loss = engine(x.to(info.device), y.to(info.device))
             engine.backward(loss)
+            if j == gas - 1 and zero_stage == 0 and precision == "fp32":  # DeepSpeed reports no norm here
+                grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+                stage0_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
             engine.step()
             loss_sum += loss.detach().double().cpu()
         step, consumed = step + 1, consumed + global_batch
+        consumed_flops += flops_per_step
         steps_since_log += 1
         mean_loss = float(all_reduce_sum(loss_sum / gas)) / info.world_size
         lr = engine.get_lr()[0]
         grad_norm = engine.get_global_grad_norm()
-        grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
+        grad_norm = float(grad_norm) if grad_norm is not None else stage0_norm
         if is_main:
             rec = {
+                "event": "train",
                 "step": step,
                 "loss": mean_loss,
                 "lr": lr,
@@ -412,6 +456,9 @@ def run(args: argparse.Namespace) -> int:
                 "consumed_samples": consumed,
                 "tokens": consumed * seq_len,
                 "skipped_steps": engine.skipped_steps,
+                "flops": consumed_flops,
+                "step_time_s": time.perf_counter() - t_step,
+                "max_rss_bytes": max_rss_bytes(),
             }
             metrics.write(json.dumps(rec) + "\n")
             metrics.flush()
@@ -430,8 +477,7 @@ def run(args: argparse.Namespace) -> int:
         if args.eval_interval and step % args.eval_interval == 0 and step < args.max_steps:
             val = evaluate(args.eval_tokens, None)
             if is_main:
-                writer.add_scalar("val/loss", val.loss, step)
-                writer.add_scalar("val/perplexity", val.perplexity, step)
+                log_val(val, step, consumed * seq_len, consumed_flops)
                 bar.write(f"step {step}: val loss {val.loss:.4f}, perplexity {val.perplexity:.2f}")
         if step in save_steps:
             state = {
@@ -444,6 +490,8 @@ def run(args: argparse.Namespace) -> int:
                 "zero_stage": zero_stage,
                 "precision": precision,
                 "seed": args.seed,
+                "consumed_flops": consumed_flops,
+                "growth_masks": model.growth_masks.to_dict() if model.growth_masks is not None else None,
                 "data": {"dir": str(data_dir), "train_sha256": meta["splits"]["train"].get("sha256")},
                 "ds_config": ds_cfg,
             }
@@ -457,8 +505,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_eval:
         after = evaluate(args.final_eval_tokens, args.eval_stride, progress=True)
         if is_main:
-            writer.add_scalar("val/loss", after.loss, step)
-            writer.add_scalar("val/perplexity", after.perplexity, step)
+            log_val(after, step, consumed * seq_len, consumed_flops)
             print(
                 f"growlm: held-out perplexity after {step} steps: {after.perplexity:.2f} (loss {after.loss:.4f}); "
                 f"before: {before.perplexity:.2f}",

@@ -1,0 +1,41 @@
+# growlm quick start: `make demo` (set up, then train the main job) and `make test` (set up, then run the tests).
+# Both are idempotent: setup reinstalls only when setup.py changes.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.growlm-installed
+APT_PACKAGES := numactl openmpi-bin libopenmpi-dev
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# the main job: a small GPT on the built-in corpus, 2 ranks, ZeRO-2, bf16, a few minutes on a 2-core CPU
+DEMO_ARGS ?= --preset cpu-small --seq_len 128 --max_steps 80 --eval_interval 20 --log_interval 5 \
+	--ds_config ds_configs/zero2_bf16.json --final_eval_tokens 65536 --out_dir runs/demo
+
+.PHONY: setup demo test lint clean
+
+setup: $(STAMP)
+
+$(STAMP): setup.py
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing system packages:" $$missing; \
+		$(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[mpi,dev]'
+	touch $(STAMP)
+
+demo: setup
+	rm -rf runs/demo
+	MASTER_ADDR=127.0.0.1 OMP_NUM_THREADS=1 $(BIN)/deepspeed --num_gpus 2 --master_addr 127.0.0.1 \
+		--master_port 29500 train.py $(DEMO_ARGS)
+
+test: setup
+	$(BIN)/python -m pytest -q --durations=15
+
+lint: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+clean:
+	rm -rf runs data/cache/builtin

@@ -1,0 +1,82 @@
+"""Start real multi-process runs of train.py on loopback for tests (2 ranks, gloo, CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO))
+    env.pop("RANK", None)
+    env.update(extra)
+    return env
+
+
+def run_ranks(args: list[str], nproc: int = 2, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run ``python train.py ARGS`` as ``nproc`` ranks (RANK/WORLD_SIZE env, like torchrun) and wait for all.
+
+    Returns a CompletedProcess whose returncode is the first non-zero rank exit code (0 if all succeeded) and whose
+    stdout holds every rank's output, rank by rank.
+    """
+    port = str(free_port())
+    procs = []
+    for r in range(nproc):
+        env = base_env(
+            RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), MASTER_PORT=port
+        )
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(REPO / "train.py"), *args],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outs, codes = [], []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout)
+            outs.append(out)
+            codes.append(p.returncode)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    rc = next((c for c in codes if c), 0)
+    return subprocess.CompletedProcess(args, rc, "".join(f"--- rank {i}\n{o}" for i, o in enumerate(outs)), "")
+
+
+def read_metrics(out_dir: Path, event: str = "train") -> list[dict]:
+    """The records of one kind ('train': one per step, 'val', 'growth') that train.py wrote to OUT_DIR/metrics.jsonl."""
+    records = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r.get("event") == event]
+
+
+def write_ds_config(path: Path, template: str, **overrides: object) -> Path:
+    """Copy ds_configs/TEMPLATE.json with top-level keys and 'optimizer.lr' / 'scheduler.KEY' overridden."""
+    cfg = json.loads((REPO / "ds_configs" / f"{template}.json").read_text())
+    for key, value in overrides.items():
+        if key == "lr":
+            cfg["optimizer"]["params"]["lr"] = value
+        elif key.startswith("scheduler_"):
+            cfg["scheduler"]["params"][key.removeprefix("scheduler_")] = value
+        else:
+            cfg[key] = value
+    path.write_text(json.dumps(cfg))
+    return path

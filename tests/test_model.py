@@ -1,0 +1,106 @@
+"""The GPT against transformers' GPT2LMHeadModel, conversions both ways, presets, parameter and FLOP counts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model.config import PRESETS, GPTConfig, flops_per_token, from_preset, param_count
+from model.gpt import GPT
+from model.hf import from_hf, to_hf, to_hf_config
+
+
+@pytest.mark.parametrize("n_inner", [None, 48])
+def test_logits_equal_transformers_on_same_random_weights(n_inner):
+    from transformers import GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(n_layer=3, n_embd=64, n_head=4, n_inner=n_inner, n_positions=32, vocab_size=211)
+    hf = GPT2LMHeadModel(to_hf_config(cfg)).eval()  # HF's own random init; we import it
+    with torch.no_grad():  # make biases and LayerNorms non-trivial so every term is compared
+        for name, p in hf.named_parameters():
+            if "ln" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    ours = from_hf(hf).eval()
+    idx = torch.randint(0, cfg.vocab_size, (3, 32))
+    with torch.no_grad():
+        diff = (ours(idx) - hf(idx).logits).abs().max().item()
+    assert diff <= 1e-5
+
+
+def test_round_trip_to_hf_and_back_is_exact():
+    torch.manual_seed(1)
+    ours = GPT(GPTConfig(n_layer=2, n_embd=32, n_head=2, n_positions=16, vocab_size=97)).eval()
+    back = from_hf(to_hf(ours))
+    for (name, a), (_, b) in zip(ours.state_dict().items(), back.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    idx = torch.randint(0, 97, (2, 16))
+    with torch.no_grad():
+        assert (to_hf(ours)(idx).logits - ours(idx)).abs().max() <= 1e-5
+
+
+def test_names_and_shapes_follow_hf_and_head_is_tied():
+    cfg = GPTConfig(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=97)
+    m = GPT(cfg)
+    shapes = {k: tuple(v.shape) for k, v in m.named_parameters()}
+    assert shapes["transformer.wte.weight"] == (97, 32)
+    assert shapes["transformer.h.0.attn.c_attn.weight"] == (32, 96)  # Conv1D layout (in, out)
+    assert shapes["transformer.h.0.mlp.c_proj.weight"] == (128, 32)
+    assert "lm_head.weight" not in shapes  # tied: listed once
+    assert m.lm_head.weight is m.transformer.wte.weight
+
+
+def test_loss_is_cross_entropy_of_logits_and_ignores_minus_100():
+    torch.manual_seed(2)
+    m = GPT(GPTConfig(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=97)).eval()
+    x, y = torch.randint(0, 97, (2, 8)), torch.randint(0, 97, (2, 8))
+    y[0, :3] = -100
+    logits = m(x)
+    keep = y != -100
+    expected = -torch.log_softmax(logits, -1).gather(-1, y.clamp(min=0)[..., None])[..., 0][keep].mean()
+    assert torch.allclose(m(x, y), expected, atol=1e-6)
+
+
+def test_sequence_longer_than_n_positions_is_refused():
+    m = GPT(GPTConfig(n_layer=1, n_embd=32, n_head=2, n_positions=8, vocab_size=97))
+    with pytest.raises(ValueError, match="exceeds n_positions=8"):
+        m(torch.zeros(1, 9, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name", ["tiny", "cpu-small", "GPT2_base_div4_width_div4_depth"])
+def test_param_count_matches_module(name):
+    cfg = from_preset(name)
+    assert param_count(cfg) == sum(p.numel() for p in GPT(cfg).parameters())
+
+
+def test_param_count_of_known_shapes():
+    assert param_count(from_preset("gpt2")) == 124_439_808  # GPT-2 small, as published by HF
+    assert param_count(from_preset("gpt2-medium")) == 354_823_168
+
+
+def test_flops_per_token_formula():
+    cfg = from_preset("gpt2")
+    n = param_count(cfg) - cfg.n_positions * cfg.n_embd
+    assert flops_per_token(cfg, 1024) == 6 * n + 12 * 12 * 12 * 64 * 1024
+    with pytest.raises(ValueError, match="n_positions"):
+        flops_per_token(cfg, 2048)
+
+
+def test_staged_training_presets():
+    assert from_preset("GPT2_base").shape_str().startswith("L=12 d=768 H=8")
+    assert from_preset("GPT2_large").shape_str().startswith("L=24 d=1536 H=16")
+    assert from_preset("GPT2_large_div2_width").n_embd == 768
+    assert from_preset("GPT2_large_div4_depth").n_layer == 6
+    assert {c.head_dim for k, c in PRESETS.items() if k.startswith("GPT2_")} == {96}
+
+
+def test_config_errors_name_the_problem():
+    with pytest.raises(ValueError, match="n_embd=100 is not divisible by n_head=3"):
+        GPTConfig(n_embd=100, n_head=3)
+    with pytest.raises(ValueError, match="unknown model preset 'gpt5'"):
+        from_preset("gpt5")
+    with pytest.raises(ValueError, match="unknown GPTConfig fields"):
+        from_preset("tiny", n_layers=3)
+    with pytest.raises(ValueError, match="unknown GPTConfig fields"):
+        GPTConfig.from_dict({"n_layer": 2, "hidden": 3})
+    assert GPTConfig.from_dict(from_preset("tiny").to_dict()) == from_preset("tiny")

@@ -1,0 +1,197 @@
+"""Bad input to train.py: exit status 2, one clear message that names the problem, nothing overwritten."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+from dist_utils import REPO, base_env
+
+import train
+
+
+def fails(capsys, argv: list[str], *needles: str) -> str:
+    rc = train.main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = [line for line in err.splitlines() if line.startswith("growlm-train: error:")]
+    assert len(lines) == 1, err
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def one_rank_checkpoint(tmp_path_factory):
+    """A real 1-rank ZeRO-2 checkpoint of the tiny model after 2 steps."""
+    out = tmp_path_factory.mktemp("ck") / "run"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            "--preset",
+            "tiny",
+            "--seq_len",
+            "32",
+            "--no_eval",
+            "--max_steps",
+            "2",
+            "--ds_config",
+            "ds_configs/zero2_fp32.json",
+            "--out_dir",
+            str(out),
+        ],
+        cwd=REPO,
+        env=base_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    return out
+
+
+def test_unknown_preset(capsys):
+    fails(capsys, ["--preset", "gpt5"], "unknown model preset 'gpt5'", "cpu-small")
+
+
+def test_missing_and_unparsable_ds_config(capsys, tmp_path):
+    fails(capsys, ["--ds_config", str(tmp_path / "nope.json")], "no such file", "zero2_bf16.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"zero_optimization": {"stage": 2,}')
+    fails(capsys, ["--ds_config", str(bad)], "is not valid JSON")
+
+
+def test_fp16_on_a_cpu_names_the_available_precisions(capsys, builtin_data):
+    fails(capsys, ["--ds_config", "ds_configs/zero2_fp16.json"], "asks for fp16", "available precisions: fp32, bf16")
+
+
+def test_n_embd_not_divisible_by_n_head(capsys):
+    fails(capsys, ["--preset", "tiny", "--n_embd", "100", "--n_head", "3"], "n_embd=100 is not divisible by n_head=3")
+
+
+def test_seq_len_above_n_positions(capsys):
+    fails(capsys, ["--preset", "tiny", "--seq_len", "129"], "--seq_len 129", "n_positions=128")
+
+
+def test_corpus_path_missing_empty_or_a_text_file(capsys, tmp_path):
+    fails(capsys, ["--data", str(tmp_path / "nothing")], "no such folder", "growlm-prepare")
+    (tmp_path / "empty").mkdir()
+    fails(capsys, ["--data", str(tmp_path / "empty")], str(tmp_path / "empty"))
+    text = tmp_path / "book.txt"
+    text.write_text("Some text.")
+    fails(capsys, ["--data", str(text)], "is a file", "growlm-prepare")
+
+
+def test_resume_pointing_at_nothing(capsys, tmp_path):
+    fails(capsys, ["--resume", str(tmp_path / "missing")], "no such file or folder")
+    (tmp_path / "empty").mkdir()
+    fails(capsys, ["--resume", str(tmp_path / "empty")], "nothing to load")
+
+
+def test_resume_with_another_model_shape(capsys, one_rank_checkpoint):
+    fails(
+        capsys,
+        [
+            "--resume",
+            str(one_rank_checkpoint / "checkpoints"),
+            "--n_layer",
+            "3",
+            "--max_steps",
+            "4",
+            "--ds_config",
+            "ds_configs/zero2_fp32.json",
+        ],
+        "another shape",
+        "'n_layer': (2, 3)",
+    )
+
+
+def test_resume_at_another_world_size_or_stage(capsys, one_rank_checkpoint, monkeypatch):
+    ck = str(one_rank_checkpoint / "checkpoints")
+    fails(
+        capsys,
+        ["--resume", ck, "--max_steps", "4", "--ds_config", "ds_configs/zero3_fp32.json"],
+        "ZeRO stage 2",
+        "stage 3",
+    )
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    fails(
+        capsys,
+        ["--resume", ck, "--max_steps", "4", "--ds_config", "ds_configs/zero2_fp32.json"],
+        "saved by 1 ranks",
+        "ds_to_universal",
+    )
+
+
+def test_damaged_checkpoint_state(capsys, one_rank_checkpoint, tmp_path):
+    import shutil
+
+    copy = tmp_path / "ck"
+    shutil.copytree(one_rank_checkpoint / "checkpoints", copy)
+    (copy / "global_step2" / "growlm_state.json").write_text('{"format": "growlm-checkpoint-v1", "glob')
+    fails(capsys, ["--resume", str(copy), "--max_steps", "4"], "not valid JSON", "damaged")
+    (copy / "latest").write_text("global_step9")
+    fails(capsys, ["--resume", str(copy), "--max_steps", "4"], "names tag 'global_step9'")
+
+
+def test_existing_checkpoints_are_never_overwritten(capsys, one_rank_checkpoint):
+    ck = one_rank_checkpoint / "checkpoints" / "global_step2"
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in ck.iterdir()}
+    fails(
+        capsys,
+        [
+            "--preset",
+            "tiny",
+            "--seq_len",
+            "32",
+            "--max_steps",
+            "2",
+            "--out_dir",
+            str(one_rank_checkpoint),
+            "--ds_config",
+            "ds_configs/zero2_fp32.json",
+        ],
+        "already holds global_step2",
+        "never overwritten",
+    )
+    after = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in ck.iterdir()}
+    assert before == after
+    state = json.loads((ck / "growlm_state.json").read_text())
+    assert state["global_step"] == 2
+
+
+def test_max_steps_below_the_checkpoint(capsys, one_rank_checkpoint):
+    fails(
+        capsys,
+        [
+            "--resume",
+            str(one_rank_checkpoint / "checkpoints"),
+            "--max_steps",
+            "1",
+            "--ds_config",
+            "ds_configs/zero2_fp32.json",
+        ],
+        "below the checkpoint's global step 2",
+    )
+
+
+def test_help_describes_every_flag():
+    r = subprocess.run([sys.executable, "train.py", "--help"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0
+    for flag in (
+        "--preset",
+        "--ds_config",
+        "--data",
+        "--resume",
+        "--max_steps",
+        "--seq_len",
+        "--out_dir",
+        "--eval_interval",
+        "--save_interval",
+    ):
+        assert flag in r.stdout
