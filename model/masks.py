@@ -130,11 +130,14 @@ def masked_layer_norm(x: Tensor, ln: nn.LayerNorm, m: Tensor | None) -> Tensor:
     """
     if m is None:
         return ln(x)
+    dtype = x.dtype
+    stat = torch.promote_types(dtype, torch.float32)  # statistics in fp32 at least, even for a bf16/fp16 model
+    x, m = x.to(stat), m.to(stat)
     s = m.sum()
     mu = (x * m).sum(-1, keepdim=True) / s
     xc = x - mu
     var = (xc.square() * m).sum(-1, keepdim=True) / s
-    return (xc * torch.rsqrt(var + ln.eps) * ln.weight + ln.bias) * m
+    return ((xc * torch.rsqrt(var + ln.eps) * ln.weight.to(stat) + ln.bias.to(stat)) * m).to(dtype)
 
 
 def masked_forward_hidden(model: GPT, idx: Tensor) -> Tensor:
@@ -144,6 +147,8 @@ def masked_forward_hidden(model: GPT, idx: Tensor) -> Tensor:
     ma = getattr(model, "growth_mask_attn", None)
     mf = getattr(model, "growth_mask_ffn", None)
     gate = getattr(model, "growth_gate_layer", None)
+    dtype = tr.wte.weight.dtype  # DeepSpeed casts parameters to bf16/fp16 but may leave buffers in fp32
+    mh, ma, mf, gate = (None if z is None else z.to(dtype) for z in (mh, ma, mf, gate))
     b, t = idx.shape
     x = tr.drop(tr.wte(idx) + tr.wpe(torch.arange(t, device=idx.device)))  # (B, T, d)
     if mh is not None:

@@ -1,0 +1,335 @@
+"""Live growth of a ZeRO-sharded run: gather each parameter, expand it, write it into a new DeepSpeed engine.
+
+The old engine is read one parameter at a time through ``EngineStore`` (``deepspeed.utils.safe_get_full_*``: full
+fp32 weight, exp_avg and exp_avg_sq, each call a collective that every rank makes in the same order); the growth
+plan's rule computes the grown tensors (identically on every rank: new random entries are seeded by parameter name,
+not by the global RNG); ``EngineStore`` over the *new* engine writes them (``safe_set_full_*``: each rank keeps
+only its own partition). So a rank holds its old shard, its new shard and a few full tensors at once, never a
+whole model (DESIGN.md 4; for ZeRO-1/2 the module itself is unpartitioned, as always in those stages).
+
+The new engine is built for the grown config by ``deepspeed.initialize`` (ZeRO-3: inside ``zero.Init``, so it is
+partitioned as it is built); growlm never asks DeepSpeed to load old-shape buffers into it (CASES 4). What
+DeepSpeed leaves undone is done here, each beside its DeepSpeed call:
+
+* optimizer state is created lazily by the first ``step()``: ``ensure_adam_state`` creates exp_avg, exp_avg_sq and
+  the Adam step in the inner torch optimizer first, so the moments can be written and the step carried;
+* ``safe_set_full_fp32_param`` updates the fp32 master only: ``refresh_working_copies`` copies masters into the
+  bf16/fp16/fp32 working parameters that the forward pass uses (ZeRO-1/2/bf16: ``update_lp_params``; ZeRO-3: each
+  subgroup's partition), so the master and the working copy agree and a training step keeps the grown values
+  (CASES 10);
+* global step, samples, skipped steps and the fp16 loss scaler are copied; the LR schedule is placed by the
+  stage's rule (growth.schedule) before the first post-growth step;
+* the old engine is destroyed (its ZeRO-3 hooks removed) before training continues (CASES 11).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import deepspeed.utils as dsu
+import torch
+import torch.distributed as dist
+
+from growth.apply import OptimizerPolicy, apply_plan
+from growth.errors import GrowthError
+from growth.plan import GrowthPlan
+from growth.schedule import ScheduleRule, ScheduleState, place_schedule, rewarm_factor
+from growth.stores import ParamState
+from model.masks import MaskSpec
+
+LOSS_SCALER_FIELDS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
+
+
+def inner_optimizer(engine: Any) -> torch.optim.Optimizer:
+    """The torch optimizer under DeepSpeed's wrappers (ZeRO, bf16): the one holding Adam's state tensors."""
+    opt = engine.optimizer
+    while not isinstance(opt, torch.optim.Optimizer):
+        if not hasattr(opt, "optimizer"):
+            raise GrowthError(f"cannot find the torch optimizer inside {type(engine.optimizer).__name__}")
+        opt = opt.optimizer
+    return opt
+
+
+class EngineStore:
+    """ParamStore over a live DeepSpeed engine, ZeRO stage 0-3, fp32/bf16/fp16. Reads and writes full fp32 tensors
+    of the parameter's shape, on CPU. Every call is a collective: all ranks call it, in the same order.
+
+    Args:
+        engine: the DeepSpeed engine (its module holds the HF-named parameters).
+
+    Raises:
+        GrowthError: (read) the engine has no Adam state yet: DeepSpeed creates it at the first ``step()``, so
+            growth before the first optimizer step is refused.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.params = dict(engine.module.named_parameters())
+        self.optimizer = inner_optimizer(engine)
+        if self.optimizer.state:
+            link_optimizer_state(engine)
+        # ZeRO stage 0 in bf16 (DeepSpeed's FP16_UnfusedOptimizer) keeps an fp32 master tensor per module parameter
+        self.masters: dict[int, torch.Tensor] = {}
+        opt = engine.optimizer
+        if hasattr(opt, "fp16_groups") and hasattr(opt, "fp32_groups"):
+            for lp_group, master_group in zip(opt.fp16_groups, opt.fp32_groups, strict=True):
+                self.masters.update({id(lp): mp for lp, mp in zip(lp_group, master_group, strict=True)})
+        self.bytes_read = 0
+        self.bytes_written = 0
+
+    def names(self) -> list[str]:
+        return list(self.params)
+
+    def _shape(self, name: str) -> torch.Size:
+        p = self.params[name]
+        return p.ds_shape if hasattr(p, "ds_shape") else p.shape
+
+    def _unpartitioned(self, p: torch.nn.Parameter) -> torch.Tensor | None:
+        """ZeRO stage 0: the tensor Adam steps for module parameter ``p`` (``p`` itself in fp32, its fp32 master
+        in bf16); None when ZeRO partitions it (stages 1-3, reached through ``safe_*``)."""
+        if hasattr(p, "ds_id") or hasattr(p, "_hp_mapping"):
+            return None
+        return self.masters.get(id(p), p)
+
+    def _no_state(self) -> GrowthError:
+        return GrowthError("the engine has no Adam state yet (DeepSpeed creates it in step()); grow at step >= 1")
+
+    def read(self, name: str) -> ParamState:
+        p = self.params[name]
+        master = self._unpartitioned(p)
+        if master is not None:
+            st = self.optimizer.state.get(master, {})
+            if "exp_avg" not in st:
+                raise self._no_state()
+            tensors = (master.detach(), st["exp_avg"], st["exp_avg_sq"])
+        else:
+            if not self.optimizer.state:
+                raise self._no_state()
+            tensors = (
+                dsu.safe_get_full_fp32_param(p),
+                dsu.safe_get_full_optimizer_state(p, "exp_avg"),
+                dsu.safe_get_full_optimizer_state(p, "exp_avg_sq"),
+            )
+        out = ParamState(*(t.detach().float().cpu().reshape(self._shape(name)).clone() for t in tensors))
+        self.bytes_read += sum(t.numel() * t.element_size() for t in out)
+        return out
+
+    def write(self, name: str, state: ParamState) -> None:
+        p = self.params[name]
+        shape = tuple(self._shape(name))
+        if tuple(state.weight.shape) != shape:
+            raise GrowthError(f"{name}: writing shape {tuple(state.weight.shape)} into a parameter of {shape}")
+        master = self._unpartitioned(p)
+        if master is not None:
+            st = self.optimizer.state[master]
+            with torch.no_grad():
+                master.copy_(state.weight)
+                p.copy_(state.weight)  # the working copy (the same tensor in fp32)
+                st["exp_avg"].copy_(state.exp_avg)
+                st["exp_avg_sq"].copy_(state.exp_avg_sq)
+        else:
+            device = p.device
+            dsu.safe_set_full_fp32_param(p, state.weight.to(device))
+            dsu.safe_set_full_optimizer_state(p, state.exp_avg.to(device), "exp_avg")
+            dsu.safe_set_full_optimizer_state(p, state.exp_avg_sq.to(device), "exp_avg_sq")
+        self.bytes_written += sum(t.numel() * t.element_size() for t in state)
+
+    def release(self, name: str) -> None:
+        pass
+
+
+def ensure_adam_state(engine: Any, adam_step: int) -> None:
+    """Create Adam's state (zero exp_avg / exp_avg_sq) for every tensor of the inner torch optimizer, as its first
+    ``step()`` would, and set its step counter to ``adam_step``. Works for torch Adam/AdamW (tensor step) and
+    DeepSpeed's fused/CPU Adam (int step)."""
+    opt = inner_optimizer(engine)
+    tensor_step = isinstance(opt, torch.optim.Adam | torch.optim.AdamW)
+    # the tensors Adam steps: ZeRO-3 swaps its flat fp32 partitions into param_groups only around each step
+    tensors = getattr(engine.optimizer, "fp32_partitioned_groups_flat", None)
+    if tensors is None:
+        tensors = [p for group in opt.param_groups for p in group["params"]]
+    for p in tensors:
+        if p.numel():
+            st = opt.state[p]
+            if "exp_avg" not in st:
+                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            st["step"] = torch.tensor(float(adam_step)) if tensor_step else adam_step
+    link_optimizer_state(engine)
+
+
+def link_optimizer_state(engine: Any) -> None:
+    """(Re)link each parameter's fp32 fragment to its Adam state, so ``safe_get/set_full_optimizer_state`` find it.
+
+    DeepSpeed's ZeRO-1/2 and bf16 optimizers link once, right after the *first param group's* first step, when the
+    other groups have no state yet; with two groups (weight decay and none) the second group's parameters then
+    report "exp_avg not found in optimizer state fragment" forever. Linking again once every group has state fixes
+    it (ZeRO-3 reads the state directly and needs nothing)."""
+    opt = engine.optimizer
+    if hasattr(opt, "_lazy_init_hp_params_optimizer_state") and hasattr(opt, "_hp_optimizer_states_linked"):
+        opt._hp_optimizer_states_linked = False
+        opt._lazy_init_hp_params_optimizer_state()
+
+
+def adam_step_of(engine: Any) -> int:
+    """The Adam step counter (optimizer steps taken) of an engine; 0 before the first step."""
+    for st in inner_optimizer(engine).state.values():
+        if "step" in st:
+            return int(st["step"])
+    return 0
+
+
+def refresh_working_copies(engine: Any) -> None:
+    """Copy the fp32 master partitions into the parameters the forward pass uses (after ``safe_set_full_fp32_param``,
+    which only writes the master)."""
+    opt = engine.optimizer
+    if hasattr(opt, "_reassign_or_swap_out_partitioned_parameters"):  # ZeRO-3
+        for i in range(len(opt.fp16_groups)):
+            opt._reassign_or_swap_out_partitioned_parameters(i)
+    elif hasattr(opt, "update_lp_params"):  # ZeRO-1/2, bf16 optimizer
+        opt.update_lp_params()
+
+
+def copy_loss_scaler(old: Any, new: Any) -> dict[str, Any] | None:
+    """Carry the fp16 dynamic loss scaler (cur_scale, cur_iter, last_overflow_iter, cur_hysteresis) from engine
+    ``old`` to ``new``; returns what was carried (None without fp16)."""
+    src = getattr(old.optimizer, "loss_scaler", None)
+    dst = getattr(new.optimizer, "loss_scaler", None)
+    if src is None or dst is None or not getattr(src, "dynamic", False):
+        return None
+    carried = {k: getattr(src, k) for k in LOSS_SCALER_FIELDS if hasattr(src, k)}
+    for k, v in carried.items():
+        setattr(dst, k, v)
+    if hasattr(new.optimizer, "cur_scale"):  # stage 0 FP16_Optimizer keeps its own copy
+        new.optimizer.cur_scale = carried.get("cur_scale", new.optimizer.cur_scale)
+    return carried
+
+
+def schedule_of(engine: Any, rewarm_start: int = -1, rewarm_steps: int = 0) -> ScheduleState:
+    """The engine's WarmupCosineLR as a ScheduleState (position and constructor arguments).
+
+    Raises:
+        GrowthError: the engine has no scheduler or another kind (growth places WarmupCosineLR only).
+    """
+    s = engine.lr_scheduler
+    if s is None or type(s).__name__ != "WarmupCosineLR":
+        raise GrowthError(
+            f"growth places a WarmupCosineLR schedule, this run has {type(s).__name__}; use a ds_config whose "
+            "scheduler type is WarmupCosineLR (ds_configs/*.json)"
+        )
+    return ScheduleState(
+        total_num_steps=s.total_num_steps,
+        warmup_num_steps=s.warmup_num_steps,
+        last_batch_iteration=s.last_batch_iteration,
+        warmup_min_ratio=s.warmup_min_ratio,
+        cos_min_ratio=s.cos_min_ratio,
+        warmup_type=s.warmup_type,
+        rewarm_start=rewarm_start,
+        rewarm_steps=rewarm_steps,
+    )
+
+
+def apply_schedule(engine: Any, sched: ScheduleState, adam_step: int) -> float:
+    """Put the engine's WarmupCosineLR at ``sched`` and set the LR of the next optimizer step (re-warm included).
+
+    Call after loading or growing, and after every optimizer step while a re-warm runs. Returns that LR."""
+    s = engine.lr_scheduler
+    s.total_num_steps, s.warmup_num_steps = sched.total_num_steps, max(2, sched.warmup_num_steps)
+    s.last_batch_iteration = sched.last_batch_iteration
+    factor = rewarm_factor(adam_step - sched.rewarm_start, sched.rewarm_steps if sched.rewarm_start >= 0 else 0)
+    lrs = [lr * factor for lr in s.get_lr()] if s.last_batch_iteration >= 0 else [0.0 for _ in s.get_lr()]
+    for group, lr in zip(s.optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    return lrs[0]
+
+
+def apply_rewarm(engine: Any, sched: ScheduleState, adam_step: int) -> None:
+    """Scale the LR that the scheduler just set for the next step by the re-warm factor (no-op outside a re-warm).
+    Call after every optimizer step; ``adam_step`` is the number of steps taken."""
+    if sched.rewarm_start < 0 or adam_step - sched.rewarm_start >= sched.rewarm_steps:
+        return
+    factor = rewarm_factor(adam_step - sched.rewarm_start, sched.rewarm_steps)
+    for group in engine.lr_scheduler.optimizer.param_groups:
+        group["lr"] *= factor
+
+
+@dataclass(frozen=True)
+class GrowthResult:
+    """What one live growth did: the new engine, its mask spec and schedule, and its cost."""
+
+    engine: Any
+    masks: MaskSpec | None
+    schedule: ScheduleState
+    loss_scaler: dict[str, Any] | None
+    seconds: float
+    bytes_moved: int  # full fp32 tensors gathered from the old engine (weights + both moments), bytes
+
+
+def grow_engine(
+    old: Any,
+    plan: GrowthPlan,
+    build: Callable[[Any, MaskSpec | None], Any],
+    *,
+    policy: OptimizerPolicy,
+    schedule_rule: ScheduleRule,
+    ramp_steps: int | None = None,
+    rewarm: ScheduleState | None = None,
+) -> GrowthResult:
+    """Grow a live engine into a new one built for ``plan.new``; a collective (every rank, same arguments).
+
+    Args:
+        old: the running DeepSpeed engine (after at least one optimizer step).
+        plan: the growth plan from the old engine's config (growth.ops.make_plan).
+        build: ``build(config, masks)`` -> a new DeepSpeed engine for that config (its scheduler from the ds config).
+        policy: Adam-state policy (growth.apply.OptimizerPolicy).
+        schedule_rule: where the LR schedule goes (growth.schedule.ScheduleRule).
+        ramp_steps: mask ramp length for the masked family (default: the plan's).
+        rewarm: the old engine's schedule state when it carries a re-warm (else read from the engine).
+
+    Returns:
+        GrowthResult; the old engine is destroyed and must not be used again.
+
+    Raises:
+        GrowthError: before any new engine is built: no optimizer step yet, or a mask ramp still running.
+    """
+    import time
+
+    t0 = time.perf_counter()
+    step = old.global_steps
+    if step < 1:
+        raise GrowthError("growth before the first optimizer step: DeepSpeed has no Adam state yet; grow at step >= 1")
+    module = old.module
+    if getattr(module, "growth_masks", None) is not None:
+        end = module.growth_masks.end_step()
+        raise GrowthError(f"a mask ramp is still running until step {end}; grow again at step >= {end}")
+    sched = place_schedule(rewarm or schedule_of(old), step, schedule_rule)
+    masks = None
+    if plan.masks is not None:
+        masks = replace(plan.masks, start_step=step, ramp_steps=ramp_steps or plan.masks.ramp_steps)
+    new = build(plan.new, masks)
+    ensure_adam_state(new, adam_step_of(old))
+    old_store, new_store = EngineStore(old), EngineStore(new)
+    apply_plan(plan, old_store, new_store, policy)
+    refresh_working_copies(new)
+    new.global_steps, new.global_samples = old.global_steps, old.global_samples
+    new.micro_steps, new.skipped_steps = old.micro_steps, old.skipped_steps
+    scaler = copy_loss_scaler(old, new)
+    apply_schedule(new, sched, step)
+    if masks is not None:
+        new.module.set_growth_step(step)
+    moved = old_store.bytes_read
+    old.destroy()
+    del old, module, old_store
+    gc.collect()
+    dist.barrier()
+    return GrowthResult(
+        engine=new,
+        masks=masks,
+        schedule=sched,
+        loss_scaler=scaler,
+        seconds=time.perf_counter() - t0,
+        bytes_moved=moved,
+    )
