@@ -12,11 +12,12 @@ The file reads top to bottom: parse and validate, build, train, close.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,10 @@ import torch.distributed as dist  # noqa: E402
 from data.sampler import ResumableSampler, TokenWindows, micro_batch_start  # noqa: E402
 from eval.perplexity import NLL, token_nll  # noqa: E402
 from growth import ds_checkpoint  # noqa: E402
+from growth.errors import GrowthError  # noqa: E402
+from growth.live import apply_rewarm, apply_schedule, grow_engine  # noqa: E402
+from growth.plan_file import GrowthSchedule, load_plan  # noqa: E402
+from growth.schedule import ScheduleState, slope_trigger  # noqa: E402
 from model.config import PRESETS, GPTConfig, flops_per_token, from_preset, param_count  # noqa: E402
 from model.gpt import GPT  # noqa: E402
 from model.masks import MaskSpec  # noqa: E402
@@ -49,6 +54,10 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 class UsageError(Exception):
     """Bad input from the command line; printed as one message, exit status 2."""
+
+
+class RankError(UsageError):
+    """Bad input that only some ranks can see (e.g. ranks disagreeing); printed by every rank."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -92,6 +101,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="runs/default",
         help="run folder: checkpoints/, tb/ (TensorBoard), "
         "metrics.jsonl; refused if it already holds checkpoints this run would write",
+    )
+    t.add_argument(
+        "--growth_plan",
+        default=None,
+        help="YAML growth plan (growth/plans/*.yaml): the starting shape and stages to grow into during this run; "
+        "each stage's operator, trigger (step, tokens or loss slope), mask ramp, Adam policy and LR rule",
     )
     t.add_argument(
         "--resume",
@@ -205,6 +220,70 @@ def planned_save_steps(start: int, max_steps: int, interval: int, final: bool) -
 # ----------------------------------------------------------------------------------------------- training
 
 
+def load_growth_plan(path: str) -> GrowthSchedule:
+    try:
+        return load_plan(path)
+    except FileNotFoundError:
+        raise UsageError(f"--growth_plan {path}: no such file; see growth/plans/ for examples") from None
+    except GrowthError as e:
+        raise UsageError(f"--growth_plan {path}: {e}") from None
+    except Exception as e:  # YAML syntax
+        raise UsageError(f"--growth_plan {path} does not parse: {e}") from None
+
+
+def shape_of(cfg: GPTConfig) -> dict:
+    return {k: v for k, v in cfg.to_dict().items() if k != "dropout"}
+
+
+def plan_config(args, growth: GrowthSchedule, cfg: GPTConfig, resume_state: dict | None, stage_index: int):
+    """The model shape when a growth plan drives the run: the plan's start, or after ``stage_index`` stages."""
+    shape_flags = [
+        f"--{k}"
+        for k in ("preset", "n_layer", "n_embd", "n_head", "n_inner", "n_positions")
+        if getattr(args, k) is not None
+    ]
+    if resume_state is None:
+        if shape_flags:
+            raise UsageError(f"--growth_plan sets the starting shape (its 'start'); drop {', '.join(shape_flags)}")
+        start = growth.start
+        return replace(start, dropout=args.dropout) if args.dropout is not None else start
+    expected = growth.start if stage_index == 0 else growth.stages[stage_index - 1].target
+    if stage_index > len(growth.stages) or shape_of(expected) != shape_of(cfg):
+        raise UsageError(
+            f"the checkpoint ({cfg.shape_str()}, {stage_index} growth stage(s) done) is not a point of --growth_plan "
+            f"{args.growth_plan} (which expects {expected.shape_str()} there); resume with the plan it was trained with"
+        )
+    return cfg
+
+
+def check_plan_fits_run(growth: GrowthSchedule, stage_index: int, args, ds_cfg: dict) -> None:
+    """Refuse, before any rank starts, a plan this run cannot carry out."""
+    zero = ds_cfg.get("zero_optimization", {})
+    stage = int(zero.get("stage", 0))
+    if precision_of(ds_cfg) == "fp16" and stage == 0:
+        raise UsageError(
+            "live growth supports fp16 at ZeRO stage 1-3, not 0 (its FP16_Optimizer keeps no per-"
+            "parameter Adam state that growth can read); use ds_configs/zero1_fp16.json or bf16"
+        )
+    if ds_cfg.get("scheduler", {}).get("type") != "WarmupCosineLR":
+        raise UsageError("live growth places a WarmupCosineLR schedule; use a ds_config with that scheduler type")
+    max_live = float(zero.get("stage3_max_live_parameters", 1e9))
+    for s in growth.stages[stage_index:]:
+        if s.when.kind == "step" and s.when.value < 1:
+            raise UsageError(
+                f"stage {s.name!r} grows at step {s.when.value:g}: DeepSpeed has no Adam state before "
+                "the first optimizer step; grow at step >= 1 or start the plan at the grown shape"
+            )
+        if s.when.kind == "slope" and not args.eval_interval:
+            raise UsageError(f"stage {s.name!r} grows on the validation-loss slope; set --eval_interval")
+        largest = max(s.target.vocab_size, s.target.ffn_dim, 3 * s.target.n_embd) * s.target.n_embd
+        if stage == 3 and largest > max_live:
+            raise UsageError(
+                f"stage {s.name!r}: the grown model has a parameter of {largest:,} elements, more than "
+                f"this ds_config's stage3_max_live_parameters={max_live:,.0f}; raise it"
+            )
+
+
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """AdamW groups: weight decay on matrices and embeddings (dim >= 2), none on biases and LayerNorm."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -236,8 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     rank_env = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     try:
         return run(args)
-    except (UsageError, ds_checkpoint.CheckpointError) as e:
-        if rank_env == 0:
+    except (UsageError, ds_checkpoint.CheckpointError, GrowthError) as e:
+        if rank_env == 0 or isinstance(e, RankError):
             print(f"growlm-train: error: {e}", file=sys.stderr)
         return 2
 
@@ -251,9 +330,17 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         resume = ds_checkpoint.resolve(args.resume)
         resume_state = ds_checkpoint.read_state(*resume)
+        if resume_state.get("universal"):  # written by growlm-grow: DeepSpeed reshards it at load (any world size)
+            ds_cfg["checkpoint"] = {**ds_cfg.get("checkpoint", {}), "load_universal": True}
     else:
         resume_state = None
     cfg = model_config_from_args(args, resume_state)
+    stage_index = resume_state.get("growth_stage", 0) if resume_state else 0
+    growth = None
+    if args.growth_plan:
+        growth = load_growth_plan(args.growth_plan)
+        cfg = plan_config(args, growth, cfg, resume_state, stage_index)
+        check_plan_fits_run(growth, stage_index, args, ds_cfg)
     seq_len = args.seq_len or (resume_state["seq_len"] if resume_state else cfg.n_positions)
     if not 1 <= seq_len <= cfg.n_positions:
         raise UsageError(
@@ -297,8 +384,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         info = init_distributed(args.dist_timeout_s)
-    except RuntimeError as e:
-        raise UsageError(str(e)) from None
+    except RuntimeError as e:  # every rank says it: the one that cannot reach the master is often not rank 0
+        raise RankError(str(e)) from None
     import deepspeed
 
     if args.data is None:
@@ -319,13 +406,30 @@ def run(args: argparse.Namespace) -> int:
     windows = TokenWindows(train_tokens, seq_len)
     sampler = ResumableSampler(len(windows), args.seed)
 
+    if growth is not None:  # every rank must run the same plan, or collectives would mismatch and hang
+        digest = hashlib.sha256(Path(args.growth_plan).read_bytes()).hexdigest()
+        digests = [None] * info.world_size
+        dist.all_gather_object(digests, digest)
+        if len(set(digests)) > 1:
+            raise RankError(
+                f"rank {info.rank}: the ranks read different --growth_plan files (sha256 "
+                f"{', '.join(d[:12] for d in digests)}); give every rank the same plan"
+            )
+    weight_decay = ds_cfg.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
+
+    def build_engine(c: GPTConfig, masks: MaskSpec | None, partitioned: bool = False):
+        """A DeepSpeed engine for a fresh GPT of shape ``c``; ``partitioned`` builds it inside zero.Init (ZeRO-3)."""
+        if partitioned:
+            with deepspeed.zero.Init(config_dict_or_path=ds_cfg):
+                m = GPT(c, masks=masks)
+        else:
+            m = GPT(c, masks=masks)
+        return deepspeed.initialize(model=m, model_parameters=param_groups(m, weight_decay), config=ds_cfg)[0]
+
     torch.manual_seed(args.seed)  # identical init on every rank
     masks = resume_state.get("growth_masks") if resume_state else None
-    model = GPT(cfg, masks=MaskSpec.from_dict(masks) if masks else None)
-    weight_decay = ds_cfg.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=param_groups(model, weight_decay), config=ds_cfg
-    )
+    engine = build_engine(cfg, MaskSpec.from_dict(masks) if masks else None)
+    model = engine.module
     micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     global_batch = micro * gas * info.world_size
     if resume_state is not None:
@@ -333,9 +437,16 @@ def run(args: argparse.Namespace) -> int:
         consumed = resume_state["consumed_samples"]
         consumed_flops = resume_state.get("consumed_flops", 0)
         model.set_growth_step(resume_state["global_step"])
+        if resume_state.get("schedule"):  # a growth placed the schedule; DeepSpeed restored only its position
+            sched_state = replace(
+                ScheduleState(**resume_state["schedule"]), last_batch_iteration=engine.lr_scheduler.last_batch_iteration
+            )
+            apply_schedule(engine, sched_state, resume_state["global_step"])
     else:
         torch.manual_seed(args.seed + 1 + info.rank)  # per-rank dropout stream
         consumed, consumed_flops = 0, 0
+    if resume_state is None or not resume_state.get("schedule"):
+        sched_state = None
     step = engine.global_steps
     if step != start_step:
         raise ds_checkpoint.CheckpointError(
@@ -425,8 +536,84 @@ def run(args: argparse.Namespace) -> int:
     engine.train()
     t_log, steps_since_log, tokens_per_s = time.perf_counter(), 0, 0.0
     stage0_norm = float("nan")
+    slope_points: list[tuple[float, float]] = []  # (cumulative FLOPs, val loss) since the last growth
+
+    def fixed_batch_loss(x: torch.Tensor, y: torch.Tensor) -> float:
+        """Eval-mode loss of one batch per rank, averaged over ranks (the loss-preservation check)."""
+        engine.eval()
+        with torch.no_grad():
+            loss = engine(x, y).detach().double().cpu()
+        engine.train()
+        return float(all_reduce_sum(loss)) / info.world_size
+
     while step < args.max_steps:
+        if growth is not None and stage_index < len(growth.stages):
+            stage = growth.stages[stage_index]
+            kind, value = stage.when.kind, stage.when.value
+            due = (
+                (kind == "step" and step >= value)
+                or (kind == "tokens" and consumed * seq_len >= value)
+                or (
+                    kind == "slope" and slope_trigger([f for f, _ in slope_points], [v for _, v in slope_points], value)
+                )
+            )
+            if due:
+                x, y = windows.batch(
+                    sampler.sample_ids(micro_batch_start(consumed, micro, 0, info.rank, info.world_size), micro)
+                )
+                x, y = x.to(info.device), y.to(info.device)
+                loss_before = fixed_batch_loss(x, y)
+                old_cfg, rss_before = cfg, max_rss_bytes()
+                result = grow_engine(
+                    engine,
+                    stage.plan(cfg, growth.seed),
+                    lambda c, m: build_engine(c, m, partitioned=zero_stage == 3),
+                    policy=stage.optimizer,
+                    schedule_rule=stage.schedule,
+                    ramp_steps=stage.ramp_steps or None,
+                    rewarm=sched_state,
+                )
+                engine, model, cfg, sched_state = result.engine, result.engine.module, stage.target, result.schedule
+                stage_index += 1
+                slope_points.clear()
+                flops_per_step = flops_per_token(cfg, seq_len) * tok_per_step
+                loss_after = fixed_batch_loss(x, y)
+                if is_main:
+                    rec = {
+                        "event": "growth",
+                        "step": step,
+                        "stage": stage.name,
+                        "family": stage.family,
+                        "from": old_cfg.to_dict(),
+                        "to": cfg.to_dict(),
+                        "params_from": param_count(old_cfg),
+                        "params_to": param_count(cfg),
+                        "loss_before": loss_before,
+                        "loss_after": loss_after,
+                        "seconds": result.seconds,
+                        "bytes_moved": result.bytes_moved,
+                        "max_rss_bytes_before": rss_before,
+                        "max_rss_bytes": max_rss_bytes(),
+                        "lr": engine.get_lr()[0],
+                        "tokens": consumed * seq_len,
+                        "flops": consumed_flops,
+                    }
+                    metrics.write(json.dumps(rec) + "\n")
+                    metrics.flush()
+                    for k in ("loss_before", "loss_after", "seconds", "bytes_moved", "params_to"):
+                        writer.add_scalar(f"growth/{k}", rec[k], step)
+                    writer.add_text(
+                        "growth",
+                        f"step {step}: {stage.name} ({stage.family}) {old_cfg.shape_str()} -> {cfg.shape_str()}",
+                        step,
+                    )
+                    bar.write(
+                        f"growlm: step {step}: grew {old_cfg.shape_str()} -> {cfg.shape_str()} ({stage.family}, "
+                        f"{stage.name}) in {result.seconds:.1f} s; fixed-batch loss {loss_before:.6f} -> "
+                        f"{loss_after:.6f}"
+                    )
         t_step = time.perf_counter()
+        lr = engine.get_lr()[0]  # the LR this step uses
         loss_sum = torch.zeros((), dtype=torch.float64)
         for j in range(gas):
             start = micro_batch_start(consumed, micro, j, info.rank, info.world_size)
@@ -440,9 +627,11 @@ def run(args: argparse.Namespace) -> int:
             loss_sum += loss.detach().double().cpu()
         step, consumed = step + 1, consumed + global_batch
         consumed_flops += flops_per_step
+        model.set_growth_step(step)  # mask ramp (no-op without masks; removes them at 1)
+        if sched_state is not None:
+            apply_rewarm(engine, sched_state, step)
         steps_since_log += 1
         mean_loss = float(all_reduce_sum(loss_sum / gas)) / info.world_size
-        lr = engine.get_lr()[0]
         grad_norm = engine.get_global_grad_norm()
         grad_norm = float(grad_norm) if grad_norm is not None else stage0_norm
         if is_main:
@@ -476,6 +665,7 @@ def run(args: argparse.Namespace) -> int:
                 bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}")
         if args.eval_interval and step % args.eval_interval == 0 and step < args.max_steps:
             val = evaluate(args.eval_tokens, None)
+            slope_points.append((float(consumed_flops), val.loss))
             if is_main:
                 log_val(val, step, consumed * seq_len, consumed_flops)
                 bar.write(f"step {step}: val loss {val.loss:.4f}, perplexity {val.perplexity:.2f}")
@@ -492,6 +682,8 @@ def run(args: argparse.Namespace) -> int:
                 "seed": args.seed,
                 "consumed_flops": consumed_flops,
                 "growth_masks": model.growth_masks.to_dict() if model.growth_masks is not None else None,
+                "growth_stage": stage_index,
+                "schedule": asdict(sched_state) if sched_state is not None else None,
                 "data": {"dir": str(data_dir), "train_sha256": meta["splits"]["train"].get("sha256")},
                 "ds_config": ds_cfg,
             }
