@@ -32,11 +32,10 @@ from data.sampler import ResumableSampler, TokenWindows, micro_batch_start  # no
 from eval.perplexity import NLL, token_nll  # noqa: E402
 from growth import ds_checkpoint  # noqa: E402
 from growth.errors import GrowthError  # noqa: E402
-from growth.live import apply_rewarm, apply_schedule, grow_engine  # noqa: E402
+from growth.live import apply_rewarm, apply_schedule, build_engine, grow_engine, schedule_of  # noqa: E402
 from growth.plan_file import GrowthSchedule, load_plan  # noqa: E402
 from growth.schedule import ScheduleState, slope_trigger  # noqa: E402
 from model.config import PRESETS, GPTConfig, flops_per_token, from_preset, param_count  # noqa: E402
-from model.gpt import GPT  # noqa: E402
 from model.masks import MaskSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parent
@@ -284,13 +283,6 @@ def check_plan_fits_run(growth: GrowthSchedule, stage_index: int, args, ds_cfg: 
             )
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """AdamW groups: weight decay on matrices and embeddings (dim >= 2), none on biases and LayerNorm."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
 def loss_scale_of(engine: Any) -> float:
     """Current fp16 loss scale (1.0 for bf16/fp32)."""
     for obj in (engine.optimizer, getattr(engine.optimizer, "loss_scaler", None)):
@@ -386,7 +378,6 @@ def run(args: argparse.Namespace) -> int:
         info = init_distributed(args.dist_timeout_s)
     except RuntimeError as e:  # every rank says it: the one that cannot reach the master is often not rank 0
         raise RankError(str(e)) from None
-    import deepspeed
 
     if args.data is None:
         from data.prepare import ensure_builtin_prepared
@@ -415,20 +406,9 @@ def run(args: argparse.Namespace) -> int:
                 f"rank {info.rank}: the ranks read different --growth_plan files (sha256 "
                 f"{', '.join(d[:12] for d in digests)}); give every rank the same plan"
             )
-    weight_decay = ds_cfg.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
-
-    def build_engine(c: GPTConfig, masks: MaskSpec | None, partitioned: bool = False):
-        """A DeepSpeed engine for a fresh GPT of shape ``c``; ``partitioned`` builds it inside zero.Init (ZeRO-3)."""
-        if partitioned:
-            with deepspeed.zero.Init(config_dict_or_path=ds_cfg):
-                m = GPT(c, masks=masks)
-        else:
-            m = GPT(c, masks=masks)
-        return deepspeed.initialize(model=m, model_parameters=param_groups(m, weight_decay), config=ds_cfg)[0]
-
     torch.manual_seed(args.seed)  # identical init on every rank
     masks = resume_state.get("growth_masks") if resume_state else None
-    engine = build_engine(cfg, MaskSpec.from_dict(masks) if masks else None)
+    engine = build_engine(cfg, MaskSpec.from_dict(masks) if masks else None, ds_cfg)
     model = engine.module
     micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     global_batch = micro * gas * info.world_size
@@ -567,7 +547,7 @@ def run(args: argparse.Namespace) -> int:
                 result = grow_engine(
                     engine,
                     stage.plan(cfg, growth.seed),
-                    lambda c, m: build_engine(c, m, partitioned=zero_stage == 3),
+                    lambda c, m: build_engine(c, m, ds_cfg, partitioned=zero_stage == 3),
                     policy=stage.optimizer,
                     schedule_rule=stage.schedule,
                     ramp_steps=stage.ramp_steps or None,
@@ -683,7 +663,9 @@ def run(args: argparse.Namespace) -> int:
                 "consumed_flops": consumed_flops,
                 "growth_masks": model.growth_masks.to_dict() if model.growth_masks is not None else None,
                 "growth_stage": stage_index,
-                "schedule": asdict(sched_state) if sched_state is not None else None,
+                "schedule": asdict(schedule_of(engine, sched_state.rewarm_start, sched_state.rewarm_steps))
+                if sched_state is not None
+                else None,
                 "data": {"dir": str(data_dir), "train_sha256": meta["splits"]["train"].get("sha256")},
                 "ds_config": ds_cfg,
             }

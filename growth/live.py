@@ -37,7 +37,10 @@ from growth.apply import OptimizerPolicy, apply_plan
 from growth.errors import GrowthError
 from growth.plan import GrowthPlan
 from growth.schedule import ScheduleRule, ScheduleState, place_schedule, rewarm_factor
+from growth.single_process import param_groups
 from growth.stores import ParamState
+from model.config import GPTConfig
+from model.gpt import GPT
 from model.masks import MaskSpec
 
 LOSS_SCALER_FIELDS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
@@ -246,6 +249,25 @@ def apply_schedule(engine: Any, sched: ScheduleState, adam_step: int) -> float:
     return lrs[0]
 
 
+def build_engine(cfg: GPTConfig, masks: MaskSpec | None, ds_config: dict, *, partitioned: bool = False) -> Any:
+    """A DeepSpeed engine for a freshly initialised GPT of shape ``cfg`` (with ``masks``), AdamW groups as in
+    growth.single_process.param_groups (weight decay on matrices only, from the config's optimizer params).
+
+    ``partitioned`` builds the module inside ``deepspeed.zero.Init`` (ZeRO-3), so no rank ever holds it whole; its
+    initial values are then not GPT-2's init (DESIGN.md 4), which is fine when every parameter is written next, as
+    growth does."""
+    import deepspeed
+
+    weight_decay = ds_config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
+    if partitioned:
+        with deepspeed.zero.Init(config_dict_or_path=ds_config):
+            model = GPT(cfg, masks=masks)
+    else:
+        model = GPT(cfg, masks=masks)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model, weight_decay), config=ds_config)
+    return engine
+
+
 def apply_rewarm(engine: Any, sched: ScheduleState, adam_step: int) -> None:
     """Scale the LR that the scheduler just set for the next step by the re-warm factor (no-op outside a re-warm).
     Call after every optimizer step; ``adam_step`` is the number of steps taken."""
@@ -287,7 +309,8 @@ def grow_engine(
         policy: Adam-state policy (growth.apply.OptimizerPolicy).
         schedule_rule: where the LR schedule goes (growth.schedule.ScheduleRule).
         ramp_steps: mask ramp length for the masked family (default: the plan's).
-        rewarm: the old engine's schedule state when it carries a re-warm (else read from the engine).
+        rewarm: the schedule state of the last growth, whose re-warm may still run (position and schedule
+            arguments are read from the old engine's scheduler).
 
     Returns:
         GrowthResult; the old engine is destroyed and must not be used again.
@@ -305,7 +328,8 @@ def grow_engine(
     if getattr(module, "growth_masks", None) is not None:
         end = module.growth_masks.end_step()
         raise GrowthError(f"a mask ramp is still running until step {end}; grow again at step >= {end}")
-    sched = place_schedule(rewarm or schedule_of(old), step, schedule_rule)
+    current = schedule_of(old, rewarm.rewarm_start, rewarm.rewarm_steps) if rewarm else schedule_of(old)
+    sched = place_schedule(current, step, schedule_rule)
     masks = None
     if plan.masks is not None:
         masks = replace(plan.masks, start_step=step, ramp_steps=ramp_steps or plan.masks.ramp_steps)
@@ -322,6 +346,10 @@ def grow_engine(
         new.module.set_growth_step(step)
     moved = old_store.bytes_read
     old.destroy()
+    for m in module.modules():  # hooks DeepSpeed left would keep the old engine alive (and could fire)
+        m._forward_pre_hooks.clear()
+        m._forward_hooks.clear()
+        m._backward_hooks.clear()
     del old, module, old_store
     gc.collect()
     dist.barrier()

@@ -26,8 +26,12 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_ranks(args: list[str], nproc: int = 2, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run ``python train.py ARGS`` as ``nproc`` ranks (RANK/WORLD_SIZE env, like torchrun) and wait for all.
+def run_ranks(
+    args: list[str] | list[list[str]], nproc: int = 2, timeout: float = 600, script: str = "train.py"
+) -> subprocess.CompletedProcess:
+    """Run ``python SCRIPT ARGS`` as ``nproc`` ranks (RANK/WORLD_SIZE env, like torchrun) and wait for all.
+
+    ``args`` is one argument list for every rank, or one list per rank.
 
     Returns a CompletedProcess whose returncode is the first non-zero rank exit code (0 if all succeeded) and whose
     stdout holds every rank's output, rank by rank.
@@ -40,7 +44,7 @@ def run_ranks(args: list[str], nproc: int = 2, timeout: float = 600) -> subproce
         )
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(REPO / "train.py"), *args],
+                [sys.executable, str(REPO / script), *(args[r] if args and isinstance(args[0], list) else args)],
                 cwd=REPO,
                 env=env,
                 stdout=subprocess.PIPE,
