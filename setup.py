@@ -38,6 +38,10 @@ setup(
             "growlm-train = train:main",
             "growlm-prepare = data.prepare:main",
             "growlm-build-corpus = data.build_corpus:main",
+            "growlm-grow = growth.grow_checkpoint:main",
+            "growlm-eval = eval.cli:main",
+            "growlm-experiment = eval.staged_experiment:main",
+            "growlm-bench = eval.bench:main",
         ]
     },
 )

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from growth.manifest import ManifestError, verify_manifest, write_manifest
+
 STATE_FILE = "growlm_state.json"
 STATE_FORMAT = "growlm-checkpoint-v1"
 LATEST = "latest"
@@ -61,7 +63,7 @@ def resolve(path: str | os.PathLike) -> tuple[Path, str]:
     return p, tag
 
 
-def read_state(ckpt_dir: Path, tag: str) -> dict[str, Any]:
+def read_state(ckpt_dir: Path, tag: str, *, verify: bool = True) -> dict[str, Any]:
     """The growlm training state stored with a checkpoint.
 
     Raises:
@@ -76,6 +78,11 @@ def read_state(ckpt_dir: Path, tag: str) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not valid JSON ({e}); the checkpoint is damaged") from e
     if state.get("format") != STATE_FORMAT:
         raise CheckpointError(f"{path}: format {state.get('format')!r}, expected {STATE_FORMAT!r}")
+    if verify:  # growlm_manifest.json (sizes + sha256): a truncated, missing or mixed-in file fails here
+        try:
+            verify_manifest(Path(ckpt_dir) / tag)
+        except ManifestError as e:
+            raise CheckpointError(str(e)) from e
     return state
 
 
@@ -139,6 +146,7 @@ def save(engine: Any, save_dir: str | os.PathLike, state: dict[str, Any], *, ran
     dist.barrier()
     if rank == 0:
         _atomic_write_text(save_dir / tmp_tag / STATE_FILE, json.dumps(state, indent=2))
+        write_manifest(save_dir / tmp_tag)
         os.rename(save_dir / tmp_tag, final)
         _atomic_write_text(save_dir / LATEST, tag)
     dist.barrier()
@@ -160,12 +168,19 @@ def load(engine: Any, ckpt_dir: Path, tag: str, *, rank: int, world_size: int) -
     Raises:
         CheckpointError: DeepSpeed loaded nothing.
     """
-    state = read_state(ckpt_dir, tag)
+    state = read_state(ckpt_dir, tag, verify=False)  # the caller's read_state verified the manifest
+    groups = engine.optimizer.param_groups
+    weight_decays = [g.get("weight_decay") for g in groups]
     path, _client = engine.load_checkpoint(
         str(ckpt_dir), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
     )
     if path is None:
         raise CheckpointError(f"DeepSpeed loaded nothing from {Path(ckpt_dir) / tag}; the checkpoint is incomplete")
+    # DeepSpeed's ZeRO-3 universal loader copies param group 0's hyperparameters onto every group, which would give
+    # biases and LayerNorm gains group 0's weight decay; each group keeps its own
+    for group, weight_decay in zip(engine.optimizer.param_groups, weight_decays, strict=True):
+        if weight_decay is not None:
+            group["weight_decay"] = weight_decay
     rng_path = Path(ckpt_dir) / tag / f"rng_state_rank{rank}.pt"
     if state["world_size"] == world_size and rng_path.is_file():
         set_rng_state(torch.load(rng_path, weights_only=False))
@@ -198,10 +213,16 @@ def check_compatible(
             f"{path} was saved at ZeRO stage {saved_stage} and cannot be loaded at stage {zero_stage}: "
             "DeepSpeed does not convert between stages 1/2 and 3; use a config with the saved stage"
         )
-    if state["world_size"] != world_size and max(saved_stage, zero_stage) >= 1:
+    universal = bool(state.get("universal"))  # written by growlm-grow: DeepSpeed reshards it at load
+    if universal and zero_stage == 0:
+        raise CheckpointError(
+            f"{path} is a universal checkpoint (growlm-grow), which DeepSpeed loads at ZeRO stage "
+            f"{'3' if saved_stage == 3 else '1 or 2'} only, not 0; use a ZeRO-{saved_stage} config"
+        )
+    if state["world_size"] != world_size and max(saved_stage, zero_stage) >= 1 and not universal:
         raise CheckpointError(
             f"{path} was saved by {state['world_size']} ranks with ZeRO stage {saved_stage}, and this run has "
             f"{world_size}; partitioned optimizer state only loads at the same data-parallel size. Reshard it with "
-            f"`python -m deepspeed.checkpoint.ds_to_universal --input_folder {path} --output_folder <new> "
-            "--inject_missing_state` or run with the saved world size"
+            f"`growlm-grow {path} <new>` (DeepSpeed's ds_to_universal plus growlm's state; then --resume <new>) "
+            "or run with the saved world size"
         )

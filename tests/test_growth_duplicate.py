@@ -3,6 +3,7 @@ gradients and a real Adam step, and symmetry breaking."""
 
 import pytest
 import torch
+from growth_helpers import grown_model, random_model, small_cfg, tokens
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -11,7 +12,6 @@ from growth.errors import GrowthError
 from growth.ops import make_plan
 from growth.single_process import make_optimizer
 from growth.stores import ModuleStore
-from growth.testing import grown_model, random_model, small_cfg, tokens
 from model.gpt import GPT
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True)

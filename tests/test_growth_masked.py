@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from growth_helpers import grown_model, random_model, random_params, small_cfg, tokens
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -11,7 +12,6 @@ from growth.ops import make_plan
 from growth.single_process import to_modules
 from growth.state import TrainingState, grow_state
 from growth.stores import ParamState
-from growth.testing import grown_model, random_model, random_params, small_cfg, tokens
 from model.config import GPTConfig
 from model.hf import to_hf
 

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from growth_helpers import random_model, random_params, small_cfg, tokens
 
 from growth.apply import OptimizerPolicy
 from growth.errors import GrowthError
@@ -10,7 +11,6 @@ from growth.schedule import ScheduleRule, ScheduleState, warmup_cosine_ratio
 from growth.single_process import from_modules, make_optimizer, make_scheduler, to_modules
 from growth.state import TrainingState, grow_state
 from growth.stores import ParamState
-from growth.testing import random_model, random_params, small_cfg, tokens
 
 HP = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 SCHED = ScheduleState(total_num_steps=1000, warmup_num_steps=100, warmup_type="linear")

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from growth_helpers import grown_model, random_model, small_cfg, tokens
 
 from growth.ops import make_plan
-from growth.testing import grown_model, random_model, small_cfg, tokens
 from model.gpt import GPT
 from model.hf import to_hf
 from model.masks import MaskSpec, masked_layer_norm

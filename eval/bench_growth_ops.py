@@ -1,7 +1,7 @@
 """Time and peak memory of growing a training state (fp32 weights + Adam moments) into a GPT2_base-sized one (124M
 parameters), per operator, on CPU in a single process.
 
-    python -m growth.bench_ops --out bench.json [--only NAME]
+    python -m eval.bench_growth_ops --out bench.json [--only NAME]
 
 Each operator runs in its own subprocess so that its peak RSS (``resource.getrusage``) is its own. The old state is
 random (values do not change the cost); ``grow_state(..., release=True)`` frees old tensors as they are consumed.
@@ -93,7 +93,7 @@ def main() -> None:
     rows = []
     for name in CASES:
         out = subprocess.run(
-            [sys.executable, "-m", "growth.bench_ops", "--only", name, "--threads", str(args.threads)],
+            [sys.executable, "-m", "eval.bench_growth_ops", "--only", name, "--threads", str(args.threads)],
             capture_output=True,
             text=True,
             check=True,

@@ -1,0 +1,252 @@
+"""DeepSpeed universal checkpoints on disk: a ParamStore over their per-parameter folders, the conversion from a
+native ZeRO checkpoint, and the rewrite of their small metadata files for a grown model.
+
+Layout of a universal tag folder (DeepSpeed 0.19, ``deepspeed.checkpoint.ds_to_universal``; DESIGN.md 4):
+
+    <tag>/zero/<param name>/fp32.pt, exp_avg.pt, exp_avg_sq.pt (+ step.pt)   one folder per parameter
+    <tag>/zero/optimizer_state.pt      loss scaler, clip_grad, param_groups (lr, betas, ...); ZeRO-3: the Adam step
+    <tag>/*model_states.pt             lr_scheduler, global_steps, param_shapes, client state (module: unused)
+
+ZeRO-1/2 store ``{"param": tensor of the parameter's shape, "cat_dim": 0}`` per file and the Adam step in
+``step.pt``; ZeRO-3 stores bare flat 1-D tensors and keeps the step in optimizer_state.pt. DeepSpeed's universal
+loaders never read the module weights of ``*model_states.pt`` (weights come from ``fp32.pt``), and the ZeRO-3 loader
+does not check sizes, so this module checks every tensor's element count against the config itself.
+
+Only this module and growth/ds_checkpoint.py know DeepSpeed's file layout; ``ds_to_universal`` runs as a
+subprocess (its worker pools and memory stay out of the caller).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from growth.ds_checkpoint import CheckpointError
+from growth.errors import GrowthError
+from growth.stores import ParamState
+
+MOMENT_KEYS = ("fp32", "exp_avg", "exp_avg_sq")
+OPTIMIZER_STATE = "optimizer_state.pt"
+LATEST_UNIVERSAL = "latest_universal"
+
+
+def load_file(path: Path, what: str) -> Any:
+    """torch.load of a checkpoint file, memory-mapped; CheckpointError naming the file when missing or damaged."""
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing: the checkpoint is incomplete ({what})")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for damaged files
+        raise CheckpointError(
+            f"{path} cannot be read ({type(e).__name__}: {e}); the file is truncated or damaged"
+        ) from e
+
+
+def _owned(t: Tensor) -> Tensor:
+    """``t`` detached, contiguous, and owning exactly its storage (torch.save writes a view's whole storage)."""
+    t = t.detach().contiguous()
+    if t.untyped_storage().nbytes() != t.numel() * t.element_size() or t.storage_offset():
+        t = t.clone()
+    return t
+
+
+class UniversalStore:
+    """ParamStore over ``<tag>/zero/`` of a universal checkpoint; holds no tensor between calls.
+
+    Args:
+        zero_dir: the ``zero`` folder.
+        shapes: name -> shape of every parameter (growth.plan.param_shapes of the config), in the model's order.
+        flat: ZeRO-3 layout (bare flat tensors, no step.pt) instead of ZeRO-1/2 (dicts, step.pt).
+        step: the Adam step tensor written as ``step.pt`` (ZeRO-1/2 writes).
+
+    Reads return fp32 tensors of ``shapes[name]``; writes refuse another shape. Reading raises CheckpointError for
+    a missing, unreadable or wrongly sized file (a checkpoint of another model, a truncated file).
+    """
+
+    def __init__(
+        self, zero_dir: str | os.PathLike, shapes: dict[str, tuple[int, ...]], *, flat: bool, step: Tensor | None = None
+    ) -> None:
+        self.zero_dir = Path(zero_dir)
+        self.shapes = dict(shapes)
+        self.flat = flat
+        self.step = step
+
+    def names(self) -> list[str]:
+        return list(self.shapes)
+
+    def read_tensor(self, name: str, key: str) -> Tensor:
+        """One of fp32 / exp_avg / exp_avg_sq of ``name``, as an fp32 tensor of the parameter's shape."""
+        shape = self.shapes[name]
+        path = self.zero_dir / name / f"{key}.pt"
+        obj = load_file(path, f"{key} of {name}")
+        t = obj.get("param") if isinstance(obj, dict) else obj
+        if not isinstance(t, Tensor):
+            raise CheckpointError(f"{path} holds no tensor; it is not a universal-checkpoint file")
+        if t.numel() != math.prod(shape):
+            raise CheckpointError(
+                f"{path} holds {t.numel()} elements ({tuple(t.shape)}), but {name} of this model has shape {shape} "
+                f"({math.prod(shape)}): the checkpoint belongs to another model config or is damaged"
+            )
+        return t.detach().reshape(shape).to(torch.float32, copy=True)
+
+    def read(self, name: str) -> ParamState:
+        if name not in self.shapes:
+            raise KeyError(name)
+        return ParamState(*(self.read_tensor(name, k) for k in MOMENT_KEYS))
+
+    def write(self, name: str, state: ParamState) -> None:
+        shape = self.shapes[name]
+        for kind, t in zip(MOMENT_KEYS, state, strict=True):
+            if tuple(t.shape) != shape:
+                raise GrowthError(f"{name}: {kind} of shape {tuple(t.shape)}, the grown model needs {shape}")
+        folder = self.zero_dir / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for key, t in zip(MOMENT_KEYS, state, strict=True):
+            t = _owned(t.to(torch.float32))
+            torch.save(t.reshape(-1) if self.flat else {"cat_dim": 0, "param": t}, folder / f"{key}.pt")
+        if not self.flat:
+            step = self.step if self.step is not None else torch.tensor(0.0)
+            torch.save(step.clone(), folder / "step.pt")
+
+    def write_tied(self, name: str, weight: Tensor) -> None:
+        """A weights-only folder for a tied alias (``lm_head.weight``), as ds_to_universal writes it."""
+        folder = self.zero_dir / name
+        folder.mkdir(parents=True, exist_ok=True)
+        w = _owned(weight.to(torch.float32))
+        torch.save(w.reshape(-1) if self.flat else {"param": w}, folder / "fp32.pt")
+
+    def release(self, name: str) -> None:
+        pass
+
+
+# ----- conversion ---------------------------------------------------------------------------------------------------
+
+
+def convert(tag_dir: Path, out_tag_dir: Path, workers: int = 1) -> None:
+    """Run DeepSpeed's ``ds_to_universal`` on a native tag folder (``--inject_missing_state``, see DESIGN.md 4).
+
+    Raises:
+        CheckpointError: the conversion failed (the message carries the end of its output).
+    """
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(tag_dir),
+        "--output_folder",
+        str(out_tag_dir),
+        "--inject_missing_state",
+        "--num_extract_workers",
+        str(workers),
+        "--num_merge_workers",
+        str(workers),
+    ]
+    env = dict(os.environ)
+    env.setdefault("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() else env.get("DS_ACCELERATOR", "cuda"))
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0 or not (out_tag_dir / "zero" / OPTIMIZER_STATE).is_file():
+        tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-8:])
+        raise CheckpointError(
+            f"DeepSpeed's ds_to_universal could not convert {tag_dir} (exit {r.returncode}); a shard file is probably "
+            f"missing, truncated or damaged. Its output ends:\n{tail}"
+        )
+
+
+# ----- metadata -----------------------------------------------------------------------------------------------------
+
+
+def model_states_files(tag_dir: Path) -> list[Path]:
+    return sorted(Path(tag_dir).glob("*model_states.pt"))
+
+
+def adam_step(zero_dir: Path, names: list[str], flat: bool) -> Tensor:
+    """The Adam step (bias-correction count) saved in a universal checkpoint."""
+    if flat:
+        sd = load_file(zero_dir / OPTIMIZER_STATE, "optimizer global state")
+        try:
+            return torch.as_tensor(sd["optimizer_state_dict"]["state"][0]["step"]).clone()
+        except (KeyError, TypeError) as e:
+            raise CheckpointError(f"{zero_dir / OPTIMIZER_STATE} holds no Adam step ({e})") from e
+    for name in names:
+        if (zero_dir / name / "step.pt").is_file():
+            return torch.as_tensor(load_file(zero_dir / name / "step.pt", "Adam step")).clone()
+    raise CheckpointError(f"{zero_dir}: no step.pt in any parameter folder; the checkpoint holds no Adam state")
+
+
+def lr_scheduler_state(tag_dir: Path) -> dict | None:
+    files = model_states_files(tag_dir)
+    if not files:
+        raise CheckpointError(f"{tag_dir} holds no *model_states.pt file; the checkpoint is incomplete")
+    return load_file(files[0], "model states").get("lr_scheduler")
+
+
+def param_shape_groups(shapes: dict[str, tuple[int, ...]]) -> list[OrderedDict]:
+    """DeepSpeed's ``param_shapes`` for growlm's two AdamW groups (train.param_groups): dim >= 2, then the rest."""
+    return [
+        OrderedDict((k, torch.Size(s)) for k, s in shapes.items() if len(s) >= 2),
+        OrderedDict((k, torch.Size(s)) for k, s in shapes.items() if len(s) < 2),
+    ]
+
+
+def write_model_states(
+    src_tag: Path,
+    dst_tag: Path,
+    *,
+    shapes: dict[str, tuple[int, ...]],
+    buffers: dict[str, Tensor],
+    last_batch_iteration: int | None,
+    client_state: dict[str, Any],
+) -> None:
+    """Copy every ``*model_states.pt`` of ``src_tag`` into ``dst_tag`` for the grown model: ``module`` holds only the
+    grown model's buffers (growth masks; universal loading takes weights from zero/), ``param_shapes`` the grown
+    shapes, ``lr_scheduler`` the placed position, ``growlm`` the new training state. Read memory-mapped, so the old
+    module weights of ZeRO-1/2 files are never brought into memory."""
+    for src in model_states_files(src_tag):
+        sd = load_file(src, "model states")
+        sd = {k: v for k, v in sd.items() if k != "module"}
+        sd["module"] = OrderedDict((k, _owned(v)) for k, v in buffers.items())
+        sd["buffer_names"] = list(buffers)
+        sd["param_shapes"] = param_shape_groups(shapes)
+        if last_batch_iteration is not None and isinstance(sd.get("lr_scheduler"), dict):
+            sd["lr_scheduler"] = {**sd["lr_scheduler"], "last_batch_iteration": last_batch_iteration}
+        sd["growlm"] = client_state
+        torch.save(sd, dst_tag / src.name)
+
+
+def write_optimizer_state(src_zero: Path, dst_zero: Path, *, lr: float | None, flat: bool, step: Tensor) -> None:
+    """``zero/optimizer_state.pt`` for the grown model: the loss scaler and hyperparameters carried, the LR of the
+    first post-growth step set (``lr``; None keeps the saved one). For ZeRO-3 the old rank-0 partition tensors that
+    ds_to_universal leaves in this file (old shapes) are dropped; only the Adam step the loader reads is kept."""
+    sd = load_file(src_zero / OPTIMIZER_STATE, "optimizer global state")
+    sd = dict(sd)
+
+    def set_lr(groups: list[dict]) -> list[dict]:
+        return [{**g, "lr": g["lr"] if lr is None else lr} for g in groups]
+
+    if flat:
+        osd = sd["optimizer_state_dict"]
+        groups = set_lr(osd["param_groups"])
+        sd["optimizer_state_dict"] = {
+            "state": {i: {"step": step.clone()} for i in range(len(groups))},
+            "param_groups": groups,
+        }
+    else:
+        sd["param_groups"] = set_lr(sd["param_groups"])
+    dst_zero.mkdir(parents=True, exist_ok=True)
+    torch.save(sd, dst_zero / OPTIMIZER_STATE)
+
+
+def saved_lr(zero_dir: Path, flat: bool) -> float:
+    """The LR of the next optimizer step stored with the checkpoint (first param group)."""
+    sd = load_file(zero_dir / OPTIMIZER_STATE, "optimizer global state")
+    groups = sd["optimizer_state_dict"]["param_groups"] if flat else sd["param_groups"]
+    return float(groups[0]["lr"])

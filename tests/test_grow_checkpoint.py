@@ -1,0 +1,303 @@
+"""growlm-grow end to end: checkpoints saved by 2 real ranks (ZeRO-1/2/3, fp32 and bf16) are grown or resharded
+offline and resumed by train.py at 1 and 2 ranks; HF export; bad input. CPU, gloo, preset tiny, seq_len 32."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from dist_utils import REPO, read_metrics, run_ranks, write_ds_config
+
+from data.prepare import open_tokens
+from data.sampler import TokenWindows
+from growth import ds_checkpoint
+from growth.apply import grow_param
+from growth.grow_checkpoint import main as grow_main
+from growth.grow_checkpoint import open_source, parse_args, stage_from_flags
+from growth.plan import param_shapes
+from growth.schedule import ScheduleState
+from growth.universal import UniversalStore
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.masks import MaskSpec
+
+TINY = ["--seq_len", "32", "--log_interval", "1", "--no_eval"]
+SAVE_STEP, MAX_STEPS = 3, 5
+# masked growth of every dimension (exact at ramp 0), or duplicate width x2 (exact in eval mode, no masks)
+GROW = {
+    "masked": ["--family", "masked", "--n_layer", "3", "--n_embd", "96", "--n_head", "6", "--ramp_steps", "4"],
+    "duplicate": ["--family", "duplicate", "--n_embd", "128", "--n_head", "8"],
+}
+CASES = {  # template: growth family
+    "zero1_fp32": "masked",
+    "zero2_fp32": "masked",
+    "zero3_fp32": "masked",
+    "zero1_bf16": "duplicate",
+    "zero2_bf16": "masked",
+    "zero3_bf16": "duplicate",
+}
+
+
+def ds_config(tmp: Path, template: str, gas: int = 1) -> Path:
+    return write_ds_config(
+        tmp / f"{template}_gas{gas}.json",
+        template,
+        train_micro_batch_size_per_gpu=4,
+        gradient_accumulation_steps=gas,
+        lr=3e-3,
+        scheduler_warmup_num_steps=2,
+    )
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory, builtin_data):
+    """template -> (run folder, its train records): 2 ranks, 5 steps, a checkpoint after step 3 (lazily made)."""
+    root = tmp_path_factory.mktemp("grow_sources")
+    made: dict[str, tuple[Path, list[dict]]] = {}
+
+    def get(template: str) -> tuple[Path, list[dict]]:
+        if template not in made:
+            out = root / template
+            args = [*TINY, "--preset", "tiny", "--ds_config", str(ds_config(root, template))]
+            args += ["--max_steps", str(MAX_STEPS), "--save_interval", str(SAVE_STEP), "--no_final_save"]
+            r = run_ranks([*args, "--out_dir", str(out)])
+            assert r.returncode == 0, r.stdout[-3000:]
+            made[template] = (out, read_metrics(out))
+        return made[template]
+
+    return get
+
+
+def grow(*argv: str) -> int:
+    return grow_main([str(a) for a in argv])
+
+
+def fixed_batch(data: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    return TokenWindows(open_tokens(data, "train"), 32).batch(torch.arange(100, 108))
+
+
+def universal_model(tag_dir: Path) -> GPT:
+    """A single-process fp32 GPT (eval mode, masks at the checkpoint's step) from a universal checkpoint's fp32."""
+    state = json.loads((tag_dir / "growlm_state.json").read_text())
+    cfg = GPTConfig.from_dict(state["model_config"])
+    masks = MaskSpec.from_dict(state["growth_masks"]) if state.get("growth_masks") else None
+    model = GPT(cfg, masks=masks)
+    model.set_growth_step(state["global_step"])
+    store = UniversalStore(tag_dir / "zero", param_shapes(cfg), flat=state["zero_stage"] == 3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(store.read_tensor(name, "fp32"))
+    return model.eval()
+
+
+@pytest.mark.parametrize("template", list(CASES))
+def test_grow_offline_keeps_loss_and_applies_adam_rule(tmp_path, sources, builtin_data, template):
+    run, _ = sources(template)
+    ckpt = run / "checkpoints"
+    # reshard only: DeepSpeed's universal tensors of the saved (old) model, the reference for the rule; then grow
+    # that universal checkpoint (native -> grown runs in the resume tests below; the rewrite is the same code)
+    assert grow(ckpt, tmp_path / "old") == 0
+    family = CASES[template]
+    assert grow(tmp_path / "old", tmp_path / "new", *GROW[family]) == 0
+    old_tag, new_tag = tmp_path / "old" / "global_step3", tmp_path / "new" / "global_step3"
+    assert (tmp_path / "new" / "latest").read_text() == "global_step3"
+    assert not list(tmp_path.glob(".tmp-*"))
+
+    x, y = fixed_batch(builtin_data)
+    with torch.no_grad():
+        loss_old = float(universal_model(old_tag)(x, y))
+        loss_new = float(universal_model(new_tag)(x, y))
+    assert abs(loss_new - loss_old) <= 1e-5, (loss_old, loss_new)  # exact operator, fp32 master weights
+
+    # Adam moments (and weights) are the operator's rule applied to the saved tensors, element by element
+    src = open_source(old_tag)
+    stage = stage_from_flags(parse_args(["in", "out", *GROW[family]]), src.config, SAVE_STEP)
+    plan = stage.plan(src.config, 0)
+    flat = src.zero_stage == 3
+    old = UniversalStore(old_tag / "zero", param_shapes(plan.old), flat=flat)
+    new = UniversalStore(new_tag / "zero", param_shapes(plan.new), flat=flat)
+    assert set(plan.rules) == set(new.names())
+    for name, rule in plan.rules.items():
+        want, got = grow_param(rule, old.read(rule.source or name), stage.optimizer), new.read(name)
+        for a, b in zip(want, got, strict=True):
+            assert torch.equal(a, b), name
+    if not flat:  # the Adam step is carried
+        assert torch.equal(
+            torch.load(new_tag / "zero/transformer.wte.weight/step.pt"),
+            torch.tensor(3.0).reshape(torch.load(old_tag / "zero/transformer.wte.weight/step.pt").shape),
+        )
+    state = json.loads((new_tag / "growlm_state.json").read_text())
+    assert state["model_config"] == plan.new.to_dict() and state["universal"] and state["global_step"] == 3
+    assert state["consumed_samples"] == 3 * 8
+    assert (state["growth_masks"] is not None) == (family == "masked")
+
+
+@pytest.mark.parametrize(
+    "template, nprocs, tol",
+    [("zero2_fp32", (1, 2), 1e-5), ("zero3_fp32", (1,), 1e-5), ("zero1_bf16", (2,), 3e-2)],
+)
+def test_grown_checkpoint_resumes_at_any_world_size(tmp_path, sources, template, nprocs, tol):
+    run, ref = sources(template)
+    grown = tmp_path / "grown"
+    assert grow(run / "checkpoints", grown, *GROW[CASES[template]], "--rewarm_steps", "2") == 0
+    state = json.loads((grown / "global_step3" / "growlm_state.json").read_text())
+    sched = ScheduleState(**state["schedule"])
+    assert (sched.rewarm_start, sched.rewarm_steps, sched.last_batch_iteration) == (3, 2, 2)
+    for n in nprocs:
+        out = tmp_path / f"resumed{n}"
+        args = [*TINY, "--ds_config", str(ds_config(tmp_path, template, gas=2 // n)), "--max_steps", str(MAX_STEPS)]
+        r = run_ranks([*args, "--resume", str(grown), "--out_dir", str(out)], nproc=n)
+        assert r.returncode == 0, r.stdout[-3000:]
+        b = read_metrics(out)
+        assert [m["step"] for m in b] == [4, 5]
+        # same global batch (1 rank x 2 micro steps = 2 ranks x 1): the first step's loss is the pre-growth loss
+        assert abs(b[0]["loss"] - ref[3]["loss"]) <= tol, (b[0], ref[3])
+        assert b[0]["consumed_samples"] == ref[3]["consumed_samples"]  # data position carried
+        assert b[0]["lr"] == pytest.approx(3e-3 * sched.ratio(3), rel=1e-9)  # re-warm: 1/2 of the placed LR
+        assert b[1]["lr"] == pytest.approx(ref[4]["lr"], rel=1e-9)  # re-warm over: the schedule's LR
+        assert all(m["loss"] == m["loss"] and m["loss"] < 12 for m in b)  # training continues
+
+
+def test_reshard_round_trip_2_1_2_matches_uninterrupted(tmp_path, sources):
+    run, ref = sources("zero2_fp32")
+    assert grow(run / "checkpoints", tmp_path / "u2") == 0  # 2 ranks -> universal
+    one = tmp_path / "one"
+    args = [*TINY, "--max_steps", str(MAX_STEPS)]
+    r = run_ranks(
+        [
+            *args,
+            "--ds_config",
+            str(ds_config(tmp_path, "zero2_fp32", gas=2)),
+            "--save_interval",
+            "1",
+            "--resume",
+            str(tmp_path / "u2"),
+            "--out_dir",
+            str(one),
+        ],
+        nproc=1,
+    )
+    assert r.returncode == 0, r.stdout[-3000:]
+    a = read_metrics(one)
+    assert grow(one / "checkpoints" / "global_step4", tmp_path / "u1") == 0  # 1 rank -> universal
+    two = tmp_path / "two"
+    r = run_ranks(
+        [
+            *args,
+            "--ds_config",
+            str(ds_config(tmp_path, "zero2_fp32")),
+            "--resume",
+            str(tmp_path / "u1"),
+            "--out_dir",
+            str(two),
+        ]
+    )
+    assert r.returncode == 0, r.stdout[-3000:]
+    b = read_metrics(two)
+    assert [m["step"] for m in a] == [4, 5] and [m["step"] for m in b] == [5]
+    for got, want in ((a[0], ref[3]), (a[1], ref[4]), (b[0], ref[4])):
+        assert abs(got["loss"] - want["loss"]) <= 1e-6, (got, want)
+        assert got["lr"] == pytest.approx(want["lr"], rel=1e-12)
+        assert got["consumed_samples"] == want["consumed_samples"]
+
+
+def test_export_hf_logits_equal_ours(tmp_path, sources, builtin_data):
+    from transformers import GPT2LMHeadModel
+
+    run, _ = sources("zero3_bf16")
+    assert grow(run / "checkpoints", tmp_path / "grown", *GROW["duplicate"]) == 0
+    for ckpt in (run / "checkpoints", tmp_path / "grown"):  # native (converted on the fly) and universal
+        hf_dir = tmp_path / f"hf_{ckpt.parent.name}"
+        assert grow(ckpt, "--export_hf", hf_dir) == 0
+        assert (hf_dir / "model.safetensors").is_file() and (hf_dir / "config.json").is_file()
+        hf = GPT2LMHeadModel.from_pretrained(hf_dir).eval()
+        x, _ = fixed_batch(builtin_data)
+        if ckpt == tmp_path / "grown":
+            ours = universal_model(ckpt / "global_step3")
+        else:
+            assert grow(ckpt, tmp_path / "u") == 0
+            ours = universal_model(tmp_path / "u" / "global_step3")
+        with torch.no_grad():
+            torch.testing.assert_close(hf(x).logits, ours(x), rtol=0, atol=1e-5)
+
+
+# ----- bad input: clear error, exit status 2, input untouched, nothing half-written ---------------------------------
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_bad_input_is_refused_before_writing(tmp_path, sources, capsys):
+    run, _ = sources("zero2_fp32")
+    ckpt = run / "checkpoints"
+    before = snapshot(ckpt)
+
+    def refused(*argv: str, match: str) -> None:
+        assert grow(*argv) == 2
+        err = capsys.readouterr().err
+        assert match in err, err
+
+    refused(ckpt / "global_step99", tmp_path / "o", match="no such file")  # a tag that does not exist
+    refused(ckpt, tmp_path / "o", "--plan", REPO / "growth/plans/tiny_msg.yaml", match="does not chain")  # vocab 512
+    refused(ckpt, tmp_path / "o", "--zero_stage", "3", *GROW["masked"], match="do not cross")
+    refused(ckpt, ckpt / "global_step3" / "inside", match="overlaps the input")
+    refused(ckpt, run, match="overlaps the input")
+    (tmp_path / "exists").mkdir()
+    refused(ckpt, tmp_path / "exists", match="already exists")
+    assert not list(tmp_path.glob("o*")) and not list(tmp_path.glob(".tmp-*"))
+
+    # stage 0 (CASES 12): refused with the supported stages named
+    z0 = tmp_path / "z0"
+    shutil.copytree(ckpt / "global_step3", z0)
+    (z0 / "growlm_manifest.json").unlink()
+    st = json.loads((z0 / "growlm_state.json").read_text())
+    (z0 / "growlm_state.json").write_text(json.dumps({**st, "zero_stage": 0}))
+    refused(z0, tmp_path / "o", match="supports ZeRO stages 1, 2, 3 only")
+
+    # a truncated shard: the manifest catches it (here and in train.py's read_state) ...
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpt / "global_step3", bad)
+    shard = bad / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    refused(bad, tmp_path / "o", match="truncated")
+    with pytest.raises(ds_checkpoint.CheckpointError, match="truncated"):
+        ds_checkpoint.read_state(bad.parent, bad.name)
+    # ... and without a manifest DeepSpeed's conversion fails, reported as such, with nothing left behind
+    (bad / "growlm_manifest.json").unlink()
+    refused(bad, tmp_path / "o", match="could not convert")
+    shard.unlink()  # a missing shard
+    refused(bad, tmp_path / "o", match="lacks zero_pp_rank_1")
+    assert not list(tmp_path.glob("o*")) and not list(tmp_path.glob(".tmp-*"))
+    assert snapshot(ckpt) == before  # the input is untouched
+
+
+def test_overwrite_mixed_file_and_masks_in_ramp(tmp_path, sources, capsys):
+    run, _ = sources("zero2_fp32")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stale").write_text("x")
+    assert grow(run / "checkpoints", out, *GROW["masked"], "--overwrite") == 0
+    assert not (out / "stale").exists() and (out / "latest").is_file()
+    assert not list(tmp_path.glob(".tmp-*")) and not list(tmp_path.glob(".old-*"))
+
+    # a growth while the masks still ramp, and an HF export of a masked model: refused
+    assert grow(out, tmp_path / "again", "--n_layer", "4") == 2
+    assert "mask ramp is still running" in capsys.readouterr().err
+    assert grow(out, "--export_hf", tmp_path / "hf") == 2
+    assert "not a GPT-2" in capsys.readouterr().err
+
+    # a tensor file swapped in from another checkpoint (same size): the manifest names it
+    tag = out / "global_step3"
+    a, b = tag / "zero/transformer.h.0.ln_1.weight/fp32.pt", tag / "zero/transformer.h.0.ln_2.weight/fp32.pt"
+    a.write_bytes(b.read_bytes())
+    with pytest.raises(ds_checkpoint.CheckpointError, match="sha256"):
+        ds_checkpoint.read_state(out, "global_step3")
+    # a corrupt tensor file without a manifest: the store names the file
+    (tag / "growlm_manifest.json").unlink()
+    a.write_bytes(b"not a tensor")
+    assert grow(out, tmp_path / "again") == 2
+    assert "transformer.h.0.ln_1.weight/fp32.pt cannot be read" in capsys.readouterr().err
