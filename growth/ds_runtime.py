@@ -41,8 +41,13 @@ def discover_mpi() -> bool:
     MASTER_ADDR=...``), and when every rank runs on one host it uses 127.0.0.1 instead of the host's
     non-loopback address. Across hosts without MASTER_ADDR, rank 0's resolved host name is used.
 
+    LOCAL_RANK and LOCAL_WORLD_SIZE are Open MPI's node-local numbers when it sets them, else counted from the
+    ranks' host names. Every rank takes rank 0's MASTER_ADDR and MASTER_PORT (an ``-x`` given to only some MPMD
+    contexts still works).
+
     Raises:
-        RuntimeError: launched by mpirun but mpi4py is not installed.
+        RuntimeError: launched by mpirun but mpi4py is not installed, or the ranks span hosts, MASTER_ADDR is
+            unset and rank 0's host name does not resolve (raised on every rank).
     """
     if "RANK" in os.environ or not any(k in os.environ for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")):
         return False
@@ -54,12 +59,29 @@ def discover_mpi() -> bool:
     rank, world = comm.Get_rank(), comm.Get_size()
     hosts = comm.allgather(MPI.Get_processor_name())
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
-    os.environ["LOCAL_RANK"] = str(sum(h == hosts[rank] for h in hosts[:rank]))
-    os.environ["LOCAL_WORLD_SIZE"] = str(sum(h == hosts[rank] for h in hosts))
-    if "MASTER_ADDR" not in os.environ:
-        addr = "127.0.0.1" if len(set(hosts)) == 1 else socket.gethostbyname(socket.gethostname())
-        os.environ["MASTER_ADDR"] = comm.bcast(addr, root=0)
-    os.environ.setdefault("MASTER_PORT", "29500")
+    # Open MPI's own node-local numbering when it gives one (DeepSpeed asserts LOCAL_RANK equals it), else host names
+    os.environ["LOCAL_RANK"] = os.environ.get(
+        "OMPI_COMM_WORLD_LOCAL_RANK", str(sum(h == hosts[rank] for h in hosts[:rank]))
+    )
+    os.environ["LOCAL_WORLD_SIZE"] = os.environ.get(
+        "OMPI_COMM_WORLD_LOCAL_SIZE", str(sum(h == hosts[rank] for h in hosts))
+    )
+    # rank 0's MASTER_ADDR/PORT (or its choice) for every rank: all ranks take part, so none waits in a bcast
+    # that rank 0 never reaches, and a failure is raised on every rank instead of one rank crashing
+    addr, port, error = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "29500"), None
+    if rank == 0 and addr is None:
+        try:
+            addr = "127.0.0.1" if len(set(hosts)) == 1 else socket.gethostbyname(socket.gethostname())
+        except OSError as e:
+            error = (
+                f"ranks run on {len(set(hosts))} hosts and MASTER_ADDR is not set; rank 0's host name "
+                f"{socket.gethostname()!r} does not resolve ({e}): pass mpirun -x MASTER_ADDR=<address of rank 0's "
+                "node>"
+            )
+    addr, port, error = comm.bcast((addr, port, error), root=0)
+    if error:
+        raise RuntimeError(error)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr, port
     return True
 
 

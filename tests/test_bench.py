@@ -1,0 +1,143 @@
+"""growlm-bench: throughput numbers from real train.py runs, the PyTorch baseline, growth cost, peaks, bad input.
+
+Nothing here asserts a speed: the checks are on the arithmetic that turns metrics into numbers and on the outputs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eval import bench
+from eval.bench_peak import gpu_table_peak, measure_matmul_peak
+from eval.bench_report import BenchError, growth_cost, markdown, summarize_train
+from model.config import flops_per_token, from_preset
+
+
+def train_records(times: list[float], tokens_per_step: int = 100, flops_per_tok: int = 10, skipped=None) -> list:
+    skipped = skipped or [0] * len(times)
+    return [
+        {"event": "train", "step": i + 1, "loss": 5.0 - i, "step_time_s": t, "tokens": (i + 1) * tokens_per_step,
+         "flops": (i + 1) * tokens_per_step * flops_per_tok, "skipped_steps": skipped[i], "max_rss_bytes": 7}
+        for i, t in enumerate(times)
+    ]  # fmt: skip
+
+
+def test_summarize_leaves_out_warmup_and_counts_skipped_steps():
+    recs = train_records([9.0, 5.0, 1.0, 2.0, 3.0], skipped=[1, 2, 2, 3, 3])
+    recs.insert(3, {"event": "val", "step": 3, "val_loss": 4.0})
+    s = summarize_train(recs, warmup_steps=2, world_size=2)
+    assert s["measured_steps"] == 3 and s["step_times_s"] == [1.0, 2.0, 3.0]
+    assert s["step_time_s_median"] == 2.0
+    assert s["measured_tokens"] == 300 and s["tokens_per_s"] == pytest.approx(300 / 6)
+    assert s["tokens_per_s_per_rank"] == pytest.approx(300 / 6 / 2)
+    assert s["model_flops_per_s"] == pytest.approx(3000 / 6)
+    assert s["skipped_steps"] == 3 and s["skipped_steps_measured"] == 1
+    assert s["growth"]["events"] == 0
+    with pytest.raises(BenchError, match="raise --steps or lower --warmup"):
+        summarize_train(recs, warmup_steps=5, world_size=2)
+
+
+def test_growth_cost_in_seconds_and_equivalent_steps():
+    recs = train_records([1.0, 2.0, 2.0, 2.0, 4.0])
+    recs.insert(2, {"event": "growth", "step": 2, "seconds": 3.0})
+    recs.append({"event": "growth", "step": 5, "seconds": 1.0})
+    s = summarize_train(recs, warmup_steps=1, world_size=1)
+    g = s["growth"]
+    assert g["events"] == 2 and g["seconds"] == 4.0
+    assert g["equivalent_steps"] == pytest.approx(4.0 / 2.0)  # median step time 2 s
+    assert [e["equivalent_steps"] for e in g["per_event"]] == [1.5, 0.5]
+    assert growth_cost(recs, 0.5)["equivalent_steps"] == 8.0
+    rec = {"name": "zero2-fp32", "kind": "deepspeed", "zero_stage": 2, "precision": "fp32", "world_size": 1,
+           "mfu": 0.1, "model_flops_per_s": 1e9, **s}  # fmt: skip
+    assert "| zero2-fp32 | 2 | 4.00 | 2.0 |" in markdown([rec], {"device": "test"})
+
+
+def test_gpu_peak_table_and_measured_cpu_peak():
+    assert gpu_table_peak("NVIDIA H200", "bf16").flops_per_s == 989e12
+    assert gpu_table_peak("NVIDIA H100 80GB HBM3", "fp16").flops_per_s == 989e12
+    assert gpu_table_peak("NVIDIA A100-SXM4-80GB", "bf16").flops_per_s == 312e12
+    assert gpu_table_peak("Tesla T4", "fp16") is None
+    peak = measure_matmul_peak("fp32", threads=1, n=128, repeats=2)
+    assert peak.flops_per_s > 0 and "1 thread" in peak.source and "fp32" in peak.source
+
+
+def test_fp16_on_a_cpu_is_refused_naming_the_available_precisions(capsys, tmp_path):
+    device, avail = bench.available_precisions()
+    if "fp16" in avail:
+        pytest.skip(f"this {device} supports fp16")
+    rc = bench.main(["--preset", "tiny", "--seq_len", "32", "--precision", "fp16", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith("growlm-bench: error: --precision fp16: this device (cpu) does not support fp16")
+    assert "available precisions: fp32, bf16" in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())  # nothing ran
+
+
+def test_bench_surfaces_train_py_errors(capsys, tmp_path):
+    rc = bench.main(["--preset", "tiny", "--seq_len", "500", "--precision", "fp32", "--out", str(tmp_path)])
+    assert rc == 2
+    assert "seq_len=500 must be in [1, n_positions=128]" in capsys.readouterr().err
+
+
+def test_bench_runs_train_py_and_the_pytorch_baseline(tmp_path, builtin_data):
+    out = tmp_path / "bench"
+    argv = ["--preset", "tiny", "--seq_len", "32", "--zero", "2", "--precision", "fp32", "--micro_batch", "4",
+            "--world_size", "2", "--threads_per_rank", "1", "--steps", "3", "--warmup", "1",
+            "--out", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "bench.json", "bench.md", "bench.png", "pytorch-fp32.json", "zero2-fp32.json"
+    ]  # fmt: skip
+    ds = json.loads((out / "zero2-fp32.json").read_text())
+    base = json.loads((out / "pytorch-fp32.json").read_text())
+    fpt = flops_per_token(from_preset("tiny"), 32)
+    assert ds["flops_per_token"] == base["flops_per_token"] == fpt and ds["activation_recomputation"] is False
+    assert ds["global_batch"] == 8 and ds["tokens_per_step"] == 256
+    assert ds["measured_steps"] == 2 and len(ds["step_times_s"]) == 2 and ds["measured_tokens"] == 2 * 256
+    assert ds["tokens_per_s"] == pytest.approx(512 / sum(ds["step_times_s"]))
+    assert ds["tokens_per_s_per_rank"] == pytest.approx(ds["tokens_per_s"] / 2)
+    assert ds["model_flops_per_s"] == pytest.approx(ds["tokens_per_s"] * fpt)
+    assert ds["mfu"] == pytest.approx(ds["model_flops_per_s_per_rank"] / ds["peak_flops_per_s_per_rank"])
+    assert "1 thread" in ds["peak_source"] and "2 threads" in base["peak_source"]
+    assert ds["skipped_steps"] == 0 and ds["final_loss"] > 0
+    assert len(ds["peak_rss_bytes_per_rank"]) == 2 and min(ds["peak_rss_bytes_per_rank"]) > 2**20
+    assert "train.py" in ds["train_cmd"] and "--no_final_save" in ds["train_cmd"]
+    assert base["world_size"] == 1 and base["measured_steps"] == 2 and base["measured_tokens"] == 512
+    assert ds["overhead_vs_baseline"] == pytest.approx(ds["step_time_s_median"] / base["step_time_s_median"])
+    md = (out / "bench.md").read_text()
+    assert "| zero2-fp32 | 2 | fp32 | 2 |" in md and "| pytorch-fp32 | - | fp32 | 1 |" in md
+    assert "activation recomputation off" in md
+    assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
+    assert [r["name"] for r in json.loads((out / "bench.json").read_text())] == ["pytorch-fp32", "zero2-fp32"]
+
+
+GROW_AT_STEP_2 = """
+seed: 0
+start: {preset: tiny, n_layer: 1}
+stages:
+  - name: deeper
+    target: {n_layer: 2}
+    family: masked
+    when: {step: 2}
+    ramp_steps: 2
+    optimizer: {moments: carry, fresh_exp_avg_sq: mean}
+    schedule: {kind: continue}
+"""
+
+
+def test_bench_reports_the_cost_of_a_live_growth(tmp_path, builtin_data):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(GROW_AT_STEP_2)
+    out = tmp_path / "bench"
+    argv = ["--growth_plan", str(plan), "--seq_len", "32", "--zero", "2", "--precision", "fp32", "--micro_batch", "4",
+            "--world_size", "2", "--threads_per_rank", "1", "--steps", "4", "--warmup", "1", "--no_baseline",
+            "--out", str(out)]  # fmt: skip
+    assert bench.main(argv) == 0
+    rec = json.loads((out / "zero2-fp32.json").read_text())
+    g = rec["growth"]
+    assert g["events"] == 1 and g["per_event"][0]["step"] == 2 and g["seconds"] > 0
+    assert g["equivalent_steps"] == pytest.approx(g["seconds"] / rec["step_time_s_median"])
+    assert rec["model"]["n_layer"] == 1 and "--preset" not in rec["train_cmd"]
+    assert "| zero2-fp32 | 1 |" in (out / "bench.md").read_text()  # the growth table
