@@ -60,6 +60,7 @@ class RankError(UsageError):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``python train.py --help`` describes every flag)."""
     p = argparse.ArgumentParser(
         prog="growlm-train",
         description="Pretrain a GPT-2 with DeepSpeed ZeRO. Model shape from --preset (+ overrides); DeepSpeed "
@@ -87,7 +88,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "default: the built-in corpus, prepared on first use into data/cache/builtin",
     )
     d.add_argument("--seq_len", type=int, default=None, help="tokens per training sequence T (default n_positions)")
-    d.add_argument("--seed", type=int, default=1234, help="seed of the model init, data order and dropout")
+    d.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the model init, data order and dropout (default 1234, or the checkpoint's with --resume)",
+    )
     t = p.add_argument_group("training")
     t.add_argument(
         "--ds_config",
@@ -164,6 +170,7 @@ def load_ds_config(path: str, max_steps: int) -> dict[str, Any]:
 
 
 def precision_of(ds_cfg: dict) -> str:
+    """'fp16', 'bf16' or 'fp32', as enabled in a DeepSpeed config."""
     return (
         "fp16" if ds_cfg.get("fp16", {}).get("enabled") else "bf16" if ds_cfg.get("bf16", {}).get("enabled") else "fp32"
     )
@@ -186,6 +193,11 @@ def model_config_from_args(args: argparse.Namespace, resume_state: dict | None) 
 
 
 def validate_data_dir(path: str | None) -> Path:
+    """The prepared token folder to train on (``path``, or the built-in corpus's when None).
+
+    Raises:
+        UsageError: the folder is missing, is a text file, has no valid meta.json, or its train split is empty.
+    """
     from data.prepare import default_data_dir, load_meta
 
     if path is None:
@@ -210,6 +222,7 @@ def validate_data_dir(path: str | None) -> Path:
 
 
 def planned_save_steps(start: int, max_steps: int, interval: int, final: bool) -> list[int]:
+    """Global steps in (start, max_steps] at which this run saves: every ``interval``, and the last if ``final``."""
     steps = list(range(start + interval - start % interval, max_steps + 1, interval)) if interval > 0 else []
     if final and max_steps > start and max_steps not in steps:
         steps.append(max_steps)
@@ -220,6 +233,11 @@ def planned_save_steps(start: int, max_steps: int, interval: int, final: bool) -
 
 
 def load_growth_plan(path: str) -> GrowthSchedule:
+    """The validated growth plan at ``path``.
+
+    Raises:
+        UsageError: the file is missing, does not parse, or its stages do not chain (growth.plan_file.parse_plan).
+    """
     try:
         return load_plan(path)
     except FileNotFoundError:
@@ -231,6 +249,7 @@ def load_growth_plan(path: str) -> GrowthSchedule:
 
 
 def shape_of(cfg: GPTConfig) -> dict:
+    """The config's fields that fix parameter shapes (all but dropout)."""
     return {k: v for k, v in cfg.to_dict().items() if k != "dropout"}
 
 
@@ -303,6 +322,7 @@ def max_rss_bytes() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """growlm-train: run ``run`` and turn bad input into one message and exit status 2."""
     args = parse_args(argv)
     rank_env = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     try:
@@ -314,6 +334,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Parse and validate, build, train, close (see the module docstring). Returns the exit status.
+
+    Raises:
+        UsageError, RankError, CheckpointError, GrowthError: bad input, reported by ``main``.
+    """
     # ---- parse and validate everything that needs no other rank, so bad input fails fast and alike everywhere
     ds_cfg = load_ds_config(args.ds_config, args.max_steps)
     zero_stage = int(ds_cfg.get("zero_optimization", {}).get("stage", 0))
@@ -334,6 +359,17 @@ def run(args: argparse.Namespace) -> int:
         cfg = plan_config(args, growth, cfg, resume_state, stage_index)
         check_plan_fits_run(growth, stage_index, args, ds_cfg)
     seq_len = args.seq_len or (resume_state["seq_len"] if resume_state else cfg.n_positions)
+    seed = args.seed if args.seed is not None else (resume_state["seed"] if resume_state else 1234)
+    if resume_state is not None:  # the data order is a function of (seed, seq_len, token file): keep all three
+        for flag, value, saved in (
+            ("--seq_len", seq_len, resume_state["seq_len"]),
+            ("--seed", seed, resume_state["seed"]),
+        ):
+            if value != saved:
+                raise UsageError(
+                    f"{flag} {value} differs from the checkpoint's {saved}: the resumed run would read other "
+                    f"samples than the interrupted one; drop {flag}"
+                )
     if not 1 <= seq_len <= cfg.n_positions:
         raise UsageError(
             f"--seq_len {seq_len} must be in [1, n_positions={cfg.n_positions}]; shorten it or raise --n_positions"
@@ -395,7 +431,14 @@ def run(args: argparse.Namespace) -> int:
         )
     train_tokens, val_tokens = open_tokens(data_dir, "train"), open_tokens(data_dir, "val")
     windows = TokenWindows(train_tokens, seq_len)
-    sampler = ResumableSampler(len(windows), args.seed)
+    if resume_state is not None:
+        saved_sha = resume_state.get("data", {}).get("train_sha256")
+        if saved_sha and saved_sha != meta["splits"]["train"].get("sha256"):
+            raise UsageError(
+                f"--data {data_dir}: its train split (sha256 {meta['splits']['train'].get('sha256')}) is "
+                f"not the one the checkpoint trained on ({saved_sha}); resume with the same --data"
+            )
+    sampler = ResumableSampler(len(windows), seed)
 
     if growth is not None:  # every rank must run the same plan, or collectives would mismatch and hang
         digest = hashlib.sha256(Path(args.growth_plan).read_bytes()).hexdigest()
@@ -406,7 +449,7 @@ def run(args: argparse.Namespace) -> int:
                 f"rank {info.rank}: the ranks read different --growth_plan files (sha256 "
                 f"{', '.join(d[:12] for d in digests)}); give every rank the same plan"
             )
-    torch.manual_seed(args.seed)  # identical init on every rank
+    torch.manual_seed(seed)  # identical init on every rank
     masks = resume_state.get("growth_masks") if resume_state else None
     engine = build_engine(cfg, MaskSpec.from_dict(masks) if masks else None, ds_cfg)
     model = engine.module
@@ -414,6 +457,8 @@ def run(args: argparse.Namespace) -> int:
     global_batch = micro * gas * info.world_size
     if resume_state is not None:
         resume_state = ds_checkpoint.load(engine, *resume, rank=info.rank, world_size=info.world_size)
+        if resume_state["world_size"] != info.world_size:  # no RNG file per rank to restore: a fresh stream per rank
+            torch.manual_seed(seed + 1 + info.rank + 7919 * resume_state["global_step"])
         consumed = resume_state["consumed_samples"]
         consumed_flops = resume_state.get("consumed_flops", 0)
         model.set_growth_step(resume_state["global_step"])
@@ -423,15 +468,15 @@ def run(args: argparse.Namespace) -> int:
             )
             apply_schedule(engine, sched_state, resume_state["global_step"])
     else:
-        torch.manual_seed(args.seed + 1 + info.rank)  # per-rank dropout stream
+        torch.manual_seed(seed + 1 + info.rank)  # per-rank dropout stream
         consumed, consumed_flops = 0, 0
     if resume_state is None or not resume_state.get("schedule"):
         sched_state = None
     step = engine.global_steps
     if step != start_step:
         raise ds_checkpoint.CheckpointError(
-            f"DeepSpeed restored global step {step}, growlm_state.json says "
-            f"{start_step}; the checkpoint is inconsistent"
+            f"DeepSpeed restored global step {step}, growlm_state.json says {start_step}: the tag folder mixes files "
+            "of two checkpoints; resume from another tag"
         )
 
     is_main = info.rank == 0
@@ -516,7 +561,8 @@ def run(args: argparse.Namespace) -> int:
     engine.train()
     t_log, steps_since_log, tokens_per_s = time.perf_counter(), 0, 0.0
     stage0_norm = float("nan")
-    slope_points: list[tuple[float, float]] = []  # (cumulative FLOPs, val loss) since the last growth
+    # (cumulative FLOPs, val loss) of the validations since the last growth: the slope trigger's history
+    slope_points: list[tuple[float, float]] = [tuple(p) for p in (resume_state or {}).get("slope_points", [])]
 
     def fixed_batch_loss(x: torch.Tensor, y: torch.Tensor) -> float:
         """Eval-mode loss of one batch per rank, averaged over ranks (the loss-preservation check)."""
@@ -530,7 +576,7 @@ def run(args: argparse.Namespace) -> int:
         if growth is not None and stage_index < len(growth.stages):
             stage = growth.stages[stage_index]
             kind, value = stage.when.kind, stage.when.value
-            due = (
+            due = model.growth_masks is None and (  # a stage waits for a running mask ramp to end
                 (kind == "step" and step >= value)
                 or (kind == "tokens" and consumed * seq_len >= value)
                 or (
@@ -605,6 +651,7 @@ def run(args: argparse.Namespace) -> int:
                 stage0_norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
             engine.step()
             loss_sum += loss.detach().double().cpu()
+            del loss  # its graph holds the parameters (and, through them, a grown-away engine)
         step, consumed = step + 1, consumed + global_batch
         consumed_flops += flops_per_step
         model.set_growth_step(step)  # mask ramp (no-op without masks; removes them at 1)
@@ -659,7 +706,8 @@ def run(args: argparse.Namespace) -> int:
                 "world_size": info.world_size,
                 "zero_stage": zero_stage,
                 "precision": precision,
-                "seed": args.seed,
+                "seed": seed,
+                "slope_points": slope_points,
                 "consumed_flops": consumed_flops,
                 "growth_masks": model.growth_masks.to_dict() if model.growth_masks is not None else None,
                 "growth_stage": stage_index,
@@ -669,7 +717,7 @@ def run(args: argparse.Namespace) -> int:
                 "data": {"dir": str(data_dir), "train_sha256": meta["splits"]["train"].get("sha256")},
                 "ds_config": ds_cfg,
             }
-            path = ds_checkpoint.save(engine, save_dir, state, rank=info.rank, local_rank=info.local_rank)
+            path = ds_checkpoint.save(engine, save_dir, state, rank=info.rank)
             if is_main:
                 bar.write(f"growlm: saved checkpoint {path}")
     if bar is not None:

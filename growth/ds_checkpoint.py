@@ -115,25 +115,26 @@ def existing_tags(save_dir: str | os.PathLike) -> list[str]:
     return sorted(q.name for q in p.iterdir() if (q / STATE_FILE).is_file()) if p.is_dir() else []
 
 
-def save(engine: Any, save_dir: str | os.PathLike, state: dict[str, Any], *, rank: int, local_rank: int) -> Path:
+def save(engine: Any, save_dir: str | os.PathLike, state: dict[str, Any], *, rank: int) -> Path:
     """Save a checkpoint of ``engine`` and ``state`` as tag ``tag_for(state['global_step'])``; a collective.
 
     Args:
         engine: the DeepSpeed engine (every rank calls this, as ``save_checkpoint`` requires).
         save_dir: checkpoint folder (created if needed).
         state: growlm training state; must hold ``global_step``; stored as growlm_state.json and client state.
-        rank, local_rank: this process's global rank and rank within its node.
+        rank: this process's global rank.
 
     Returns:
         The finished tag folder.
 
     Raises:
-        CheckpointError: that tag already exists (checkpoints are never overwritten).
+        CheckpointError: that tag already exists (checkpoints are never overwritten), or ``save_dir`` is not on a
+            filesystem shared by every rank.
     """
     save_dir = Path(save_dir)
     tag = tag_for(state["global_step"])
     final, tmp_tag = save_dir / tag, f".tmp-{tag}"
-    if (final / STATE_FILE).exists():
+    if final.exists():
         raise CheckpointError(f"{final} already exists; refusing to overwrite it (use another output folder)")
     state = {"format": STATE_FORMAT, **state}
     if rank == 0 and (save_dir / tmp_tag).exists():
@@ -150,10 +151,14 @@ def save(engine: Any, save_dir: str | os.PathLike, state: dict[str, Any], *, ran
         os.rename(save_dir / tmp_tag, final)
         _atomic_write_text(save_dir / LATEST, tag)
     dist.barrier()
-    if local_rank == 0 and rank != 0 and (save_dir / tmp_tag).exists():  # other nodes without a shared filesystem
-        os.rename(save_dir / tmp_tag, final)
-        _atomic_write_text(save_dir / LATEST, tag)
-    dist.barrier()
+    # DeepSpeed writes the module states on rank 0 only, so every rank must see rank 0's folder: a save_dir that is
+    # not shared by all nodes cannot be resumed, and every rank says so (no rank waits for another that failed)
+    seen = torch.tensor([int((final / STATE_FILE).is_file())])
+    dist.all_reduce(seen, op=dist.ReduceOp.MIN)
+    if not int(seen):
+        raise CheckpointError(
+            f"{final} is not visible on every node: put --out_dir on a filesystem that all nodes share"
+        )
     return final
 
 

@@ -25,6 +25,7 @@ DeepSpeed leaves undone is done here, each beside its DeepSpeed call:
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -241,6 +242,8 @@ def apply_schedule(engine: Any, sched: ScheduleState, adam_step: int) -> float:
     Call after loading or growing, and after every optimizer step while a re-warm runs. Returns that LR."""
     s = engine.lr_scheduler
     s.total_num_steps, s.warmup_num_steps = sched.total_num_steps, max(2, sched.warmup_num_steps)
+    s.inverse_log_warm_up = 1.0 / math.log(s.warmup_num_steps)  # DeepSpeed derives it once, in its constructor
+    s.warmup_type, s.warmup_min_ratio, s.cos_min_ratio = sched.warmup_type, sched.warmup_min_ratio, sched.cos_min_ratio
     s.last_batch_iteration = sched.last_batch_iteration
     factor = rewarm_factor(adam_step - sched.rewarm_start, sched.rewarm_steps if sched.rewarm_start >= 0 else 0)
     lrs = [lr * factor for lr in s.get_lr()] if s.last_batch_iteration >= 0 else [0.0 for _ in s.get_lr()]
@@ -274,8 +277,9 @@ def apply_rewarm(engine: Any, sched: ScheduleState, adam_step: int) -> None:
     if sched.rewarm_start < 0 or adam_step - sched.rewarm_start >= sched.rewarm_steps:
         return
     factor = rewarm_factor(adam_step - sched.rewarm_start, sched.rewarm_steps)
-    for group in engine.lr_scheduler.optimizer.param_groups:
-        group["lr"] *= factor
+    s = engine.lr_scheduler  # set, not multiply: an fp16 overflow skips scheduler.step() but not this call
+    for group, lr in zip(s.optimizer.param_groups, s.get_lr(), strict=True):
+        group["lr"] = lr * factor
 
 
 @dataclass(frozen=True)
@@ -322,8 +326,11 @@ def grow_engine(
 
     t0 = time.perf_counter()
     step = old.global_steps
-    if step < 1:
-        raise GrowthError("growth before the first optimizer step: DeepSpeed has no Adam state yet; grow at step >= 1")
+    if step < 1 or adam_step_of(old) < 1:
+        raise GrowthError(
+            f"growth at global step {step} with {adam_step_of(old)} Adam steps: DeepSpeed creates Adam's state in the "
+            "first optimizer step that is not skipped (fp16 overflows skip steps); grow later"
+        )
     module = old.module
     if getattr(module, "growth_masks", None) is not None:
         end = module.growth_masks.end_step()

@@ -195,3 +195,10 @@ def test_help_describes_every_flag():
         "--save_interval",
     ):
         assert flag in r.stdout
+
+
+def test_resume_with_another_data_order_is_refused(capsys, one_rank_checkpoint):
+    ck = str(one_rank_checkpoint / "checkpoints")
+    common = ["--resume", ck, "--max_steps", "4", "--ds_config", "ds_configs/zero2_fp32.json"]
+    fails(capsys, [*common, "--seq_len", "64"], "--seq_len 64 differs from the checkpoint's 32", "drop --seq_len")
+    fails(capsys, [*common, "--seed", "7"], "--seed 7 differs from the checkpoint's 1234", "drop --seed")
