@@ -57,7 +57,12 @@ def worker(case: str, out: str, seq_len: int) -> None:
     ds_cfg["scheduler"]["params"]["total_num_steps"] = 100
     old_cfg = GPTConfig(n_positions=seq_len, **CASES[case][0])
     new_cfg = GPTConfig(n_positions=seq_len, **CASES[case][1])
-    rec: dict = {"case": case, "rank": info.rank, "params_from": param_count(old_cfg), "params_to": param_count(new_cfg)}
+    rec: dict = {
+        "case": case,
+        "rank": info.rank,
+        "params_from": param_count(old_cfg),
+        "params_to": param_count(new_cfg),
+    }
     torch.manual_seed(0)
     rec["rss_start_bytes"] = _rss()
     engine = build_engine(old_cfg, None, ds_cfg)
@@ -145,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'case':10s} {'rank':>4s} {'params':>16s} {'live s':>7s} {'save+load s':>11s} {'ratio':>6s} "
           f"{'RSS before MiB':>14s} {'RSS live MiB':>12s} {'RSS load MiB':>12s}")  # fmt: skip
     for r in records:
+        ratio = r["live_seconds"] / r["save_load_seconds"]
         print(f"{r['case']:10s} {r['rank']:4d} {r['params_from'] / 1e6:6.1f}M->{r['params_to'] / 1e6:6.1f}M "
-              f"{r['live_seconds']:7.2f} {r['save_load_seconds']:11.2f} {r['live_seconds'] / r['save_load_seconds']:6.2f} "
+              f"{r['live_seconds']:7.2f} {r['save_load_seconds']:11.2f} {ratio:6.2f} "
               f"{r['rss_trained_small_bytes'] * mib:14.0f} {r['rss_after_live_bytes'] * mib:12.0f} "
               f"{r['rss_after_load_bytes'] * mib:12.0f}")  # fmt: skip
     print(f"wrote {args.out}")

@@ -139,3 +139,51 @@ def token_nll(
     if world_size > 1:
         total = all_reduce_sum(total)
     return NLL(total_nll=float(total[0]), n_tokens=int(round(float(total[1]))))
+
+
+def word_count(text: str) -> int:
+    """Words of a text for word-level perplexity: maximal runs of non-whitespace (``len(text.split())``), counted on
+    the original text before tokenization, as WikiText's word-level numbers count space-separated tokens."""
+    return len(text.split())
+
+
+def word_perplexity(nll: NLL, n_words: int) -> float:
+    """exp(total NLL / words of the original text) (DESIGN.md section 5); the NLL must cover every token of the text.
+
+    Raises:
+        ValueError: n_words < 1.
+    """
+    if n_words < 1:
+        raise ValueError(f"word-level perplexity needs at least one word, got {n_words}")
+    return math.exp(nll.total_nll / n_words)
+
+
+def document_nll(
+    logits_fn: Callable[[Tensor], Tensor],
+    documents: list[list[int]],
+    context: int,
+    stride: int | None = None,
+    batch_size: int = 8,
+    *,
+    bos_token_id: int,
+    progress: bool = False,
+) -> NLL:
+    """Summed NLL of several documents, each scored alone as ``[bos] + tokens`` so that every token of every
+    document is predicted once (the first from the end-of-text token, as GPT-2 starts a document).
+
+    Raises:
+        ValueError: no document has a token.
+    """
+    docs = [d for d in documents if len(d)]
+    if not docs:
+        raise ValueError("no document has any token; the eval text is empty")
+    total, count = 0.0, 0
+    iterator = docs
+    if progress:
+        from tqdm import tqdm
+
+        iterator = tqdm(docs, desc="documents", leave=False)
+    for d in iterator:
+        r = token_nll(logits_fn, np.asarray([bos_token_id, *d], dtype=np.int64), context, stride, batch_size)
+        total, count = total + r.total_nll, count + r.n_tokens
+    return NLL(total, count)

@@ -1,0 +1,231 @@
+"""growlm-eval: perplexity against transformers, window edge cases, the cloze builder and scorer, DeepSpeed checkpoints
+of every ZeRO stage (2 real ranks) against their exported transformers folder, and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from dist_utils import run_ranks, write_ds_config
+
+from eval import cli
+from eval.cloze import ClozeItem, build_cloze, read_lambada, score_cloze
+from eval.load import load, load_deepspeed, load_transformers
+from eval.perplexity import document_nll, word_count, word_perplexity
+from eval.tokenizer import EvalInputError, gpt2
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.hf import to_hf
+
+TEXT = (
+    "It was a bright cold day in April, and the clocks were striking thirteen. Winston Smith, his chin nuzzled "
+    "into his breast in an effort to escape the vile wind, slipped quickly through the glass doors of Victory "
+    "Mansions, though not quickly enough to prevent a swirl of gritty dust from entering along with him."
+)
+
+
+def tiny_pair(n_positions: int = 16, vocab: int = 97):
+    torch.manual_seed(0)
+    ours = GPT(GPTConfig(n_layer=2, n_embd=32, n_head=2, n_positions=n_positions, vocab_size=vocab)).eval()
+    return ours, to_hf(ours)
+
+
+@pytest.mark.parametrize("length", [3, 15, 16, 31, 47, 50])  # shorter than T, exactly T - 1 / 2T - 1 / 3T - 1, tail
+def test_document_nll_equals_transformers_loss_on_the_same_windows(length):
+    ours, hf = tiny_pair()
+    doc = np.random.default_rng(length).integers(1, 97, size=length).tolist()
+    got = document_nll(ours, [doc], context=16, stride=16, bos_token_id=0)
+    ids = torch.tensor([0, *doc])[None]  # every doc token is predicted, the first from the bos token
+    direct = 0.0
+    with torch.no_grad():  # non-overlapping chunks of T predictions, scored from HF's logits, the tail included
+        for b in range(0, ids.shape[1] - 1, 16):
+            chunk = ids[:, b : b + 17]  # T + 1 tokens: T inputs, T next-token targets
+            logits = hf(chunk[:, :-1]).logits[0].double()
+            direct += torch.nn.functional.cross_entropy(logits, chunk[0, 1:], reduction="sum").item()
+    assert got.n_tokens == length
+    assert got.total_nll == pytest.approx(direct, rel=1e-5)
+
+
+def test_overlapping_stride_and_several_documents_add_up():
+    ours, _ = tiny_pair()
+    docs = [np.random.default_rng(i).integers(1, 97, size=n).tolist() for i, n in enumerate((5, 40, 17))]
+    one = document_nll(ours, docs, context=16, stride=5, bos_token_id=0)
+    parts = [document_nll(ours, [d], context=16, stride=5, bos_token_id=0) for d in docs]
+    assert one.n_tokens == 62 and one.total_nll == pytest.approx(sum(p.total_nll for p in parts), rel=1e-9)
+    with pytest.raises(ValueError, match="empty"):
+        document_nll(ours, [[], []], context=16, bos_token_id=0)
+
+
+def test_word_perplexity_counts_whitespace_words():
+    assert word_count("  the cat\nsat\t on  ") == 4
+    from eval.perplexity import NLL
+
+    assert word_perplexity(NLL(8.0, 10), 4) == pytest.approx(math.exp(2.0))
+    with pytest.raises(ValueError, match="at least one word"):
+        word_perplexity(NLL(1.0, 1), 0)
+
+
+def test_cloze_builder_keeps_only_targets_seen_in_the_context():
+    filler = "The morning was grey and quiet over the small town by the river. "
+    text = (
+        filler * 3 + "She opened the old letter from her sister. "  # target "sister": not earlier -> dropped
+        + filler * 3 + "He looked at the river. "  # target "river": in the passage -> kept
+        + filler * 3 + "Nobody came to the Town!"  # "Town" with punctuation: matched case-insensitively -> kept
+    )  # fmt: skip
+    items = build_cloze(text, sentences_per_passage=(4,), min_context_words=5)
+    targets = [it.target for it in items]
+    assert "sister" not in targets and "letter" not in targets
+    assert "river" in targets and "Town" in targets
+    for it in items:
+        assert re.search(rf"\b{it.target}\b", it.context, flags=re.IGNORECASE)  # seen, as a whole word
+        assert not it.context.endswith(" ")
+
+
+def test_cloze_scores_whole_words_only():
+    tok = gpt2()
+    item = ClozeItem("We sailed to the island of", "Zanzibar")  # several BPE tokens
+    ctx, tgt = tok.encode(item.context), tok.encode(" Zanzibar")
+    assert len(tgt) > 1
+    seq = ctx + tgt
+
+    def oracle(wrong_last: bool):
+        def logits_fn(x):
+            out = torch.zeros(*x.shape, tok.vocab_size)
+            for i in range(x.shape[1]):
+                nxt = seq[i + 1]
+                if wrong_last and i + 1 == len(seq) - 1:
+                    nxt = (nxt + 1) % tok.vocab_size
+                out[:, i, nxt] = 10.0
+            return out
+
+        return logits_fn
+
+    right = score_cloze(oracle(False), [item], tok, context=64)
+    wrong = score_cloze(oracle(True), [item], tok, context=64)
+    assert (right.n_correct, wrong.n_correct) == (1, 0)  # one wrong sub-token makes the whole word wrong
+    assert right.n_target_tokens == len(tgt)
+    with pytest.raises(EvalInputError, match="no cloze items"):
+        score_cloze(oracle(False), [], tok, context=64)
+
+
+def test_read_lambada_splits_on_the_last_space(tmp_path):
+    f = tmp_path / "lambada_test.jsonl"
+    f.write_text(json.dumps({"text": "he gave her the ring and said ring"}) + "\n\n")
+    assert read_lambada(f) == [ClozeItem("he gave her the ring and said", "ring")]
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(EvalInputError, match="no passage"):
+        read_lambada(tmp_path / "empty.jsonl")
+
+
+# ----- DeepSpeed checkpoints, 2 real ranks -------------------------------------------------------------------
+
+
+class _Checkpoints(dict):
+    """{ZeRO stage: tag folder} of a 2-rank, 3-step tiny run, trained on first use."""
+
+    def __init__(self, root):
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, stage: int):
+        ds = write_ds_config(self.root / f"z{stage}.json", f"zero{stage}_fp32", train_micro_batch_size_per_gpu=2)
+        run = self.root / f"z{stage}"
+        r = run_ranks(["--preset", "tiny", "--seq_len", "32", "--no_eval", "--ds_config", str(ds), "--max_steps", "3",
+                       "--out_dir", str(run)])  # fmt: skip
+        assert r.returncode == 0, r.stdout[-3000:]
+        self[stage] = run / "checkpoints" / "global_step3"
+        return self[stage]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, builtin_data):
+    return _Checkpoints(tmp_path_factory.mktemp("eval_ckpt"))
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_checkpoint_of_every_zero_stage_scores_like_its_transformers_export(checkpoints, stage, tmp_path):
+    m = load_deepspeed(checkpoints[stage])
+    assert m.tokenizer.name == "gpt2" and m.config.n_layer == 2
+    if stage in (1, 2):  # the module copy of ZeRO-1/2 holds the full weights: the merged partitions must equal it
+        module = torch.load(checkpoints[stage] / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+        for k, v in m.model.state_dict().items():
+            torch.testing.assert_close(v, module[k].float(), rtol=0, atol=0)
+    to_hf(m.model).save_pretrained(tmp_path / "hf")
+    h = load_transformers(tmp_path / "hf")
+    docs = {"a": TEXT, "b": TEXT[:40]}
+    a = cli.perplexity_of(m, docs, context=32, stride=16, batch_size=4, progress=False)
+    b = cli.perplexity_of(h, docs, context=32, stride=16, batch_size=4, progress=False)
+    assert a["tokens"] == b["tokens"] and a["words"] == word_count(TEXT) + word_count(TEXT[:40])
+    assert a["total_nll"] == pytest.approx(b["total_nll"], rel=1e-5)
+    assert a["word_perplexity"] > a["token_perplexity"]  # more tokens than words
+    items = build_cloze(TEXT * 3, sentences_per_passage=(2,), min_context_words=5)
+    ca, cb = (score_cloze(x.logits_fn, items, x.tokenizer, context=64).to_dict() for x in (m, h))
+    assert ca["n_correct"] == cb["n_correct"]
+    assert ca["target_nll_per_word"] == pytest.approx(cb["target_nll_per_word"], rel=1e-5)
+
+
+def test_cli_writes_json_for_files(checkpoints, tmp_path, capsys):
+    wt, lam = tmp_path / "wiki.test.raw", tmp_path / "lambada.jsonl"
+    wt.write_text(TEXT)
+    lam.write_text(json.dumps({"text": TEXT}) + "\n")
+    out = tmp_path / "res.json"
+    rc = cli.main([str(checkpoints[2].parent.parent), "--sets", "", "--wikitext", str(wt), "--lambada",
+                   str(lam), "--context", "64", "--out", str(out), "--no_progress"])  # fmt: skip
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["context"] == 64 and res["stride"] == 32
+    assert res["results"]["wikitext_file"]["words"] == word_count(TEXT)
+    assert res["results"]["lambada_file"]["n_items"] == 1
+
+
+def test_bad_input_gives_clear_errors(checkpoints, tmp_path, capsys):
+    ck = tmp_path / "ck" / "global_step3"
+    shutil.copytree(checkpoints[2], ck)
+    state = json.loads((ck / "growlm_state.json").read_text())
+    bad = dict(state, model_config={**state["model_config"], "n_embd": 128})
+    (ck / "growlm_state.json").write_text(json.dumps(bad))
+    with pytest.raises(EvalInputError, match="inconsistent"):
+        load(ck)
+    (ck / "growlm_state.json").write_text(json.dumps({k: v for k, v in state.items() if k != "model_config"}))
+    with pytest.raises(EvalInputError, match="no 'model_config'"):
+        load(ck)
+    with pytest.raises(EvalInputError, match="not a growlm checkpoint"):
+        load(tmp_path)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    assert cli.main([str(checkpoints[0]), "--sets", "", "--wikitext", str(empty), "--no_progress"]) == 2
+    assert "is empty" in capsys.readouterr().err
+    assert cli.main([str(checkpoints[0]), "--sets", "heldout", "--context", "4096", "--no_progress"]) == 2
+    assert "n_positions=128" in capsys.readouterr().err
+
+
+def test_checkpoint_saved_mid_mask_ramp_scores_as_train_py_did(tmp_path, builtin_data):
+    """A masked growth at step 2 ramping over 4 steps, saved at step 4 (ramp 0.5): the loaded model, masks rebuilt,
+    must give the held-out loss train.py logged for the same tokens and windows."""
+    from dist_utils import read_metrics
+
+    from data.prepare import open_tokens
+    from eval.perplexity import token_nll
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        "start: {preset: tiny}\nstages:\n  - name: deeper\n    target: {n_layer: 4}\n    family: masked\n"
+        "    when: {step: 2}\n    ramp_steps: 4\n"
+    )
+    ds = write_ds_config(
+        tmp_path / "ds.json", "zero2_fp32", train_micro_batch_size_per_gpu=2, scheduler_warmup_num_steps=2
+    )
+    r = run_ranks(["--growth_plan", str(plan), "--seq_len", "32", "--final_eval_tokens", "512", "--ds_config",
+                   str(ds), "--max_steps", "4", "--out_dir", str(tmp_path / "run")])  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:]
+    m = load(tmp_path / "run")
+    assert m.config.n_layer == 4 and m.model.growth_masks is not None
+    assert m.model.growth_masks.value(4) == pytest.approx(0.5)
+    logged = [v for v in read_metrics(tmp_path / "run", "val") if v["step"] == 4][-1]
+    ours = token_nll(m.logits_fn, open_tokens(builtin_data, "val")[:512], context=32)
+    assert ours.loss == pytest.approx(logged["val_loss"], rel=1e-5)
