@@ -40,6 +40,7 @@ from model.masks import MaskSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parent
 DEFAULT_PRESET = "cpu-small"
+SHAPE_FLAGS = ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "vocab_size")  # GPTConfig overrides
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -79,6 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--n_head", type=int, help="override the preset's number of attention heads H")
     m.add_argument("--n_inner", type=int, help="override the preset's FFN width F (default 4 * n_embd)")
     m.add_argument("--n_positions", type=int, help="override the preset's longest context P")
+    m.add_argument("--vocab_size", type=int, help="override the preset's vocabulary V (>= the data's vocabulary)")
     m.add_argument("--dropout", type=float, help="override the preset's dropout (embedding, attention, residual)")
     d = p.add_argument_group("data")
     d.add_argument(
@@ -178,7 +180,7 @@ def precision_of(ds_cfg: dict) -> str:
 
 def model_config_from_args(args: argparse.Namespace, resume_state: dict | None) -> GPTConfig:
     """The model shape: the checkpoint's when resuming (flags must agree with it), else preset + overrides."""
-    overrides = {k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "dropout")}
+    overrides = {k: getattr(args, k) for k in (*SHAPE_FLAGS, "dropout")}
     try:
         if resume_state is None:
             return from_preset(args.preset or DEFAULT_PRESET, **overrides)
@@ -255,11 +257,7 @@ def shape_of(cfg: GPTConfig) -> dict:
 
 def plan_config(args, growth: GrowthSchedule, cfg: GPTConfig, resume_state: dict | None, stage_index: int):
     """The model shape when a growth plan drives the run: the plan's start, or after ``stage_index`` stages."""
-    shape_flags = [
-        f"--{k}"
-        for k in ("preset", "n_layer", "n_embd", "n_head", "n_inner", "n_positions")
-        if getattr(args, k) is not None
-    ]
+    shape_flags = [f"--{k}" for k in ("preset", *SHAPE_FLAGS) if getattr(args, k) is not None]
     if resume_state is None:
         if shape_flags:
             raise UsageError(f"--growth_plan sets the starting shape (its 'start'); drop {', '.join(shape_flags)}")
