@@ -84,3 +84,11 @@ def write_ds_config(path: Path, template: str, **overrides: object) -> Path:
             cfg[key] = value
     path.write_text(json.dumps(cfg))
     return path
+
+
+def tiny_ds_config(tmp_path: Path, template: str = "zero2_fp32") -> Path:
+    """ds_configs/TEMPLATE.json for tiny test runs: micro batch 4, lr 3e-3 (a 2-layer model visibly learns in 8
+    steps), linear warmup over 2 steps."""
+    return write_ds_config(
+        tmp_path / f"{template}.json", template, train_micro_batch_size_per_gpu=4, lr=3e-3, scheduler_warmup_num_steps=2
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from dist_utils import read_metrics, run_ranks, write_ds_config
+from dist_utils import read_metrics, run_ranks, tiny_ds_config
 
 CASES = [
     ("zero0_fp32", "masked"),
@@ -97,21 +97,11 @@ stages:
 """
 
 
-def config(tmp_path, template="zero2_fp32"):
-    return write_ds_config(
-        tmp_path / f"{template}.json",
-        template,
-        train_micro_batch_size_per_gpu=4,
-        lr=3e-3,
-        scheduler_warmup_num_steps=2,
-    )
-
-
 @pytest.mark.parametrize("plan_text, template", [(PLAN_MASKED, "zero2_fp32"), (PLAN_DUP, "zero3_fp32")])
 def test_train_py_grows_and_a_checkpoint_in_the_ramp_resumes_exactly(tmp_path, plan_text, template):
     plan = tmp_path / "plan.yaml"
     plan.write_text(plan_text)
-    ds = config(tmp_path, template)
+    ds = tiny_ds_config(tmp_path, template)
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     r = run_ranks(
         [
@@ -168,12 +158,23 @@ def test_ranks_with_different_plans_fail_on_every_rank_without_a_hang(tmp_path):
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     a.write_text(PLAN_MASKED)
     b.write_text(PLAN_MASKED.replace("step: 3", "step: 4"))
-    ds = config(tmp_path)
+    ds = tiny_ds_config(tmp_path)
     common = [*TINY, "--ds_config", str(ds), "--max_steps", "6", "--out_dir", str(tmp_path / "o")]
     r = run_ranks([[*common, "--growth_plan", str(a)], [*common, "--growth_plan", str(b)]], timeout=300)
     assert r.returncode == 2
     assert r.stdout.count("the ranks read different --growth_plan files") == 2  # each rank says it
     assert not (tmp_path / "o" / "checkpoints").exists()
+
+
+def refused(tmp_path, plan_text: str, ds_cfg: dict) -> str:
+    """Run train.py (1 rank) with a plan and config that must be refused; its output."""
+    plan, ds = tmp_path / "plan.yaml", tmp_path / "ds.json"
+    plan.write_text(plan_text)
+    ds.write_text(json.dumps(ds_cfg))
+    args = ["--ds_config", str(ds), "--max_steps", "6", "--growth_plan", str(plan), "--out_dir", str(tmp_path / "o")]
+    r = run_ranks([*TINY, *args], nproc=1)
+    assert r.returncode == 2, r.stdout[-2000:]
+    return r.stdout
 
 
 @pytest.mark.parametrize(
@@ -188,50 +189,15 @@ def test_ranks_with_different_plans_fail_on_every_rank_without_a_hang(tmp_path):
     ],
 )
 def test_bad_plans_are_refused_before_training(tmp_path, edit, template, message):
-    plan = tmp_path / "plan.yaml"
-    plan.write_text(PLAN_MASKED.replace(*edit) if edit else PLAN_MASKED)
-    ds = tmp_path / "ds.json"
-    cfg = json.loads(config(tmp_path, template.replace("fp16", "fp32")).read_text())
+    cfg = json.loads(tiny_ds_config(tmp_path, template.replace("fp16", "fp32")).read_text())
     if "fp16" in template:
         cfg["fp16"] = {"enabled": True}
-    ds.write_text(json.dumps(cfg))
-    r = run_ranks(
-        [
-            *TINY,
-            "--ds_config",
-            str(ds),
-            "--max_steps",
-            "6",
-            "--growth_plan",
-            str(plan),
-            "--out_dir",
-            str(tmp_path / "o"),
-        ],
-        nproc=1,
-    )
-    assert r.returncode == 2, r.stdout[-2000:]
-    assert message in r.stdout, r.stdout[-2000:]
+    out = refused(tmp_path, PLAN_MASKED.replace(*edit) if edit else PLAN_MASKED, cfg)
+    assert message in out, out[-2000:]
 
 
 def test_plan_that_the_zero3_config_cannot_hold_is_refused(tmp_path):
-    plan = tmp_path / "plan.yaml"
-    plan.write_text(PLAN_MASKED)
-    cfg = json.loads(config(tmp_path, "zero3_fp32").read_text())
+    cfg = json.loads(tiny_ds_config(tmp_path, "zero3_fp32").read_text())
     cfg["zero_optimization"]["stage3_max_live_parameters"] = 1_000_000  # wte grows to 50257 x 64 = 3.2M
-    ds = tmp_path / "ds.json"
-    ds.write_text(json.dumps(cfg))
-    r = run_ranks(
-        [
-            *TINY,
-            "--ds_config",
-            str(ds),
-            "--max_steps",
-            "6",
-            "--growth_plan",
-            str(plan),
-            "--out_dir",
-            str(tmp_path / "o"),
-        ],
-        nproc=1,
-    )
-    assert r.returncode == 2 and "stage3_max_live_parameters=1,000,000" in r.stdout, r.stdout[-2000:]
+    out = refused(tmp_path, PLAN_MASKED, cfg)
+    assert "stage3_max_live_parameters=1,000,000" in out, out[-2000:]

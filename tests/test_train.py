@@ -8,20 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from dist_utils import REPO, base_env, free_port, read_metrics, run_ranks, write_ds_config
+from dist_utils import REPO, base_env, free_port, read_metrics, run_ranks, tiny_ds_config
 
 TINY = ["--preset", "tiny", "--seq_len", "64", "--log_interval", "1", "--final_eval_tokens", "1024"]
-
-
-def tiny_config(tmp_path, template: str):
-    # lr high enough that a 2-layer model visibly learns in 8 steps; linear warmup over 2 steps
-    return write_ds_config(
-        tmp_path / f"{template}.json",
-        template,
-        train_micro_batch_size_per_gpu=4,
-        lr=3e-3,
-        scheduler_warmup_num_steps=2,
-    )
 
 
 @pytest.mark.parametrize(
@@ -36,7 +25,7 @@ def tiny_config(tmp_path, template: str):
     ],
 )
 def test_zero_trains_and_resume_matches_uninterrupted_run(tmp_path, builtin_data, template, tol):
-    ds = tiny_config(tmp_path, template)
+    ds = tiny_ds_config(tmp_path, template)
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     # dropout on, so the per-rank RNG must be restored for the continuation to match
     r = run_ranks(
@@ -85,7 +74,7 @@ def test_zero_trains_and_resume_matches_uninterrupted_run(tmp_path, builtin_data
 
 
 def test_checkpoint_layout_and_state(tmp_path, builtin_data):
-    ds = tiny_config(tmp_path, "zero2_fp32")
+    ds = tiny_ds_config(tmp_path, "zero2_fp32")
     r = run_ranks([*TINY, "--no_eval", "--ds_config", str(ds), "--max_steps", "3", "--out_dir", str(tmp_path / "o")])
     assert r.returncode == 0, r.stdout[-3000:]
     ck = tmp_path / "o" / "checkpoints"
@@ -102,7 +91,7 @@ def test_checkpoint_layout_and_state(tmp_path, builtin_data):
 
 
 def test_resume_at_other_world_size_is_refused_with_the_reshard_command(tmp_path, builtin_data):
-    ds = tiny_config(tmp_path, "zero2_fp32")
+    ds = tiny_ds_config(tmp_path, "zero2_fp32")
     r = run_ranks([*TINY, "--no_eval", "--ds_config", str(ds), "--max_steps", "2", "--out_dir", str(tmp_path / "o")])
     assert r.returncode == 0, r.stdout[-3000:]
     r = run_ranks(
@@ -129,7 +118,7 @@ def _launch(cmd: list[str], tmp_path, **env) -> subprocess.CompletedProcess:
 
 
 def _train_args(tmp_path, name: str) -> list[str]:
-    ds = tiny_config(tmp_path, "zero1_fp32")
+    ds = tiny_ds_config(tmp_path, "zero1_fp32")
     return [*TINY, "--no_eval", "--ds_config", str(ds), "--max_steps", "2", "--out_dir", str(tmp_path / name)]
 
 
