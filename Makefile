@@ -5,7 +5,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.growlm-installed
-APT_PACKAGES := numactl openmpi-bin libopenmpi-dev
+APT_PACKAGES := numactl openmpi-bin libopenmpi-dev g++ python3-venv  # g++: DeepSpeed builds ops at run time
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # the main job: a small GPT on the built-in corpus, 2 ranks, ZeRO-2, bf16, a few minutes on a 2-core CPU
 DEMO_ARGS ?= --preset cpu-small --seq_len 128 --max_steps 80 --eval_interval 20 --log_interval 5 \

@@ -689,7 +689,9 @@ def run(args: argparse.Namespace) -> int:
                 writer.add_scalar("train/consumed_tokens", rec["tokens"], step)
                 bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}")
         if args.eval_interval and step % args.eval_interval == 0 and step < args.max_steps:
+            t_eval = time.perf_counter()
             val = evaluate(args.eval_tokens, None)
+            t_log += time.perf_counter() - t_eval  # tokens/s counts training time only
             slope_points.append((float(consumed_flops), val.loss))
             if is_main:
                 log_val(val, step, consumed * seq_len, consumed_flops)
