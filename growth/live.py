@@ -224,16 +224,7 @@ def schedule_of(engine: Any, rewarm_start: int = -1, rewarm_steps: int = 0) -> S
             f"growth places a WarmupCosineLR schedule, this run has {type(s).__name__}; use a ds_config whose "
             "scheduler type is WarmupCosineLR (ds_configs/*.json)"
         )
-    return ScheduleState(
-        total_num_steps=s.total_num_steps,
-        warmup_num_steps=s.warmup_num_steps,
-        last_batch_iteration=s.last_batch_iteration,
-        warmup_min_ratio=s.warmup_min_ratio,
-        cos_min_ratio=s.cos_min_ratio,
-        warmup_type=s.warmup_type,
-        rewarm_start=rewarm_start,
-        rewarm_steps=rewarm_steps,
-    )
+    return ScheduleState.of_scheduler(s, rewarm_start, rewarm_steps)
 
 
 def apply_schedule(engine: Any, sched: ScheduleState, adam_step: int) -> float:

@@ -229,8 +229,3 @@ def first_trigger_index(
         if slope_trigger(compute_flops[:i], losses[:i], threshold, window, beta):
             return i - 1
     return None
-
-
-def log_spaced_steps(first: int, last: int, n: int) -> list[int]:
-    """n distinct integer steps spaced evenly in log between first and last (evaluation points for a short run)."""
-    return sorted({int(round(x)) for x in np.geomspace(first, last, n)} | {first, last})

@@ -81,6 +81,14 @@ class ScheduleState:
         )
         return base * rewarm_factor(adam_step - self.rewarm_start, self.rewarm_steps if self.rewarm_start >= 0 else 0)
 
+    @classmethod
+    def of_scheduler(cls, s: object, rewarm_start: int = -1, rewarm_steps: int = 0) -> ScheduleState:
+        """The state of a live ``WarmupCosineLR`` ``s`` (its position and constructor arguments), the inverse of
+        ``scheduler_kwargs``, with the given re-warm."""
+        kwargs = {k: getattr(s, k) for k in ("total_num_steps", "warmup_num_steps", "last_batch_iteration",
+                                              "warmup_min_ratio", "cos_min_ratio", "warmup_type")}  # fmt: skip
+        return cls(**kwargs, rewarm_start=rewarm_start, rewarm_steps=rewarm_steps)
+
     def scheduler_kwargs(self) -> dict[str, object]:
         """Arguments for ``deepspeed.runtime.lr_schedules.WarmupCosineLR`` (except the optimizer)."""
         return dict(

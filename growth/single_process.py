@@ -78,17 +78,8 @@ def from_modules(
     hp = {"lr": getattr(scheduler, "org_lrs", [g0["lr"]])[0], "betas": g0["betas"], "eps": g0["eps"]}
     hp["weight_decay"] = max(g["weight_decay"] for g in optimizer.param_groups)
     if scheduler is not None:
-        base = schedule or ScheduleState(total_num_steps=scheduler.total_num_steps, warmup_num_steps=1)
-        schedule = ScheduleState(
-            total_num_steps=scheduler.total_num_steps,
-            warmup_num_steps=scheduler.warmup_num_steps,
-            last_batch_iteration=scheduler.last_batch_iteration,
-            warmup_min_ratio=scheduler.warmup_min_ratio,
-            cos_min_ratio=scheduler.cos_min_ratio,
-            warmup_type=scheduler.warmup_type,
-            rewarm_start=base.rewarm_start,
-            rewarm_steps=base.rewarm_steps,
-        )
+        rewarm = (schedule.rewarm_start, schedule.rewarm_steps) if schedule is not None else (-1, 0)
+        schedule = ScheduleState.of_scheduler(scheduler, *rewarm)
     return TrainingState(
         config=model.config,
         params=params.params,

@@ -243,10 +243,3 @@ def write_optimizer_state(src_zero: Path, dst_zero: Path, *, lr: float | None, f
         sd["param_groups"] = set_lr(sd["param_groups"])
     dst_zero.mkdir(parents=True, exist_ok=True)
     torch.save(sd, dst_zero / OPTIMIZER_STATE)
-
-
-def saved_lr(zero_dir: Path, flat: bool) -> float:
-    """The LR of the next optimizer step stored with the checkpoint (first param group)."""
-    sd = load_file(zero_dir / OPTIMIZER_STATE, "optimizer global state")
-    groups = sd["optimizer_state_dict"]["param_groups"] if flat else sd["param_groups"]
-    return float(groups[0]["lr"])
