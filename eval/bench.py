@@ -88,6 +88,7 @@ def available_precisions() -> tuple[str, list[str]]:
 
 
 def device_description() -> str:
+    """The accelerator's name (CUDA device 0) or the CPU model with its core count, for the report header."""
     import torch
 
     if torch.cuda.is_available():
@@ -266,6 +267,8 @@ def bench_pytorch(args: argparse.Namespace, precision: str, work: Path, base: di
 
 
 def run(args: argparse.Namespace) -> list[dict]:
+    """Run every (ZeRO stage, precision) the flags ask for through train.py, plus the PyTorch baseline; one summary
+    record per run (tokens/s, model FLOP/s, MFU, peak RSS bytes)."""
     from eval.bench_peak import device_peak
     from model.config import flops_per_token, from_preset, param_count
 

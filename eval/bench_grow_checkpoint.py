@@ -39,12 +39,15 @@ print(json.dumps({"rc": rc, "seconds": dt, "self_rss_bytes": self_kib * 1024, "c
 
 
 def env() -> dict[str, str]:
+    """The environment of the measured subprocesses: loopback master, 1 thread, DeepSpeed's CPU accelerator."""
     e = dict(os.environ)
     e.update(MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO))
     return e
 
 
 def measure(kind: str, argv: list[str]) -> dict:
+    """Run one measured command (``kind``: ds_to_universal or growlm-grow) in a subprocess; its seconds and peak RSS
+    (bytes, the larger of it and its children)."""
     r = subprocess.run([sys.executable, "-c", _MEASURE, kind, *argv], env=env(), capture_output=True, text=True)
     lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
     if r.returncode or not lines:

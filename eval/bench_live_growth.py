@@ -111,6 +111,7 @@ def worker(case: str, out: str, seq_len: int) -> None:
 
 
 def run_case(case: str, seq_len: int, world_size: int) -> list[dict]:
+    """Start ``world_size`` ranks of the worker for one growth case on loopback and return their per-rank records."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rec.json"
         import socket

@@ -88,6 +88,7 @@ def growth_cost(records: list[dict], step_time_s: float) -> dict:
 
 
 def mib(n: float | None) -> str:
+    """Bytes as whole MiB with thousands separators ('-' for None)."""
     return "-" if n is None else f"{n / 2**20:,.0f}"
 
 

@@ -34,6 +34,8 @@ _FINAL_WORD = re.compile(r"([A-Za-z]+(?:'[A-Za-z]+)?)[^A-Za-z0-9]*$")
 
 @dataclass(frozen=True)
 class ClozeItem:
+    """One LAMBADA-style item: a passage and its last word, which also occurs earlier in the passage."""
+
     context: str  # text before the target, without the separating space
     target: str  # the word; scored as " " + target
 
@@ -100,6 +102,8 @@ def read_lambada(path: str | Path) -> list[ClozeItem]:
 
 @dataclass(frozen=True)
 class ClozeResult:
+    """Whole-word last-word accuracy and the targets' NLL (nats) over a cloze set."""
+
     n_items: int
     n_correct: int
     target_nll: float  # summed over every target token (nats)

@@ -38,6 +38,8 @@ HALF_DEPTH = {"n_layer": 2, "n_embd": 128, "n_head": 4}
 
 @dataclass(frozen=True)
 class RunSpec:
+    """One run of the experiment: its start shape and, for a staged run, the family and dimension it grows."""
+
     name: str
     start: dict
     family: str | None  # None: the scratch run
@@ -77,6 +79,7 @@ def plan_doc(spec: RunSpec, *, vocab_size: int, n_positions: int, grow_step: int
 
 
 def ds_config(batch: int, lr: float, warmup: int) -> dict:
+    """The experiment's DeepSpeed config (ZeRO-2 fp32) with micro batch, peak LR and warmup steps set."""
     cfg = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())
     cfg["train_micro_batch_size_per_gpu"] = batch
     cfg["optimizer"]["params"]["lr"] = lr
@@ -94,6 +97,7 @@ def run_done(out: Path, max_steps: int) -> bool:
 
 
 def train_cmd(args: argparse.Namespace, plan: Path, ds: Path, out: Path) -> list[str]:
+    """The train.py command of one run (same data, seed and evaluation for every run)."""
     return [
         sys.executable, str(REPO / "train.py"), "--growth_plan", str(plan), "--data", str(args.data),
         "--seq_len", str(args.seq_len), "--ds_config", str(ds), "--max_steps", str(args.max_steps),
@@ -133,6 +137,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def setup_text(args: argparse.Namespace, meta: dict) -> str:
+    """The report's setup paragraph (data, tokenizer, models, training, compute accounting)."""
     grow = round(args.max_steps * args.grow_frac)
     return f"""Setup (CPU scale, produced by `growlm-experiment`; see `eval/staged_experiment.py`):
 
@@ -203,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def write_report(args: argparse.Namespace, specs: list[RunSpec], meta: dict) -> int:
+    """Write report.md, results.json and the loss-vs-FLOPs plot from the finished runs; returns the exit status."""
     curves = []
     for spec in specs:
         out = args.out / spec.name

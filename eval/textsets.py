@@ -35,6 +35,7 @@ def cloze_source() -> str:
 
 
 def wikipedia_dir() -> Path:
+    """Where ``python -m data.build_corpus --extra wikipedia`` writes the Wikipedia sample (split by article)."""
     from data.build_corpus import EXTRA_DIR
 
     return EXTRA_DIR / "wikipedia"

@@ -23,6 +23,7 @@ class ManifestError(ValueError):
 
 
 def file_sha256(path: Path) -> str:
+    """SHA-256 hex digest of a file, read in chunks (memory bounded whatever the file size)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK_BYTES):

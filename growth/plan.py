@@ -22,10 +22,12 @@ Map = Callable[[Tensor], Tensor]
 
 
 def identity(x: Tensor) -> Tensor:
+    """The map that keeps a tensor as it is (a parameter whose shape does not change)."""
     return x
 
 
 def zeros(x: Tensor) -> Tensor:
+    """The map to zeros of the same shape (e.g. the moments of fresh entries)."""
     return torch.zeros_like(x)
 
 
@@ -111,6 +113,7 @@ def per_qkv(f: Map) -> Map:
 
 
 def compose_maps(first: Map, second: Map) -> Map:
+    """``second(first(x))``: two growth maps applied in turn (chained operators)."""
     return lambda x: second(first(x))
 
 

@@ -45,6 +45,9 @@ class Trigger:
 
 @dataclass(frozen=True)
 class Stage:
+    """One stage of a growth plan: the target shape, operator family and options, trigger, mask ramp length, Adam-state
+    policy and schedule rule."""
+
     name: str
     target: GPTConfig
     family: str

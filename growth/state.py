@@ -21,6 +21,7 @@ from model.masks import MaskSpec
 
 
 def default_optimizer() -> dict[str, Any]:
+    """AdamW hyperparameters of a TrainingState built without an optimizer (lr, betas, eps, weight decay)."""
     return {"lr": 6e-4, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 
 

@@ -165,6 +165,7 @@ def convert(tag_dir: Path, out_tag_dir: Path, workers: int = 1) -> None:
 
 
 def model_states_files(tag_dir: Path) -> list[Path]:
+    """The ``*model_states.pt`` files of a DeepSpeed tag folder (one, or one per rank at ZeRO-3)."""
     return sorted(Path(tag_dir).glob("*model_states.pt"))
 
 
@@ -183,6 +184,10 @@ def adam_step(zero_dir: Path, names: list[str], flat: bool) -> Tensor:
 
 
 def lr_scheduler_state(tag_dir: Path) -> dict | None:
+    """The LR scheduler state saved in a tag folder's model states, or None.
+
+    Raises:
+        CheckpointError: the folder has no model-states file."""
     files = model_states_files(tag_dir)
     if not files:
         raise CheckpointError(f"{tag_dir} holds no *model_states.pt file; the checkpoint is incomplete")
