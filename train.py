@@ -329,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
         if rank_env == 0 or isinstance(e, RankError):
             print(f"growlm-train: error: {e}", file=sys.stderr)
         return 2
+    finally:  # success, refusal or exception: leave no process group, TCP store or rendezvous variables behind
+        from growth.ds_runtime import close_distributed
+
+        close_distributed()
 
 
 def run(args: argparse.Namespace) -> int:

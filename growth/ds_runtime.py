@@ -99,6 +99,8 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
             names the address so an unreachable or wrong master is obvious.
     """
     accelerator = select_accelerator()
+    _ENV_BEFORE.clear()
+    _ENV_BEFORE.update({k: os.environ.get(k) for k in _RENDEZVOUS_ENV})
     discover_mpi()
     if "RANK" not in os.environ:  # plain `python train.py`: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
@@ -133,6 +135,32 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
     return DistInfo(
         rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), local_rank=local_rank, device=device
     )
+
+
+_RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_ENV_BEFORE: dict[str, str | None] = {}  # what init_distributed found, so close_distributed can put it back
+
+
+def close_distributed() -> None:
+    """Undo ``init_distributed``: destroy the default process group (and with it the TCP store that holds
+    MASTER_PORT) and restore the rendezvous variables it set. Safe to call more than once, and when
+    ``init_distributed`` never ran or failed. A ``train.main`` called in-process (tests, notebooks, a driver)
+    calls it on every exit path, so the next run in the same process, or a child it starts, can bind the port.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    try:  # DeepSpeed keeps its own handle on the group; drop it so a later init_distributed starts afresh
+        import deepspeed.comm.comm as ds_comm
+
+        ds_comm.cdb = None
+    except ImportError:
+        pass
+    for key, value in _ENV_BEFORE.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    _ENV_BEFORE.clear()
 
 
 def _free_port() -> int:

@@ -19,11 +19,32 @@ def free_port() -> int:
 
 
 def base_env(**extra: str) -> dict[str, str]:
+    """The environment for a child run on loopback: its own free MASTER_PORT (never a fixed or inherited one),
+    one thread per rank, the CPU accelerator; ``extra`` overrides."""
     env = dict(os.environ)
-    env.update(MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO))
-    env.pop("RANK", None)
+    env.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        OMP_NUM_THREADS="1",
+        DS_ACCELERATOR="cpu",
+        PYTHONPATH=str(REPO),
+    )
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        env.pop(key, None)
     env.update(extra)
     return env
+
+
+def fp16_supported() -> bool:
+    """Whether DeepSpeed trains fp16 on this machine (on a CPU: AVX512-FP16 or AMX-FP16).
+
+    Machines that run this suite differ: tests whose outcome depends on it assert the refusal on one side and a
+    real fp16 run on the other, never a skip.
+    """
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.accelerator import get_accelerator
+
+    return bool(get_accelerator().is_fp16_supported())
 
 
 def run_ranks(

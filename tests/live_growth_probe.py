@@ -34,7 +34,8 @@ from growth.schedule import ScheduleRule, place_schedule  # noqa: E402
 from model.config import GPTConfig  # noqa: E402
 
 ds_path, family, out_path = sys.argv[1:4]
-if "--force-cpu-fp16" in sys.argv:  # DeepSpeed refuses fp16 on this CPU; the fp16 code path itself runs (DESIGN 4)
+fp16_native = bool(get_accelerator().is_fp16_supported())
+if "--force-cpu-fp16" in sys.argv:  # DeepSpeed refuses fp16 on this CPU; the fp16 code path itself runs
     type(get_accelerator()).is_fp16_supported = lambda self: True
 
 ds_cfg = json.loads(Path(ds_path).read_text())
@@ -159,6 +160,7 @@ if info.rank == 0:
                 "hooks_left_on_old_module": hooks_left,
                 "scaler_before": scaler_before,
                 "scaler_after": scaler_after,
+                "fp16_supported_natively": fp16_native,
                 "losses_after_growth": losses,
                 "master_vs_working": master_vs_working,
                 "moved": moved,

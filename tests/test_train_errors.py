@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from dist_utils import REPO, base_env
+from dist_utils import REPO, base_env, fp16_supported, read_metrics, run_ranks, write_ds_config
 
 import train
 
@@ -65,8 +65,24 @@ def test_missing_and_unparsable_ds_config(capsys, tmp_path):
     fails(capsys, ["--ds_config", str(bad)], "is not valid JSON")
 
 
-def test_fp16_on_a_cpu_names_the_available_precisions(capsys, builtin_data):
-    fails(capsys, ["--ds_config", "ds_configs/zero2_fp16.json"], "asks for fp16", "available precisions: fp32, bf16")
+def test_fp16_is_refused_or_trained_as_the_cpu_allows(capsys, tmp_path, builtin_data):
+    if not fp16_supported():  # no AVX512-FP16 / AMX-FP16: refused before anything is built, naming the choices
+        fails(capsys, ["--ds_config", "ds_configs/zero2_fp16.json"], "asks for fp16", "available precisions: fp32, bf16")
+        return
+    # this CPU trains fp16: a short real ZeRO-2 fp16 run with the dynamic loss scaler (no check lifted)
+    cfg = write_ds_config(
+        tmp_path / "fp16.json", "zero2_fp16", train_micro_batch_size_per_gpu=4, lr=3e-3, scheduler_warmup_num_steps=2
+    )
+    out = tmp_path / "run"
+    args = ["--preset", "tiny", "--seq_len", "32", "--no_eval", "--max_steps", "6", "--log_interval", "1"]
+    r = run_ranks([*args, "--ds_config", str(cfg), "--out_dir", str(out)], nproc=1)
+    assert r.returncode == 0, r.stdout[-3000:]
+    steps = read_metrics(out)
+    assert [s["step"] for s in steps] == list(range(1, 7))
+    # the scaler starts at 2**16 (initial_scale_power) and halves once per overflow step, which is skipped
+    skipped = steps[-1]["skipped_steps"]
+    assert steps[-1]["loss_scale"] == 2.0**16 / 2**skipped, (skipped, steps[-1]["loss_scale"])
+    assert skipped < 6 and all(s["loss"] == s["loss"] for s in steps)
 
 
 def test_n_embd_not_divisible_by_n_head(capsys):
