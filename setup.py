@@ -12,11 +12,25 @@ setup(
     version="0.1.0",
     description="DeepSpeed GPT-2 pretraining with growth operators on the whole training state",
     python_requires=">=3.10",
-    packages=find_packages(include=["model", "model.*", "data", "growth", "growth.*", "eval", "eval.*"]),
+    packages=find_packages(
+        include=[
+            "model",
+            "model.*",
+            "data",
+            "growth",
+            "growth.*",
+            "eval",
+            "eval.*",
+            "runtime",
+            "runtime.*",
+            "trainer",
+            "trainer.*",
+        ]
+    ),
     py_modules=["train"],
     package_data={"data": ["gpt2_bpe/*", "corpus/*.json", "corpus/*.md", "corpus/*/*.txt.xz"]},
     install_requires=[
-        "torch>=2.3",
+        "torch>=2.5",  # torch.serialization.safe_globals (runtime.checkpoint.safe_load)
         "deepspeed>=0.19,<0.20",
         "transformers>=4.40",
         "datasets>=2.19",
@@ -39,9 +53,9 @@ setup(
             "growlm-prepare = data.prepare:main",
             "growlm-build-corpus = data.build_corpus:main",
             "growlm-grow = growth.grow_checkpoint:main",
-            "growlm-eval = eval.cli:main",
-            "growlm-experiment = eval.staged_experiment:main",
-            "growlm-bench = eval.bench:main",
+            "growlm-eval = eval.metrics.cli:main",
+            "growlm-experiment = eval.experiments.staged:main",
+            "growlm-bench = eval.bench.throughput:main",
         ]
     },
 )

@@ -17,11 +17,11 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from growth.ds_runtime import select_accelerator
+from runtime.dist import select_accelerator
 
 select_accelerator()  # before anything imports deepspeed
 
@@ -29,14 +29,16 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from data.sampler import ResumableSampler, TokenWindows, micro_batch_start  # noqa: E402
-from eval.perplexity import NLL, token_nll  # noqa: E402
-from growth import ds_checkpoint  # noqa: E402
+from eval.metrics.perplexity import NLL, token_nll  # noqa: E402
 from growth.errors import GrowthError  # noqa: E402
-from growth.live import apply_rewarm, apply_schedule, build_engine, grow_engine, schedule_of  # noqa: E402
-from growth.plan_file import GrowthSchedule, load_plan  # noqa: E402
-from growth.schedule import ScheduleState, slope_trigger  # noqa: E402
+from growth.live import grow_engine  # noqa: E402
+from growth.schedule import apply_rewarm, apply_schedule, engine_schedule, start_schedule  # noqa: E402
+from growth.stages import StageList, load_stages  # noqa: E402
+from growth.trigger import slope_trigger  # noqa: E402
 from model.config import PRESETS, GPTConfig, flops_per_token, from_preset, param_count  # noqa: E402
-from model.masks import MaskSpec  # noqa: E402
+from runtime import checkpoint  # noqa: E402
+from runtime.engine import build_engine, loss_scale_of  # noqa: E402
+from runtime.run_state import DataIdentity, RunState  # noqa: E402
 
 REPO = Path(__file__).resolve().parent
 DEFAULT_PRESET = "cpu-small"
@@ -120,7 +122,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="checkpoint to continue from: a checkpoints folder (its "
         "'latest' tag) or a tag folder; restores weights, Adam state, LR schedule, loss scaler, "
-        "consumed samples and RNG",
+        "consumed samples and RNG. DeepSpeed's loader unpickles the checkpoint's files: use checkpoints from a "
+        "trusted source only (growlm refuses any file holding more than tensor data and a few known types)",
     )
     t.add_argument("--save_interval", type=int, default=0, help="also save every N steps (0: only at the end)")
     t.add_argument("--no_final_save", action="store_true", help="do not save a checkpoint at the end")
@@ -178,13 +181,13 @@ def precision_of(ds_cfg: dict) -> str:
     )
 
 
-def model_config_from_args(args: argparse.Namespace, resume_state: dict | None) -> GPTConfig:
+def model_config_from_args(args: argparse.Namespace, resume_state: RunState | None) -> GPTConfig:
     """The model shape: the checkpoint's when resuming (flags must agree with it), else preset + overrides."""
     overrides = {k: getattr(args, k) for k in (*SHAPE_FLAGS, "dropout")}
     try:
         if resume_state is None:
             return from_preset(args.preset or DEFAULT_PRESET, **overrides)
-        saved = GPTConfig.from_dict(resume_state["model_config"])
+        saved = resume_state.model_config
         given = {k: v for k, v in overrides.items() if v is not None}
         requested = from_preset(args.preset, **given) if args.preset else replace(saved, **given)
         if args.dropout is None:  # dropout is not part of the shape: keep the checkpoint's unless asked
@@ -234,14 +237,14 @@ def planned_save_steps(start: int, max_steps: int, interval: int, final: bool) -
 # ----------------------------------------------------------------------------------------------- training
 
 
-def load_growth_plan(path: str) -> GrowthSchedule:
+def load_growth_plan(path: str) -> StageList:
     """The validated growth plan at ``path``.
 
     Raises:
-        UsageError: the file is missing, does not parse, or its stages do not chain (growth.plan_file.parse_plan).
+        UsageError: the file is missing, does not parse, or its stages do not chain (growth.stages.parse_stages).
     """
     try:
-        return load_plan(path)
+        return load_stages(path)
     except FileNotFoundError:
         raise UsageError(f"--growth_plan {path}: no such file; see growth/plans/ for examples") from None
     except GrowthError as e:
@@ -255,7 +258,7 @@ def shape_of(cfg: GPTConfig) -> dict:
     return {k: v for k, v in cfg.to_dict().items() if k != "dropout"}
 
 
-def plan_config(args, growth: GrowthSchedule, cfg: GPTConfig, resume_state: dict | None, stage_index: int):
+def plan_config(args, growth: StageList, cfg: GPTConfig, resume_state: RunState | None, stage_index: int):
     """The model shape when a growth plan drives the run: the plan's start, or after ``stage_index`` stages."""
     shape_flags = [f"--{k}" for k in ("preset", *SHAPE_FLAGS) if getattr(args, k) is not None]
     if resume_state is None:
@@ -272,7 +275,7 @@ def plan_config(args, growth: GrowthSchedule, cfg: GPTConfig, resume_state: dict
     return cfg
 
 
-def check_plan_fits_run(growth: GrowthSchedule, stage_index: int, args, ds_cfg: dict) -> None:
+def check_plan_fits_run(growth: StageList, stage_index: int, args, ds_cfg: dict) -> None:
     """Refuse, before any rank starts, a plan this run cannot carry out."""
     zero = ds_cfg.get("zero_optimization", {})
     stage = int(zero.get("stage", 0))
@@ -300,16 +303,6 @@ def check_plan_fits_run(growth: GrowthSchedule, stage_index: int, args, ds_cfg: 
             )
 
 
-def loss_scale_of(engine: Any) -> float:
-    """Current fp16 loss scale (1.0 for bf16/fp32)."""
-    for obj in (engine.optimizer, getattr(engine.optimizer, "loss_scaler", None)):
-        for attr in ("cur_scale", "loss_scale"):
-            value = getattr(obj, attr, None)
-            if isinstance(value, (int, float)) or torch.is_tensor(value):
-                return float(value)
-    return 1.0
-
-
 def max_rss_bytes() -> int:
     """Peak resident memory of this process so far (bytes); on CUDA, peak allocated device memory."""
     if torch.cuda.is_available():
@@ -325,12 +318,12 @@ def main(argv: list[str] | None = None) -> int:
     rank_env = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
     try:
         return run(args)
-    except (UsageError, ds_checkpoint.CheckpointError, GrowthError) as e:
+    except (UsageError, checkpoint.CheckpointError, GrowthError) as e:
         if rank_env == 0 or isinstance(e, RankError):
             print(f"growlm-train: error: {e}", file=sys.stderr)
         return 2
     finally:  # success, refusal or exception: leave no process group, TCP store or rendezvous variables behind
-        from growth.ds_runtime import close_distributed
+        from runtime.dist import close_distributed
 
         close_distributed()
 
@@ -347,25 +340,28 @@ def run(args: argparse.Namespace) -> int:
     precision = precision_of(ds_cfg)
     resume = None
     if args.resume:
-        resume = ds_checkpoint.resolve(args.resume)
-        resume_state = ds_checkpoint.read_state(*resume)
-        if resume_state.get("universal"):  # written by growlm-grow: DeepSpeed reshards it at load (any world size)
+        try:  # resolve, check the manifest and every pickle, read the RunState
+            resume = checkpoint.open_checkpoint(args.resume)
+        except checkpoint.CheckpointError as e:
+            raise checkpoint.CheckpointError(f"--resume {e}") from None
+        resume_state = resume.state
+        if resume_state.universal:  # written by growlm-grow: DeepSpeed reshards it at load (any world size)
             ds_cfg["checkpoint"] = {**ds_cfg.get("checkpoint", {}), "load_universal": True}
     else:
         resume_state = None
     cfg = model_config_from_args(args, resume_state)
-    stage_index = resume_state.get("growth_stage", 0) if resume_state else 0
+    stage_index = resume_state.growth_stage if resume_state else 0
     growth = None
     if args.growth_plan:
         growth = load_growth_plan(args.growth_plan)
         cfg = plan_config(args, growth, cfg, resume_state, stage_index)
         check_plan_fits_run(growth, stage_index, args, ds_cfg)
-    seq_len = args.seq_len or (resume_state["seq_len"] if resume_state else cfg.n_positions)
-    seed = args.seed if args.seed is not None else (resume_state["seed"] if resume_state else 1234)
+    seq_len = args.seq_len or (resume_state.seq_len if resume_state else cfg.n_positions)
+    seed = args.seed if args.seed is not None else (resume_state.seed if resume_state else 1234)
     if resume_state is not None:  # the data order is a function of (seed, seq_len, token file): keep all three
         for flag, value, saved in (
-            ("--seq_len", seq_len, resume_state["seq_len"]),
-            ("--seed", seed, resume_state["seed"]),
+            ("--seq_len", seq_len, resume_state.seq_len),
+            ("--seed", seed, resume_state.seed),
         ):
             if value != saved:
                 raise UsageError(
@@ -378,21 +374,21 @@ def run(args: argparse.Namespace) -> int:
         )
     if resume_state is not None:
         launched_world = int(os.environ.get("WORLD_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
-        ds_checkpoint.check_compatible(
+        checkpoint.check_compatible(
             resume_state,
             model_config=cfg.to_dict(),
             world_size=launched_world,
             zero_stage=zero_stage,
-            path=resume[0] / resume[1],
+            path=resume.tag_dir,
         )
     data_dir = validate_data_dir(args.data)
     out_dir = Path(args.out_dir)
     save_dir = out_dir / "checkpoints"
-    start_step = resume_state["global_step"] if resume_state else 0
+    start_step = resume_state.global_step if resume_state else 0
     if args.max_steps < start_step:
         raise UsageError(f"--max_steps {args.max_steps} is below the checkpoint's global step {start_step}")
     planned = planned_save_steps(start_step, args.max_steps, args.save_interval, not args.no_final_save)
-    clash = sorted(set(ds_checkpoint.existing_tags(save_dir)) & {ds_checkpoint.tag_for(s) for s in planned})
+    clash = sorted(set(checkpoint.existing_tags(save_dir)) & {checkpoint.tag_for(s) for s in planned})
     if clash:
         raise UsageError(
             f"{save_dir} already holds {', '.join(clash)}, which this run would write; checkpoints are "
@@ -410,7 +406,7 @@ def run(args: argparse.Namespace) -> int:
         )
 
     # ---- build
-    from growth.ds_runtime import init_distributed
+    from runtime.dist import init_distributed
 
     try:
         info = init_distributed(args.dist_timeout_s)
@@ -434,7 +430,7 @@ def run(args: argparse.Namespace) -> int:
     train_tokens, val_tokens = open_tokens(data_dir, "train"), open_tokens(data_dir, "val")
     windows = TokenWindows(train_tokens, seq_len)
     if resume_state is not None:
-        saved_sha = resume_state.get("data", {}).get("train_sha256")
+        saved_sha = resume_state.data.train_sha256
         if saved_sha and saved_sha != meta["splits"]["train"].get("sha256"):
             raise UsageError(
                 f"--data {data_dir}: its train split (sha256 {meta['splits']['train'].get('sha256')}) is "
@@ -452,31 +448,29 @@ def run(args: argparse.Namespace) -> int:
                 f"{', '.join(d[:12] for d in digests)}); give every rank the same plan"
             )
     torch.manual_seed(seed)  # identical init on every rank
-    masks = resume_state.get("growth_masks") if resume_state else None
-    engine = build_engine(cfg, MaskSpec.from_dict(masks) if masks else None, ds_cfg)
+    engine = build_engine(cfg, resume_state.growth_masks if resume_state else None, ds_cfg)
+    start_schedule(engine)  # step 1 trains at the warm-up's first non-zero LR (a resume then loads its position)
     model = engine.module
     micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     global_batch = micro * gas * info.world_size
     if resume_state is not None:
-        resume_state = ds_checkpoint.load(engine, *resume, rank=info.rank, world_size=info.world_size)
-        if resume_state["world_size"] != info.world_size:  # no RNG file per rank to restore: a fresh stream per rank
-            torch.manual_seed(seed + 1 + info.rank + 7919 * resume_state["global_step"])
-        consumed = resume_state["consumed_samples"]
-        consumed_flops = resume_state.get("consumed_flops", 0)
-        model.set_growth_step(resume_state["global_step"])
-        if resume_state.get("schedule"):  # a growth placed the schedule; DeepSpeed restored only its position
-            sched_state = replace(
-                ScheduleState(**resume_state["schedule"]), last_batch_iteration=engine.lr_scheduler.last_batch_iteration
-            )
-            apply_schedule(engine, sched_state, resume_state["global_step"])
+        resume_state = checkpoint.load(engine, resume, rank=info.rank, world_size=info.world_size)
+        if resume_state.world_size != info.world_size:  # no RNG file per rank to restore: a fresh stream per rank
+            torch.manual_seed(seed + 1 + info.rank + 7919 * resume_state.global_step)
+        consumed = resume_state.consumed_samples
+        consumed_flops = resume_state.consumed_flops
+        model.set_growth_step(resume_state.global_step)
+        if resume_state.schedule:  # a growth placed the schedule; DeepSpeed restored only its position
+            sched_state = replace(resume_state.schedule, last_batch_iteration=engine.lr_scheduler.last_batch_iteration)
+            apply_schedule(engine, sched_state, resume_state.global_step)
     else:
         torch.manual_seed(seed + 1 + info.rank)  # per-rank dropout stream
         consumed, consumed_flops = 0, 0
-    if resume_state is None or not resume_state.get("schedule"):
+    if resume_state is None or not resume_state.schedule:
         sched_state = None
     step = engine.global_steps
     if step != start_step:
-        raise ds_checkpoint.CheckpointError(
+        raise checkpoint.CheckpointError(
             f"DeepSpeed restored global step {step}, growlm_state.json says {start_step}: the tag folder mixes files "
             "of two checkpoints; resume from another tag"
         )
@@ -564,7 +558,8 @@ def run(args: argparse.Namespace) -> int:
     t_log, steps_since_log, tokens_per_s = time.perf_counter(), 0, 0.0
     stage0_norm = float("nan")
     # (cumulative FLOPs, val loss) of the validations since the last growth: the slope trigger's history
-    slope_points: list[tuple[float, float]] = [tuple(p) for p in (resume_state or {}).get("slope_points", [])]
+    slope_points: list[tuple[float, float]] = list(resume_state.slope_points) if resume_state else []
+    history = list(resume_state.growth) if resume_state else []  # growths this model went through (RunState.growth)
 
     def fixed_batch_loss(x: torch.Tensor, y: torch.Tensor) -> float:
         """Eval-mode loss of one batch per rank, averaged over ranks (the loss-preservation check)."""
@@ -604,6 +599,8 @@ def run(args: argparse.Namespace) -> int:
                 engine, model, cfg, sched_state = result.engine, result.engine.module, stage.target, result.schedule
                 stage_index += 1
                 slope_points.clear()
+                history.append({"step": step, "stage": stage.name, "family": stage.family, "live": True,
+                                "from": old_cfg.to_dict(), "to": cfg.to_dict()})  # fmt: skip
                 flops_per_step = flops_per_token(cfg, seq_len) * tok_per_step
                 loss_after = fixed_batch_loss(x, y)
                 if is_main:
@@ -701,27 +698,28 @@ def run(args: argparse.Namespace) -> int:
                 log_val(val, step, consumed * seq_len, consumed_flops)
                 bar.write(f"step {step}: val loss {val.loss:.4f}, perplexity {val.perplexity:.2f}")
         if step in save_steps:
-            state = {
-                "global_step": step,
-                "consumed_samples": consumed,
-                "consumed_tokens": consumed * seq_len,
-                "model_config": cfg.to_dict(),
-                "seq_len": seq_len,
-                "world_size": info.world_size,
-                "zero_stage": zero_stage,
-                "precision": precision,
-                "seed": seed,
-                "slope_points": slope_points,
-                "consumed_flops": consumed_flops,
-                "growth_masks": model.growth_masks.to_dict() if model.growth_masks is not None else None,
-                "growth_stage": stage_index,
-                "schedule": asdict(schedule_of(engine, sched_state.rewarm_start, sched_state.rewarm_steps))
+            state = RunState(
+                model_config=cfg,
+                global_step=step,
+                consumed_samples=consumed,
+                seq_len=seq_len,
+                world_size=info.world_size,
+                zero_stage=zero_stage,
+                seed=seed,
+                precision=precision,
+                consumed_flops=consumed_flops,
+                slope_points=list(slope_points),
+                growth_masks=model.growth_masks,
+                growth_stage=stage_index,
+                schedule=engine_schedule(engine, sched_state.rewarm_start, sched_state.rewarm_steps)
                 if sched_state is not None
                 else None,
-                "data": {"dir": str(data_dir), "train_sha256": meta["splits"]["train"].get("sha256")},
-                "ds_config": ds_cfg,
-            }
-            path = ds_checkpoint.save(engine, save_dir, state, rank=info.rank)
+                data=DataIdentity(dir=str(data_dir), train_sha256=meta["splits"]["train"].get("sha256")),
+                ds_config=ds_cfg,
+                growth=history,
+                extra=resume_state.extra if resume_state else {},
+            )
+            path = checkpoint.save(engine, save_dir, state, rank=info.rank)
             if is_main:
                 bar.write(f"growlm: saved checkpoint {path}")
     if bar is not None:
@@ -740,8 +738,8 @@ def run(args: argparse.Namespace) -> int:
     if is_main:
         print(f"growlm: training tokens/s (last interval, all ranks): {tokens_per_s:,.0f}", flush=True)
         print(f"growlm: TensorBoard logs: {out_dir / 'tb'}  (tensorboard --logdir {out_dir / 'tb'})", flush=True)
-        if (save_dir / ds_checkpoint.LATEST).exists():
-            print(f"growlm: checkpoint: {save_dir / (save_dir / ds_checkpoint.LATEST).read_text().strip()}", flush=True)
+        if (save_dir / checkpoint.LATEST).exists():
+            print(f"growlm: checkpoint: {save_dir / (save_dir / checkpoint.LATEST).read_text().strip()}", flush=True)
         writer.close()
         metrics.close()
     dist.barrier()

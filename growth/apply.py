@@ -21,7 +21,7 @@ FRESH_POLICIES = ("zero", "mean")
 
 @dataclass(frozen=True)
 class OptimizerPolicy:
-    """What becomes of Adam's state in a growth (DESIGN.md 3.1-3.2). The Adam step is always carried.
+    """What becomes of Adam's state in a growth (DESIGN.md, "Growth operators"). The Adam step is always carried.
 
     moments: 'carry' transforms exp_avg / exp_avg_sq by the operator's gradient rule (e.g. duplication: /k, /k^2);
     'carry_old' keeps old entries unscaled at their own positions and zeroes everything else (copies included);

@@ -5,29 +5,29 @@ fp32 weight, exp_avg and exp_avg_sq, each call a collective that every rank make
 plan's rule computes the grown tensors (identically on every rank: new random entries are seeded by parameter name,
 not by the global RNG); ``EngineStore`` over the *new* engine writes them (``safe_set_full_*``: each rank keeps
 only its own partition). So a rank holds its old shard, its new shard and a few full tensors at once, never a
-whole model (DESIGN.md 4; for ZeRO-1/2 the module itself is unpartitioned, as always in those stages).
+whole model (DESIGN.md, "DeepSpeed facts"; for ZeRO-1/2 the module itself is unpartitioned, as always in those stages).
 
 The new engine is built for the grown config by ``deepspeed.initialize`` (ZeRO-3: inside ``zero.Init``, so it is
-partitioned as it is built); growlm never asks DeepSpeed to load old-shape buffers into it (CASES 4). What
-DeepSpeed leaves undone is done here, each beside its DeepSpeed call:
+partitioned as it is built); growlm never asks DeepSpeed to load old-shape buffers into it (DESIGN.md, "Checkpoint
+failure kinds: parameter count changed"). What DeepSpeed leaves undone is done here, each beside its DeepSpeed call:
 
 * optimizer state is created lazily by the first ``step()``: ``ensure_adam_state`` creates exp_avg, exp_avg_sq and
   the Adam step in the inner torch optimizer first, so the moments can be written and the step carried;
 * ``safe_set_full_fp32_param`` updates the fp32 master only: ``refresh_working_copies`` copies masters into the
   bf16/fp16/fp32 working parameters that the forward pass uses (ZeRO-1/2/bf16: ``update_lp_params``; ZeRO-3: each
   subgroup's partition), so the master and the working copy agree and a training step keeps the grown values
-  (CASES 10);
+  (DESIGN.md, "Checkpoint failure kinds: stale fp32 master");
 * global step, samples, skipped steps and the fp16 loss scaler are copied; the LR schedule is placed by the
   stage's rule (growth.schedule) before the first post-growth step;
-* the old engine is destroyed (its ZeRO-3 hooks removed) before training continues (CASES 11).
+* the old engine is destroyed (its ZeRO-3 hooks removed) before training continues (DESIGN.md, "Checkpoint failure
+  kinds: stale ZeRO-3 hooks").
 """
 
 from __future__ import annotations
 
 import gc
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import deepspeed.utils as dsu
@@ -37,24 +37,13 @@ import torch.distributed as dist
 from growth.apply import OptimizerPolicy, apply_plan
 from growth.errors import GrowthError
 from growth.plan import GrowthPlan
-from growth.schedule import ScheduleRule, ScheduleState, place_schedule, rewarm_factor
-from growth.single_process import param_groups
+from growth.prepare import prepare_growth
+from growth.schedule import ScheduleRule, ScheduleState, apply_schedule, engine_schedule
 from growth.stores import ParamState
-from model.config import GPTConfig
-from model.gpt import GPT
 from model.masks import MaskSpec
+from runtime.engine import inner_optimizer, repair_adam_steps
 
 LOSS_SCALER_FIELDS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
-
-
-def inner_optimizer(engine: Any) -> torch.optim.Optimizer:
-    """The torch optimizer under DeepSpeed's wrappers (ZeRO, bf16): the one holding Adam's state tensors."""
-    opt = engine.optimizer
-    while not isinstance(opt, torch.optim.Optimizer):
-        if not hasattr(opt, "optimizer"):
-            raise GrowthError(f"cannot find the torch optimizer inside {type(engine.optimizer).__name__}")
-        opt = opt.optimizer
-    return opt
 
 
 class EngineStore:
@@ -212,67 +201,6 @@ def copy_loss_scaler(old: Any, new: Any) -> dict[str, Any] | None:
     return carried
 
 
-def schedule_of(engine: Any, rewarm_start: int = -1, rewarm_steps: int = 0) -> ScheduleState:
-    """The engine's WarmupCosineLR as a ScheduleState (position and constructor arguments).
-
-    Raises:
-        GrowthError: the engine has no scheduler or another kind (growth places WarmupCosineLR only).
-    """
-    s = engine.lr_scheduler
-    if s is None or type(s).__name__ != "WarmupCosineLR":
-        raise GrowthError(
-            f"growth places a WarmupCosineLR schedule, this run has {type(s).__name__}; use a ds_config whose "
-            "scheduler type is WarmupCosineLR (ds_configs/*.json)"
-        )
-    return ScheduleState.of_scheduler(s, rewarm_start, rewarm_steps)
-
-
-def apply_schedule(engine: Any, sched: ScheduleState, adam_step: int) -> float:
-    """Put the engine's WarmupCosineLR at ``sched`` and set the LR of the next optimizer step (re-warm included).
-
-    Call after loading or growing, and after every optimizer step while a re-warm runs. Returns that LR."""
-    s = engine.lr_scheduler
-    s.total_num_steps, s.warmup_num_steps = sched.total_num_steps, max(2, sched.warmup_num_steps)
-    s.inverse_log_warm_up = 1.0 / math.log(s.warmup_num_steps)  # DeepSpeed derives it once, in its constructor
-    s.warmup_type, s.warmup_min_ratio, s.cos_min_ratio = sched.warmup_type, sched.warmup_min_ratio, sched.cos_min_ratio
-    s.last_batch_iteration = sched.last_batch_iteration
-    factor = rewarm_factor(adam_step - sched.rewarm_start, sched.rewarm_steps if sched.rewarm_start >= 0 else 0)
-    lrs = [lr * factor for lr in s.get_lr()] if s.last_batch_iteration >= 0 else [0.0 for _ in s.get_lr()]
-    for group, lr in zip(s.optimizer.param_groups, lrs, strict=True):
-        group["lr"] = lr
-    return lrs[0]
-
-
-def build_engine(cfg: GPTConfig, masks: MaskSpec | None, ds_config: dict, *, partitioned: bool = False) -> Any:
-    """A DeepSpeed engine for a freshly initialised GPT of shape ``cfg`` (with ``masks``), AdamW groups as in
-    growth.single_process.param_groups (weight decay on matrices only, from the config's optimizer params).
-
-    ``partitioned`` builds the module inside ``deepspeed.zero.Init`` (ZeRO-3), so no rank ever holds it whole; its
-    initial values are then not GPT-2's init (DESIGN.md 4), which is fine when every parameter is written next, as
-    growth does."""
-    import deepspeed
-
-    weight_decay = ds_config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
-    if partitioned:
-        with deepspeed.zero.Init(config_dict_or_path=ds_config):
-            model = GPT(cfg, masks=masks)
-    else:
-        model = GPT(cfg, masks=masks)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model, weight_decay), config=ds_config)
-    return engine
-
-
-def apply_rewarm(engine: Any, sched: ScheduleState, adam_step: int) -> None:
-    """Scale the LR that the scheduler just set for the next step by the re-warm factor (no-op outside a re-warm).
-    Call after every optimizer step; ``adam_step`` is the number of steps taken."""
-    if sched.rewarm_start < 0 or adam_step - sched.rewarm_start >= sched.rewarm_steps:
-        return
-    factor = rewarm_factor(adam_step - sched.rewarm_start, sched.rewarm_steps)
-    s = engine.lr_scheduler  # set, not multiply: an fp16 overflow skips scheduler.step() but not this call
-    for group, lr in zip(s.optimizer.param_groups, s.get_lr(), strict=True):
-        group["lr"] = lr * factor
-
-
 @dataclass(frozen=True)
 class GrowthResult:
     """What one live growth did: the new engine, its mask spec and schedule, and its cost."""
@@ -323,14 +251,17 @@ def grow_engine(
             "first optimizer step that is not skipped (fp16 overflows skip steps); grow later"
         )
     module = old.module
-    if getattr(module, "growth_masks", None) is not None:
-        end = module.growth_masks.end_step()
-        raise GrowthError(f"a mask ramp is still running until step {end}; grow again at step >= {end}")
-    current = schedule_of(old, rewarm.rewarm_start, rewarm.rewarm_steps) if rewarm else schedule_of(old)
-    sched = place_schedule(current, step, schedule_rule)
-    masks = None
-    if plan.masks is not None:
-        masks = replace(plan.masks, start_step=step, ramp_steps=ramp_steps or plan.masks.ramp_steps)
+    current = engine_schedule(old, rewarm.rewarm_start, rewarm.rewarm_steps) if rewarm else engine_schedule(old)
+    prep = prepare_growth(
+        plan,
+        module.config,
+        step,
+        masks=getattr(module, "growth_masks", None),  # the module drops its masks when their ramp reaches 1
+        schedule=current,
+        rule=schedule_rule,
+        ramp_steps=ramp_steps,
+    )
+    masks, sched = prep.masks, prep.schedule
     new = build(plan.new, masks)
     ensure_adam_state(new, adam_step_of(old))
     old_store, new_store = EngineStore(old), EngineStore(new)
@@ -339,6 +270,7 @@ def grow_engine(
     new.global_steps, new.global_samples = old.global_steps, old.global_samples
     new.micro_steps, new.skipped_steps = old.micro_steps, old.skipped_steps
     scaler = copy_loss_scaler(old, new)
+    repair_adam_steps(new)  # every Adam state entry at the carried step, none shared
     apply_schedule(new, sched, step)
     if masks is not None:
         new.module.set_growth_step(step)

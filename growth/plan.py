@@ -1,5 +1,5 @@
 """A growth operator as data: for each parameter of the grown model, the old tensor it reads and the maps that give
-its weight and Adam moments (DESIGN.md 3). Torch only; no model, engine, rank or file is touched here.
+its weight and Adam moments (DESIGN.md, "Growth operators"). Torch only; no model, engine, rank or file is touched here.
 
 Shapes follow HF GPT-2 (Conv1D weight (in, out)). Symbols: V vocab, P positions, L n_layer, d n_embd, H n_head,
 Q head dim, F n_inner.

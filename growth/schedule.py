@@ -1,29 +1,36 @@
-"""LR-schedule placement after growth, the re-warm, and the slope trigger (DESIGN.md 3.3-3.4). Pure functions of step
-numbers and losses; no optimizer or scheduler is touched here.
+"""The LR schedule: DeepSpeed's WarmupCosineLR arithmetic, its start, its placement after a growth and the re-warm.
 
 The schedule is DeepSpeed's ``WarmupCosineLR`` (``deepspeed.runtime.lr_schedules``), whose only state is
 ``last_batch_iteration`` (lbi): the LR in force for the next optimizer step is peak_lr * ratio(lbi) (peak_lr is the
-optimizer's lr). growlm multiplies that by a re-warm factor for R steps after a growth. A training loop drives it so:
+optimizer's lr), and the engine calls ``scheduler.step()`` (lbi += 1) after every optimizer step that is not
+skipped. growlm multiplies that by a re-warm factor for R steps after a growth. A training loop drives it so:
 
-    scheduler.step()                                       # as usual, after optimizer.step(); adam_step += 1
-    f = rewarm_factor(adam_step - sched.rewarm_start, sched.rewarm_steps)
-    for group in optimizer.param_groups: group["lr"] *= f  # no-op when no re-warm is running
+    engine = build_engine(...); start_schedule(engine)     # a fresh run: step 1 trains at ratio(FIRST_ITERATION)
+    engine.step()                                          # scheduler.step() inside; adam_step += 1
+    apply_rewarm(engine, sched, adam_step)                 # no-op when no re-warm is running
+
+Why ``start_schedule``: DeepSpeed builds the scheduler at lbi = -1, where the LR is 0, so step 1 would train at
+LR 0; its ``step()`` then moves to lbi = 0, where the warm-up ratio is warmup_min_ratio + 0 (log: log(0 + 1) = 0,
+linear: 0 / W), so with warmup_min_ratio 0 step 2 would train at LR 0 as well, and the weights after two steps
+would equal the initial ones. growlm therefore starts every fresh schedule at lbi = FIRST_ITERATION = 1: step k
+trains at ratio(k), whose warm-up part is log(k + 1) / log(W) (or k / W), non-zero from step 1 on and at the peak
+at step W - 1 (log). The same position is the floor of every placement after growth, so the first post-growth step
+never trains at LR 0 either. Everything else here is pure arithmetic on step numbers.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from growth.errors import GrowthError
 
 SCHEDULE_RULES = ("target", "continue", "rewind")
+# the position of a fresh schedule before optimizer step 1, and the lowest position a growth places it at
+FIRST_ITERATION = 1
 
-# d log10 L / d log10 C at which to grow (Shen et al. 2022, arXiv 2203.06211, section 4; DESIGN.md 3.4)
-SLOPE_THRESHOLDS = {"depth": -0.0575, "width": -0.0475, "both": -0.03}
-COMPUTE_OPTIMAL_SLOPE = -0.052
-# S' = S_small / constant_op (the seed's measured constants, DESIGN.md 3.3)
+# S' = S_small / constant_op (Shen et al. 2022's measured constants; DESIGN.md, "What growth carries")
 CONSTANT_OP = {"depth": 1.4, "width": 1.8, "both": 2.5}
 
 
@@ -103,7 +110,7 @@ class ScheduleState:
 
 @dataclass(frozen=True)
 class ScheduleRule:
-    """How the LR schedule continues after a growth (DESIGN.md 3.3).
+    """How the LR schedule continues after a growth (DESIGN.md, "What growth carries").
 
     'target' (staged training, Shen et al. 2022 section 3.3): the grown model joins the *target* model's schedule
     (``total_num_steps`` / ``warmup_num_steps`` when given, else the current ones) at lbi' = round(lbi /
@@ -128,7 +135,8 @@ class ScheduleRule:
 
 def place_schedule(sched: ScheduleState, adam_step: int, rule: ScheduleRule) -> ScheduleState:
     """The schedule of the grown model, growth happening after ``adam_step`` optimizer steps. The returned state's
-    ``ratio(adam_step)`` is the LR ratio of the first post-growth step.
+    ``ratio(adam_step)`` is the LR ratio of the first post-growth step; its position is at least FIRST_ITERATION
+    (a 'target' placement of an early growth, round(lbi / constant_op), may otherwise land on the zero-LR lbi 0).
 
     Raises:
         GrowthError: the target schedule is shorter than its warmup.
@@ -142,6 +150,7 @@ def place_schedule(sched: ScheduleState, adam_step: int, rule: ScheduleRule) -> 
         lbi = round(lbi / rule.constant_op) if lbi >= 0 else lbi
     elif rule.kind == "rewind":
         lbi = warmup
+    lbi = max(lbi, FIRST_ITERATION)  # never back to a position of LR 0 (lbi -1, or 0 with warmup_min_ratio 0)
     return replace(
         sched,
         total_num_steps=total,
@@ -152,48 +161,85 @@ def place_schedule(sched: ScheduleState, adam_step: int, rule: ScheduleRule) -> 
     )
 
 
-# ----- when to grow -----------------------------------------------------------------------------------------------
-
-
-def smooth(values: Sequence[float], beta: float = 0.9) -> list[float]:
-    """Bias-corrected exponential moving average (as TensorBoard's smoothing): s_t = EMA_t / (1 - beta^t)."""
-    out, ema = [], 0.0
-    for t, x in enumerate(values, start=1):
-        ema = beta * ema + (1 - beta) * x
-        out.append(ema / (1 - beta**t))
-    return out
-
-
-def loglog_slope(compute_flops: Sequence[float], losses: Sequence[float], window: int = 10, beta: float = 0.9) -> float:
-    """d log10 L / d log10 C of the smoothed loss curve: least-squares slope over the last ``window`` points.
+def checkpoint_schedule(saved: dict | None, ds_config: dict | None, lbi: int) -> ScheduleState | None:
+    """The WarmupCosineLR schedule of a saved checkpoint at position ``lbi`` (its saved LR-scheduler position).
 
     Args:
-        compute_flops: cumulative training compute at each evaluation (FLOPs, increasing, > 0).
-        losses: validation loss at each evaluation (nats per token, > 0).
+        saved: the schedule a growth placed (growlm_state.json's ``schedule``: ScheduleState fields), or None.
+        ds_config: the DeepSpeed config the checkpoint was trained with (its ``scheduler`` section is used when
+            ``saved`` is None).
+
+    Returns:
+        The schedule, or None when the checkpoint has another scheduler or none (or non-integer step counts).
+    """
+    if saved:
+        return replace(ScheduleState(**saved), last_batch_iteration=lbi)
+    sch = (ds_config or {}).get("scheduler") or {}
+    if sch.get("type") != "WarmupCosineLR":
+        return None
+    p = sch.get("params", {})
+    keys = ("total_num_steps", "warmup_num_steps", "warmup_min_ratio", "cos_min_ratio", "warmup_type")
+    kwargs = {k: p[k] for k in keys if k in p}
+    if not all(isinstance(kwargs.get(k), int) for k in keys[:2]):
+        return None
+    return ScheduleState(**kwargs, last_batch_iteration=lbi)
+
+
+# ----- on a live engine (duck-typed: ``engine.lr_scheduler`` is a DeepSpeed WarmupCosineLR) ---------------------
+
+
+def engine_schedule(engine: Any, rewarm_start: int = -1, rewarm_steps: int = 0) -> ScheduleState:
+    """The engine's WarmupCosineLR as a ScheduleState (position and constructor arguments) with the given re-warm.
 
     Raises:
-        GrowthError: fewer than ``window`` (>= 2) points, lengths differ, or non-positive values.
+        GrowthError: the engine has no scheduler or another kind (growth places WarmupCosineLR only).
     """
-    if len(compute_flops) != len(losses):
-        raise GrowthError(f"{len(compute_flops)} compute values but {len(losses)} losses; pass one per evaluation")
-    if window < 2 or len(losses) < window:
-        raise GrowthError(f"need at least window={max(window, 2)} evaluations, have {len(losses)}")
-    if min(compute_flops) <= 0 or min(losses) <= 0:
-        raise GrowthError("compute and loss must be positive to take log10")
-    xs = [math.log10(c) for c in compute_flops[-window:]]
-    ys = [math.log10(v) for v in smooth(losses, beta)[-window:]]
-    mx, my = sum(xs) / window, sum(ys) / window
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx == 0:
-        raise GrowthError("compute values in the window are all equal; slope undefined")
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    s = engine.lr_scheduler
+    if s is None or type(s).__name__ != "WarmupCosineLR":
+        raise GrowthError(
+            f"growth places a WarmupCosineLR schedule, this run has {type(s).__name__}; use a ds_config whose "
+            "scheduler type is WarmupCosineLR (ds_configs/*.json)"
+        )
+    return ScheduleState.of_scheduler(s, rewarm_start, rewarm_steps)
 
 
-def slope_trigger(
-    compute_flops: Sequence[float], losses: Sequence[float], threshold: float, window: int = 10, beta: float = 0.9
-) -> bool:
-    """True when the smoothed log-log slope has flattened to ``threshold`` or above (e.g. -0.0575 for depth; see
-    SLOPE_THRESHOLDS), i.e. the small model has stopped being compute-efficient. False while too few points."""
-    if len(losses) < max(window, 2):
-        return False
-    return loglog_slope(compute_flops, losses, window, beta) >= threshold
+def apply_schedule(engine: Any, sched: ScheduleState, adam_step: int) -> float:
+    """Put the engine's WarmupCosineLR at ``sched`` and set the LR of the next optimizer step (re-warm included).
+
+    Call after loading or growing, and after every optimizer step while a re-warm runs. Returns that LR."""
+    s = engine.lr_scheduler
+    s.total_num_steps, s.warmup_num_steps = sched.total_num_steps, max(2, sched.warmup_num_steps)
+    s.inverse_log_warm_up = 1.0 / math.log(s.warmup_num_steps)  # DeepSpeed derives it once, in its constructor
+    s.warmup_type, s.warmup_min_ratio, s.cos_min_ratio = sched.warmup_type, sched.warmup_min_ratio, sched.cos_min_ratio
+    s.last_batch_iteration = sched.last_batch_iteration
+    factor = rewarm_factor(adam_step - sched.rewarm_start, sched.rewarm_steps if sched.rewarm_start >= 0 else 0)
+    lrs = [lr * factor for lr in s.get_lr()] if s.last_batch_iteration >= 0 else [0.0 for _ in s.get_lr()]
+    for group, lr in zip(s.optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    return lrs[0]
+
+
+def start_schedule(engine: Any) -> float | None:
+    """Move a fresh engine's WarmupCosineLR (lbi -1, LR 0) to FIRST_ITERATION, so optimizer step 1 trains at the
+    warm-up's first non-zero LR (see the module docstring). A scheduler already past its start (a loaded
+    checkpoint), another scheduler type or none is left alone.
+
+    Returns:
+        The LR of step 1, or None when nothing was changed.
+    """
+    s = getattr(engine, "lr_scheduler", None)
+    if s is None or type(s).__name__ != "WarmupCosineLR" or s.last_batch_iteration >= 0:
+        return None
+    sched = replace(engine_schedule(engine), last_batch_iteration=FIRST_ITERATION)
+    return apply_schedule(engine, sched, 0)
+
+
+def apply_rewarm(engine: Any, sched: ScheduleState, adam_step: int) -> None:
+    """Scale the LR that the scheduler just set for the next step by the re-warm factor (no-op outside a re-warm).
+    Call after every optimizer step; ``adam_step`` is the number of steps taken."""
+    if sched.rewarm_start < 0 or adam_step - sched.rewarm_start >= sched.rewarm_steps:
+        return
+    factor = rewarm_factor(adam_step - sched.rewarm_start, sched.rewarm_steps)
+    s = engine.lr_scheduler  # set, not multiply: an fp16 overflow skips scheduler.step() but not this call
+    for group, lr in zip(s.optimizer.param_groups, s.get_lr(), strict=True):
+        group["lr"] = lr * factor

@@ -16,18 +16,7 @@ from growth.schedule import ScheduleState
 from growth.state import TrainingState
 from growth.stores import DictStore, ModuleStore
 from model.gpt import GPT
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: matrices and embeddings (2-D) decay, biases and LayerNorm gains do not (same order as
-    ``named_parameters``). A parameter built under ZeRO-3's ``zero.Init`` is an empty 1-D placeholder; its true
-    shape is ``ds_shape``."""
-    params = [p for _, p in model.named_parameters()]
-    matrix = [len(getattr(p, "ds_shape", p.shape)) >= 2 for p in params]
-    return [
-        {"params": [p for p, m in zip(params, matrix, strict=True) if m], "weight_decay": weight_decay},
-        {"params": [p for p, m in zip(params, matrix, strict=True) if not m], "weight_decay": 0.0},
-    ]
+from runtime.engine import param_groups  # the engine's AdamW groups, so both train alike
 
 
 def make_optimizer(model: torch.nn.Module, hparams: dict[str, Any]) -> torch.optim.AdamW:

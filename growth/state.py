@@ -5,8 +5,9 @@ Conversion to and from a single process's model + torch AdamW + WarmupCosineLR i
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field, replace
+import pickle
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -14,10 +15,12 @@ import torch
 from growth.apply import OptimizerPolicy, apply_plan
 from growth.errors import GrowthError
 from growth.plan import GrowthPlan, check_plan, param_shapes
-from growth.schedule import ScheduleRule, ScheduleState, place_schedule
+from growth.prepare import check_ramp_done, prepare_growth
+from growth.schedule import ScheduleRule, ScheduleState
 from growth.stores import DictStore, ParamState
 from model.config import GPTConfig
 from model.masks import MaskSpec
+from runtime.atomic import atomic_path
 
 
 def default_optimizer() -> dict[str, Any]:
@@ -28,6 +31,11 @@ def default_optimizer() -> dict[str, Any]:
 @dataclass
 class TrainingState:
     """The training state of one GPT, independent of how it is stored or sharded.
+
+    A different thing from runtime.run_state.RunState: this holds the tensors (weights, Adam moments) in one process
+    for the growth operators; RunState is the small JSON record stored beside a DeepSpeed checkpoint's shards. Where
+    they overlap they use the same types: config / RunState.model_config (GPTConfig), schedule (ScheduleState), masks
+    / RunState.growth_masks (MaskSpec), consumed_samples.
 
     params: name -> (weight, exp_avg, exp_avg_sq), fp32, full tensors of the parameter's shape (HF (in, out)).
     adam_step: optimizer steps taken (Adam's bias-correction step; the same for every parameter).
@@ -82,14 +90,27 @@ class TrainingState:
         )
 
     def save(self, path: str) -> None:
-        """torch.save to ``path`` atomically (temporary file, then rename)."""
-        tmp = f"{path}.tmp"
-        torch.save(self.to_dict(), tmp)
-        os.replace(tmp, path)
+        """torch.save ``to_dict()`` to ``path`` atomically (runtime.atomic; an existing file is replaced). ``rng``
+        must hold only tensors and plain values (as runtime.checkpoint.rng_state does) for ``load`` to read it."""
+        with atomic_path(path, overwrite=True) as tmp:
+            torch.save(self.to_dict(), tmp)
 
     @classmethod
     def load(cls, path: str) -> TrainingState:
-        return cls.from_dict(torch.load(path, weights_only=False))
+        """Read what ``save`` wrote, with ``torch.load(weights_only=True)``: tensors and plain values only.
+
+        Raises:
+            GrowthError: the file holds any other pickled object (nothing of it is executed), or is damaged.
+        """
+        try:
+            return cls.from_dict(torch.load(path, map_location="cpu", weights_only=True))
+        except (pickle.UnpicklingError, RuntimeError, EOFError) as e:
+            found = re.search(r"GLOBAL ([\w.]+)", str(e))
+            first = f"it names {found.group(1)}" if found else f"{type(e).__name__}: {str(e)[:200]}"
+            raise GrowthError(
+                f"{path}: refusing to load it as a TrainingState: it is damaged or holds pickled objects other than "
+                f"tensors and plain values ({first})"
+            ) from None
 
 
 def validate_growth(state: TrainingState, plan: GrowthPlan) -> None:
@@ -104,11 +125,7 @@ def validate_growth(state: TrainingState, plan: GrowthPlan) -> None:
             f"the plan grows {plan.old.shape_str()} but the state is {state.config.shape_str()}; "
             "build the plan from the state's config"
         )
-    if state.masks is not None and state.ramp_value() < 1.0:
-        raise GrowthError(
-            f"a mask ramp is still running (value {state.ramp_value():.3f} at step {state.adam_step}, reaches 1 at "
-            f"step {state.masks.end_step()}); grow again at step >= {state.masks.end_step()}"
-        )
+    check_ramp_done(state.masks, state.adam_step)
     expected = param_shapes(state.config)
     got = {k: tuple(v.weight.shape) for k, v in state.params.items()}
     if got != expected:
@@ -126,22 +143,25 @@ def grow_state(
     ramp_steps: int | None = None,
     release: bool = False,
 ) -> TrainingState:
-    """The training state of the grown model (DESIGN.md 3.3): parameters and Adam moments by the plan's rules and
-    ``policy``; Adam step carried; LR schedule placed by ``schedule`` (default: continue); loss scaler, consumed
-    samples and RNG carried unchanged; masks (masked family) start their ramp now (at ``adam_step``) and run for
-    ``ramp_steps`` (default: the plan's). With ``release`` the old state's tensors are freed as they are consumed
+    """The training state of the grown model (DESIGN.md, "What growth carries"): parameters and Adam moments by the
+    plan's rules and ``policy``; Adam step carried; LR schedule placed by ``schedule`` (default: continue); loss scaler,
+    consumed samples and RNG carried unchanged; masks (masked family) start their ramp now (at ``adam_step``) and run
+    for ``ramp_steps`` (default: the plan's). With ``release`` the old state's tensors are freed as they are consumed
     (the old state is unusable afterwards; peak memory about one model, not two).
 
     Raises:
         GrowthError: see ``validate_growth``; all checks run before any tensor is touched.
     """
     validate_growth(state, plan)
-    masks = None
-    if plan.masks is not None:
-        masks = replace(plan.masks, start_step=state.adam_step, ramp_steps=ramp_steps or plan.masks.ramp_steps)
-    sched = state.schedule
-    if sched is not None:
-        sched = place_schedule(sched, state.adam_step, schedule or ScheduleRule())
+    prep = prepare_growth(
+        plan,
+        state.config,
+        state.adam_step,
+        masks=state.masks,
+        schedule=state.schedule,
+        rule=schedule or ScheduleRule(),
+        ramp_steps=ramp_steps,
+    )
     new_params: dict[str, ParamState] = {}
     apply_plan(plan, DictStore(state.params), DictStore(new_params), policy, release=release)
     return TrainingState(
@@ -149,9 +169,9 @@ def grow_state(
         params=new_params,
         adam_step=state.adam_step,
         optimizer=dict(state.optimizer),
-        schedule=sched,
+        schedule=prep.schedule,
         loss_scaler=None if state.loss_scaler is None else dict(state.loss_scaler),
         consumed_samples=state.consumed_samples,
         rng=state.rng,
-        masks=masks,
+        masks=prep.masks,
     )

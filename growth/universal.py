@@ -1,7 +1,8 @@
 """DeepSpeed universal checkpoints on disk: a ParamStore over their per-parameter folders, the conversion from a
 native ZeRO checkpoint, and the rewrite of their small metadata files for a grown model.
 
-Layout of a universal tag folder (DeepSpeed 0.19, ``deepspeed.checkpoint.ds_to_universal``; DESIGN.md 4):
+Layout of a universal tag folder (DeepSpeed 0.19, ``deepspeed.checkpoint.ds_to_universal``; DESIGN.md, "DeepSpeed
+facts"):
 
     <tag>/zero/<param name>/fp32.pt, exp_avg.pt, exp_avg_sq.pt (+ step.pt)   one folder per parameter
     <tag>/zero/optimizer_state.pt      loss scaler, clip_grad, param_groups (lr, betas, ...); ZeRO-3: the Adam step
@@ -12,7 +13,7 @@ ZeRO-1/2 store ``{"param": tensor of the parameter's shape, "cat_dim": 0}`` per 
 loaders never read the module weights of ``*model_states.pt`` (weights come from ``fp32.pt``), and the ZeRO-3 loader
 does not check sizes, so this module checks every tensor's element count against the config itself.
 
-Only this module and growth/ds_checkpoint.py know DeepSpeed's file layout; ``ds_to_universal`` runs as a
+Only this module and runtime/checkpoint.py know DeepSpeed's file layout; ``ds_to_universal`` runs as a
 subprocess (its worker pools and memory stay out of the caller).
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import subprocess
 import sys
 from collections import OrderedDict
@@ -29,9 +31,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from growth.ds_checkpoint import CheckpointError
 from growth.errors import GrowthError
 from growth.stores import ParamState
+from runtime.checkpoint import CheckpointError, safe_load
 
 MOMENT_KEYS = ("fp32", "exp_avg", "exp_avg_sq")
 OPTIMIZER_STATE = "optimizer_state.pt"
@@ -39,15 +41,12 @@ LATEST_UNIVERSAL = "latest_universal"
 
 
 def load_file(path: Path, what: str) -> Any:
-    """torch.load of a checkpoint file, memory-mapped; CheckpointError naming the file when missing or damaged."""
-    if not path.is_file():
-        raise CheckpointError(f"{path} is missing: the checkpoint is incomplete ({what})")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as e:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for damaged files
-        raise CheckpointError(
-            f"{path} cannot be read ({type(e).__name__}: {e}); the file is truncated or damaged"
-        ) from e
+    """A checkpoint file, memory-mapped, unpickled with ``weights_only=True`` (runtime.checkpoint.safe_load).
+
+    Raises:
+        CheckpointError: the file is missing, damaged, or holds a pickled object outside the allow-list.
+    """
+    return safe_load(path, what, mmap=True)
 
 
 def _owned(t: Tensor) -> Tensor:
@@ -131,7 +130,8 @@ class UniversalStore:
 
 
 def convert(tag_dir: Path, out_tag_dir: Path, workers: int = 1) -> None:
-    """Run DeepSpeed's ``ds_to_universal`` on a native tag folder (``--inject_missing_state``, see DESIGN.md 4).
+    """Run DeepSpeed's ``ds_to_universal`` on a native tag folder (``--inject_missing_state``, see DESIGN.md, "DeepSpeed
+    facts").
 
     Raises:
         CheckpointError: the conversion failed (the message carries the end of its output).
@@ -159,6 +159,25 @@ def convert(tag_dir: Path, out_tag_dir: Path, workers: int = 1) -> None:
             f"DeepSpeed's ds_to_universal could not convert {tag_dir} (exit {r.returncode}); a shard file is probably "
             f"missing, truncated or damaged. Its output ends:\n{tail}"
         )
+
+
+def check_numel(path: Path, numel: int, name: str) -> None:
+    """Check the element count of a universal tensor file, read memory-mapped (nothing is loaded).
+
+    Raises:
+        CheckpointError: the file is missing, damaged, holds no tensor, or holds another number of elements.
+    """
+    obj = load_file(path, f"{path.stem} of {name}")
+    t = obj.get("param") if isinstance(obj, dict) else obj
+    if not isinstance(t, torch.Tensor) or t.numel() != numel:
+        got = t.numel() if isinstance(t, torch.Tensor) else type(t).__name__
+        raise CheckpointError(f"{path}: {got} elements, {name} of the checkpoint's model config has {numel}")
+
+
+def copy_rng_files(src_tag: Path, dst_tag: Path) -> None:
+    """Copy the per-rank RNG state files of a tag folder (a grown or resharded checkpoint keeps them)."""
+    for rng in Path(src_tag).glob("rng_state_rank*"):
+        shutil.copy2(rng, Path(dst_tag) / rng.name)
 
 
 # ----- metadata -----------------------------------------------------------------------------------------------------

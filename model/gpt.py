@@ -1,8 +1,22 @@
-"""A pre-LN GPT-2 whose parameter names and layouts are those of ``transformers.GPT2LMHeadModel``.
+"""A pre-LN GPT-2 whose parameter names and layouts are those of ``transformers.GPT2LMHeadModel``: the one forward
+pass of growlm, with growth masks as optional inputs of the same blocks.
 
 Linear layers keep HF's Conv1D layout: weight (in, out), y = x @ W + b, so a state dict converts to HF by name
 alone. The LM head is tied to ``transformer.wte``. Attention is PyTorch SDPA (causal). GELU is the tanh form
 (HF ``gelu_new``). This module imports torch only: no DeepSpeed, no files, no ranks.
+
+Growth masks (Masked Structural Growth, Yao et al. 2023, arXiv 2305.02869; the values and their ramp live in
+``model/masks.py``, the mathematics in the repository's DESIGN.md, section "Model and growth masks") enter the
+blocks as optional keyword inputs; every one that is None leaves its operation out, so without masks the forward
+pass is exactly the plain GPT-2 one:
+
+    hidden_mask (d,)    multiplies the embedding output, every sublayer output and every LayerNorm output;
+                        LayerNorm statistics become mask-weighted (``LayerNorm``)
+    qkv_mask    (H*Q,)  multiplies q, k and v (new heads and new dims of old heads)
+    ffn_mask    (F,)    multiplies the FFN pre-activation (GELU(0) = 0, so a masked unit adds nothing)
+    gate        ()      a block's gate g on both residual branches: x <- x + g * f(x)
+
+Masks are keyword arguments on purpose: DeepSpeed ZeRO-3's module hooks see positional inputs only.
 """
 
 from __future__ import annotations
@@ -14,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import GPTConfig
-from model.masks import MASK_BUFFERS, MaskSpec, mask_values, masked_forward_hidden, new_unit_flags
+from model.masks import MASK_BUFFERS, MaskSpec, mask_values, new_unit_flags
 
 
 class Conv1D(nn.Module):
@@ -26,7 +40,32 @@ class Conv1D(nn.Module):
         self.bias = nn.Parameter(torch.zeros(n_out))
 
     def forward(self, x: Tensor) -> Tensor:
+        """y = x @ weight + bias: (..., in) -> (..., out), in the parameters' dtype."""
         return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(*x.shape[:-1], -1)
+
+
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` over the last axis (d,), with mask-weighted statistics when a hidden mask is given.
+
+    Same parameters (``weight`` (d,), ``bias`` (d,)) and state-dict names as ``nn.LayerNorm``. With a mask m (d,):
+    mu = sum(m x) / sum(m), var = sum(m (x - mu)^2) / sum(m), y = ((x - mu) / sqrt(var + eps) * weight + bias) * m
+    (MSG, Yao et al. 2023, arXiv 2305.02869, section 3; DESIGN.md, section "Model and growth masks"). With m = 1
+    everywhere this is ordinary LayerNorm; with m = 0 on new dims the old dims see exactly the old model's
+    LayerNorm. Masked statistics are computed in fp32 at least, even for a bf16/fp16 model.
+    """
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Normalise x (..., d); ``mask`` (d,) or None (plain LayerNorm). Returns (..., d) in x's dtype."""
+        if mask is None:
+            return super().forward(x)
+        dtype = x.dtype
+        stat = torch.promote_types(dtype, torch.float32)
+        x, m = x.to(stat), mask.to(stat)
+        s = m.sum()
+        mu = (x * m).sum(-1, keepdim=True) / s
+        xc = x - mu
+        var = (xc.square() * m).sum(-1, keepdim=True) / s
+        return ((xc * torch.rsqrt(var + self.eps) * self.weight.to(stat) + self.bias.to(stat)) * m).to(dtype)
 
 
 class Attention(nn.Module):
@@ -39,9 +78,12 @@ class Attention(nn.Module):
         self.c_proj = Conv1D(cfg.n_embd, cfg.n_embd)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, qkv_mask: Tensor | None = None) -> Tensor:
+        """(B, T, d) -> (B, T, d); ``qkv_mask`` (H*Q,) multiplies q, k and v when given."""
         b, t, d = x.shape  # (B, T, d)
         q, k, v = self.c_attn(x).split(d, dim=-1)  # each (B, T, d)
+        if qkv_mask is not None:
+            q, k, v = q * qkv_mask, k * qkv_mask, v * qkv_mask
         q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in (q, k, v))  # (B, H, T, Q)
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
         y = y.transpose(1, 2).reshape(b, t, d)  # (B, T, d)
@@ -57,23 +99,43 @@ class MLP(nn.Module):
         self.c_proj = Conv1D(cfg.ffn_dim, cfg.n_embd)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+    def forward(self, x: Tensor, ffn_mask: Tensor | None = None) -> Tensor:
+        """(B, T, d) -> (B, T, d); ``ffn_mask`` (F,) multiplies the pre-activation c_fc(x) when given."""
+        h = self.c_fc(x)  # (B, T, F)
+        if ffn_mask is not None:
+            h = h * ffn_mask
+        return self.dropout(self.c_proj(F.gelu(h, approximate="tanh")))
+
+
+def _residual_branch(y: Tensor, hidden_mask: Tensor | None, gate: Tensor | None) -> Tensor:
+    """A sublayer output (B, T, d) as added to the residual stream: times hidden_mask (d,), then gate ()."""
+    if hidden_mask is not None:
+        y = y * hidden_mask
+    return y if gate is None else gate * y
 
 
 class Block(nn.Module):
-    """Pre-LN transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x))."""
+    """Pre-LN transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x)); growth masks optional (module docstring)."""
 
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.ln_1 = LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.attn = Attention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
+        self.ln_2 = LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        hidden_mask: Tensor | None = None,
+        qkv_mask: Tensor | None = None,
+        ffn_mask: Tensor | None = None,
+        gate: Tensor | None = None,
+    ) -> Tensor:
+        """(B, T, d) -> (B, T, d). Masks: hidden (d,), qkv (H*Q,), ffn (F,), gate () scalar; None leaves one out."""
+        x = x + _residual_branch(self.attn(self.ln_1(x, mask=hidden_mask), qkv_mask=qkv_mask), hidden_mask, gate)
+        return x + _residual_branch(self.mlp(self.ln_2(x, mask=hidden_mask), ffn_mask=ffn_mask), hidden_mask, gate)
 
 
 class GPT(nn.Module):
@@ -88,8 +150,12 @@ class GPT(nn.Module):
 
     Growth masks (``model/masks.py``): ``GPT(cfg, masks=spec)`` builds a model with the mask buffers of a
     ``MaskSpec`` (at ramp value 0), e.g. to load a checkpoint saved mid-ramp; ``set_growth_step(step)`` moves the
-    ramp after each optimizer step and drops the masks when it reaches 1. Without masks the forward pass is the
-    plain GPT-2 one.
+    ramp after each optimizer step and drops the masks when it reaches 1. The buffers ``growth_mask_hidden`` (d,),
+    ``growth_mask_attn`` (H*Q,), ``growth_mask_ffn`` (F,) and ``growth_gate_layer`` (L,) are passed to the blocks
+    as their optional mask inputs; without masks the forward pass is the plain GPT-2 one.
+
+    Raises:
+        ValueError: ``masks`` does not fit ``cfg`` (see ``MaskSpec.check``).
     """
 
     def __init__(self, cfg: GPTConfig, masks: MaskSpec | None = None) -> None:
@@ -102,7 +168,7 @@ class GPT(nn.Module):
                 wpe=nn.Embedding(cfg.n_positions, cfg.n_embd),
                 drop=nn.Dropout(cfg.dropout),
                 h=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer)),
-                ln_f=nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon),
+                ln_f=LayerNorm(cfg.n_embd, eps=cfg.layer_norm_epsilon),
             )
         )
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
@@ -113,7 +179,7 @@ class GPT(nn.Module):
 
     def add_growth_masks(self, spec: MaskSpec, step: int | None = None) -> None:
         """Register the mask buffers of ``spec`` (persistent: in ``state_dict``), at the ramp value of ``step``
-        (default: spec.start_step, i.e. 0 on new units).
+        (default: spec.start_step, i.e. 0 on new units), in the device and dtype of ``transformer.wte.weight``.
 
         Raises:
             ValueError: the model already has masks, or the spec does not fit this config.
@@ -130,7 +196,8 @@ class GPT(nn.Module):
 
     def set_growth_step(self, step: int) -> float:
         """Set every mask to the ramp value at ``step`` optimizer steps; at 1 remove the masks. Call after each
-        optimizer step (and after loading a checkpoint). Returns the ramp value (1.0 when there are no masks)."""
+        optimizer step (and after loading a checkpoint). Returns the ramp value r in [0, 1] (1.0 when there are
+        no masks)."""
         spec = self.growth_masks
         if spec is None:
             return 1.0
@@ -164,6 +231,38 @@ class GPT(nn.Module):
             else:  # biases
                 p.zero_()
 
+    def _mask_inputs(self) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+        """(hidden (d,), qkv (H*Q,), ffn (F,), gate (L,)) in the parameters' dtype, None for an absent mask.
+
+        DeepSpeed casts parameters to bf16/fp16 but may leave buffers in fp32, hence the cast.
+        """
+        if self.growth_masks is None:
+            return None, None, None, None
+        dtype = self.transformer.wte.weight.dtype
+        masks = (getattr(self, name, None) for name in MASK_BUFFERS)
+        hidden, qkv, ffn, gate = (None if z is None else z.to(dtype) for z in masks)
+        return hidden, qkv, ffn, gate
+
+    def hidden_states(self, idx: Tensor) -> Tensor:
+        """The final hidden states after ln_f, (B, T, d) in the parameters' dtype, for token ids idx (B, T) int64.
+
+        Raises:
+            ValueError: T exceeds n_positions.
+        """
+        t = idx.shape[1]
+        if t > self.config.n_positions:
+            raise ValueError(f"sequence length {t} exceeds n_positions={self.config.n_positions}")
+        tr = self.transformer
+        hidden, qkv, ffn, gate = self._mask_inputs()
+        pos = torch.arange(t, device=idx.device)
+        x = tr.drop(tr.wte(idx) + tr.wpe(pos))  # (B, T, d)
+        if hidden is not None:
+            x = x * hidden
+        for i, block in enumerate(tr.h):
+            g = None if gate is None else gate[i]
+            x = block(x, hidden_mask=hidden, qkv_mask=qkv, ffn_mask=ffn, gate=g)
+        return tr.ln_f(x, mask=hidden)
+
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> Tensor:
         """Next-token logits, or the loss against ``targets``.
 
@@ -178,18 +277,7 @@ class GPT(nn.Module):
         Raises:
             ValueError: T exceeds n_positions.
         """
-        t = idx.shape[1]
-        if t > self.config.n_positions:
-            raise ValueError(f"sequence length {t} exceeds n_positions={self.config.n_positions}")
-        tr = self.transformer
-        if self.growth_masks is not None:
-            logits = self.lm_head(masked_forward_hidden(self, idx))  # (B, T, V)
-        else:
-            pos = torch.arange(t, device=idx.device)
-            x = tr.drop(tr.wte(idx) + tr.wpe(pos))  # (B, T, d)
-            for block in tr.h:
-                x = block(x)
-            logits = self.lm_head(tr.ln_f(x))  # (B, T, V)
+        logits = self.lm_head(self.hidden_states(idx))  # (B, T, V)
         if targets is None:
             return logits
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)

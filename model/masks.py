@@ -1,12 +1,13 @@
-"""Growth masks (Masked Structural Growth, Yao et al. 2023, arXiv 2305.02869): which units of a grown GPT are new,
-the linear ramp that fades them in, and the masked forward pass.
+"""Growth masks (Masked Structural Growth, Yao et al. 2023, arXiv 2305.02869): which units of a grown GPT are new
+and the linear ramp that fades them in. The masked forward pass itself is the one of ``model/gpt.py`` (the masks
+are optional inputs of its blocks).
 
 A masked model multiplies every new unit by a value r in [0, 1]; old units by 1. At r = 0 it computes exactly the
 function of the model it was grown from (whatever the new weights are); at r = 1 it is a plain GPT-2 and the masks
 are dropped. Masks are registered (persistent) buffers of ``GPT`` so that they are saved and resumed with the model:
 
     growth_mask_hidden (d,)    hidden units: the embedding output, every LayerNorm output and every sublayer output;
-                               LayerNorm statistics are mask-weighted (DESIGN.md 2)
+                               LayerNorm statistics are mask-weighted (DESIGN.md, section "Model and growth masks")
     growth_mask_attn   (H*Q,)  attention units: q, k and v of new heads (and of new dims of old heads)
     growth_mask_ffn    (F,)    FFN units: the pre-activation of new units (GELU(0) = 0)
     growth_gate_layer  (L,)    per block: x <- x + g * f(x) for both sublayers of a new block
@@ -17,17 +18,14 @@ Only the masks a growth needs exist. This module imports torch only.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from model.config import GPTConfig
 
-if TYPE_CHECKING:
-    from model.gpt import GPT
-
+# The buffer names, in the order GPT passes them to its blocks: hidden (d,), qkv (H*Q,), ffn (F,), gate (L,).
 MASK_BUFFERS = ("growth_mask_hidden", "growth_mask_attn", "growth_mask_ffn", "growth_gate_layer")
 
 
@@ -39,7 +37,8 @@ class MaskSpec:
     [0, old_ffn_dim), and in the attention layout (head h, dim r) -> h * Q' + r for h < old_n_head, r < old_head_dim.
     ``new_layers`` lists the indices (in the grown model) of gated blocks.
 
-    Ramp (MSG section 3): r(step) = clamp((step - start_step) / ramp_steps, 0, 1), step = optimizer steps taken.
+    Ramp (MSG, Yao et al. 2023, section 3): r(step) = clamp((step - start_step) / ramp_steps, 0, 1), where step
+    counts optimizer steps taken.
     """
 
     old_n_embd: int
@@ -64,7 +63,11 @@ class MaskSpec:
         return self.start_step + self.ramp_steps
 
     def check(self, cfg: GPTConfig) -> None:
-        """Raises ValueError if this spec does not fit ``cfg`` (the grown model's config)."""
+        """Check that this spec fits ``cfg`` (the grown model's config).
+
+        Raises:
+            ValueError: an old size exceeds the grown one, or a new layer index is outside [0, n_layer).
+        """
         problems = []
         if self.old_n_embd > cfg.n_embd:
             problems.append(f"old_n_embd={self.old_n_embd} > n_embd={cfg.n_embd}")
@@ -78,12 +81,18 @@ class MaskSpec:
             raise ValueError("mask spec does not fit the model config " + cfg.shape_str() + ": " + "; ".join(problems))
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe dict (``new_layers`` as a list), e.g. for growlm_state.json."""
         d = asdict(self)
         d["new_layers"] = list(self.new_layers)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MaskSpec:
+        """Inverse of to_dict.
+
+        Raises:
+            TypeError: unknown or missing fields; ValueError: ramp_steps < 1.
+        """
         return cls(**d)
 
 
@@ -93,13 +102,16 @@ def attn_index(n_head: int, head_dim: int, new_head_dim: int) -> Tensor:
 
 
 def _new_units(n_new: int, old_index: Tensor) -> Tensor:
+    """Bool (n_new,): True everywhere except at ``old_index`` (int64)."""
     is_new = torch.ones(n_new, dtype=torch.bool)
     is_new[old_index] = False
     return is_new
 
 
 def new_unit_flags(spec: MaskSpec, cfg: GPTConfig) -> dict[str, Tensor]:
-    """For each mask buffer this growth needs, a bool vector that is True on new units."""
+    """For each mask buffer this growth needs (a subset of MASK_BUFFERS, in that order), a bool vector that is True
+    on new units: growth_mask_hidden (d,), growth_mask_attn (H*Q,), growth_mask_ffn (F,), growth_gate_layer (L,),
+    with the sizes of ``cfg`` (the grown model)."""
     flags = {}
     if cfg.n_embd != spec.old_n_embd:
         flags["growth_mask_hidden"] = _new_units(cfg.n_embd, torch.arange(spec.old_n_embd))
@@ -115,65 +127,5 @@ def new_unit_flags(spec: MaskSpec, cfg: GPTConfig) -> dict[str, Tensor]:
 
 
 def mask_values(is_new: Tensor, r: float) -> Tensor:
-    """1 on old units, r on new ones (fp32)."""
+    """Mask values of the same shape as the bool ``is_new``: 1 on old units, r in [0, 1] on new ones (fp32)."""
     return torch.where(is_new, torch.tensor(r, dtype=torch.float32), torch.tensor(1.0))
-
-
-# ----- masked forward pass ---------------------------------------------------------------------------------------
-
-
-def masked_layer_norm(x: Tensor, ln: nn.LayerNorm, m: Tensor | None) -> Tensor:
-    """LayerNorm over the last axis with mask-weighted statistics, output multiplied by the mask.
-
-    mu = sum(m x) / sum(m), var = sum(m (x - mu)^2) / sum(m) (DESIGN.md 2). With m = 1 everywhere this is
-    ordinary LayerNorm; with m = 0 on new dims the old dims see exactly the old model's LayerNorm.
-    """
-    if m is None:
-        return ln(x)
-    dtype = x.dtype
-    stat = torch.promote_types(dtype, torch.float32)  # statistics in fp32 at least, even for a bf16/fp16 model
-    x, m = x.to(stat), m.to(stat)
-    s = m.sum()
-    mu = (x * m).sum(-1, keepdim=True) / s
-    xc = x - mu
-    var = (xc.square() * m).sum(-1, keepdim=True) / s
-    return ((xc * torch.rsqrt(var + ln.eps) * ln.weight.to(stat) + ln.bias.to(stat)) * m).to(dtype)
-
-
-def masked_forward_hidden(model: GPT, idx: Tensor) -> Tensor:
-    """The final hidden states (B, T, d) after ln_f of a model with growth masks (see the module docstring)."""
-    tr = model.transformer
-    mh = getattr(model, "growth_mask_hidden", None)
-    ma = getattr(model, "growth_mask_attn", None)
-    mf = getattr(model, "growth_mask_ffn", None)
-    gate = getattr(model, "growth_gate_layer", None)
-    dtype = tr.wte.weight.dtype  # DeepSpeed casts parameters to bf16/fp16 but may leave buffers in fp32
-    mh, ma, mf, gate = (None if z is None else z.to(dtype) for z in (mh, ma, mf, gate))
-    b, t = idx.shape
-    x = tr.drop(tr.wte(idx) + tr.wpe(torch.arange(t, device=idx.device)))  # (B, T, d)
-    if mh is not None:
-        x = x * mh
-    for i, block in enumerate(tr.h):
-        attn, mlp = block.attn, block.mlp
-        # attention
-        h = masked_layer_norm(x, block.ln_1, mh)
-        a = attn.c_attn.weight.shape[1] // 3  # attention width H*Q
-        q, k, v = attn.c_attn(h).split(a, dim=-1)  # each (B, T, H*Q)
-        if ma is not None:
-            q, k, v = q * ma, k * ma, v * ma
-        q, k, v = (z.view(b, t, attn.n_head, a // attn.n_head).transpose(1, 2) for z in (q, k, v))  # (B, H, T, Q)
-        p = attn.dropout if attn.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True).transpose(1, 2).reshape(b, t, a)
-        y = attn.resid_dropout(attn.c_proj(y))  # (B, T, d)
-        if mh is not None:
-            y = y * mh
-        x = x + (y if gate is None else gate[i] * y)
-        # MLP
-        h = mlp.c_fc(masked_layer_norm(x, block.ln_2, mh))  # (B, T, F)
-        if mf is not None:
-            h = h * mf
-        y = mlp.dropout(mlp.c_proj(F.gelu(h, approximate="tanh")))  # (B, T, d)
-        if mh is not None:
-            y = y * mh
-        x = x + (y if gate is None else gate[i] * y)
-    return masked_layer_norm(x, tr.ln_f, mh)

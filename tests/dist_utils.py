@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from runtime.launch import free_port, launch_ranks  # free_port is re-exported: tests import it from here
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -27,7 +22,7 @@ def base_env(**extra: str) -> dict[str, str]:
         MASTER_PORT=str(free_port()),
         OMP_NUM_THREADS="1",
         DS_ACCELERATOR="cpu",
-        PYTHONPATH=str(REPO),
+        PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
     )
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         env.pop(key, None)
@@ -50,41 +45,22 @@ def fp16_supported() -> bool:
 def run_ranks(
     args: list[str] | list[list[str]], nproc: int = 2, timeout: float = 600, script: str = "train.py"
 ) -> subprocess.CompletedProcess:
-    """Run ``python SCRIPT ARGS`` as ``nproc`` ranks (RANK/WORLD_SIZE env, like torchrun) and wait for all.
+    """Run ``python SCRIPT ARGS`` as ``nproc`` ranks on loopback (runtime.launch.launch_ranks) and wait for all.
 
     ``args`` is one argument list for every rank, or one list per rank.
 
     Returns a CompletedProcess whose returncode is the first non-zero rank exit code (0 if all succeeded) and whose
     stdout holds every rank's output, rank by rank.
+
+    Raises:
+        subprocess.TimeoutExpired: the ranks did not finish within ``timeout`` seconds (all were killed).
     """
-    port = str(free_port())
-    procs = []
-    for r in range(nproc):
-        env = base_env(
-            RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), MASTER_PORT=port
-        )
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(REPO / script), *(args[r] if args and isinstance(args[0], list) else args)],
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    outs, codes = [], []
-    try:
-        for p in procs:
-            out, _ = p.communicate(timeout=timeout)
-            outs.append(out)
-            codes.append(p.returncode)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    rc = next((c for c in codes if c), 0)
-    return subprocess.CompletedProcess(args, rc, "".join(f"--- rank {i}\n{o}" for i, o in enumerate(outs)), "")
+    per_rank = args if args and isinstance(args[0], list) else [args] * nproc
+    cmds = [[sys.executable, str(REPO / script), *a] for a in per_rank]
+    res = launch_ranks(cmds, nproc, base_env=base_env(), cwd=REPO, timeout_s=timeout)
+    if res.timed_out:
+        raise subprocess.TimeoutExpired(cmds[0], timeout, output=res.output)
+    return subprocess.CompletedProcess(args, res.returncode, res.output, "")
 
 
 def read_metrics(out_dir: Path, event: str = "train") -> list[dict]:

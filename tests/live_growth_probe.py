@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from growth.ds_runtime import init_distributed  # noqa: E402
+from runtime.dist import init_distributed  # noqa: E402
 
 info = init_distributed(120)
 
@@ -28,10 +28,11 @@ import torch.distributed as dist  # noqa: E402
 from deepspeed.accelerator import get_accelerator  # noqa: E402
 
 from growth.apply import OptimizerPolicy, grow_param  # noqa: E402
-from growth.live import EngineStore, adam_step_of, build_engine, grow_engine, schedule_of  # noqa: E402
+from growth.live import EngineStore, adam_step_of, grow_engine  # noqa: E402
 from growth.ops import make_plan  # noqa: E402
-from growth.schedule import ScheduleRule, place_schedule  # noqa: E402
+from growth.schedule import ScheduleRule, engine_schedule, place_schedule, start_schedule  # noqa: E402
 from model.config import GPTConfig  # noqa: E402
+from runtime.engine import build_engine  # noqa: E402
 
 ds_path, family, out_path = sys.argv[1:4]
 fp16_native = bool(get_accelerator().is_fp16_supported())
@@ -50,10 +51,13 @@ else:  # staged training: width x2 then depth x2 (exact)
     new_cfg = GPTConfig(n_layer=2, n_embd=64, n_head=4, n_positions=16, vocab_size=97)
     plan = make_plan(old_cfg, new_cfg, "duplicate")
     policy = OptimizerPolicy(moments="carry")
-rule = ScheduleRule(kind="target", constant_op=2.0, rewarm_steps=2)
+# after 3 steps lbi is 4; constant_op 10 puts the target position at round(0.4) = 0, an LR of 0, unless placement
+# keeps it at FIRST_ITERATION: the first post-growth LR (re-warm 1/2 included) must still be > 0
+rule = ScheduleRule(kind="target", constant_op=10.0, rewarm_steps=2)
 
 torch.manual_seed(0)
 engine = build_engine(old_cfg, None, ds_cfg)
+start_schedule(engine)  # as train.py: step 1 trains at the warm-up's first non-zero LR
 gen = torch.Generator().manual_seed(100 + info.rank)
 
 
@@ -92,7 +96,7 @@ loss_before = eval_loss(engine, *fixed)
 scaler_fields = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
 scaler = getattr(engine.optimizer, "loss_scaler", None)
 scaler_before = {k: getattr(scaler, k, None) for k in scaler_fields} if scaler is not None else None
-expected_sched = place_schedule(schedule_of(engine), step, rule)
+expected_sched = place_schedule(engine_schedule(engine), step, rule)
 adam_before = adam_step_of(engine)
 old_module = engine.module
 

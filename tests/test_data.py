@@ -218,8 +218,9 @@ def test_cli(tmp_path, capsys):
     argv = ["--train", str(src["c.jsonl"]), "--val", str(src["a.txt"]), "--out", str(tmp_path / "tok")]
     assert prepare.main([*argv, "--text_field", "body"]) == 0
     assert "train: " in capsys.readouterr().out
-    with pytest.raises(FileExistsError):
-        prepare.main([*argv, "--text_field", "body"])
+    assert prepare.main([*argv, "--text_field", "body"]) == 2  # exists: one line, no traceback
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("growlm-prepare: error: ") and "already exists" in err and "\n" not in err
     with pytest.raises(SystemExit):  # --train without --val
         prepare.main(["--train", str(src["a.txt"]), "--out", str(tmp_path / "x")])
 

@@ -13,11 +13,12 @@ import pytest
 import torch
 from dist_utils import run_ranks, write_ds_config
 
-from eval import cli
-from eval.cloze import ClozeItem, build_cloze, read_lambada, score_cloze
-from eval.load import load, load_deepspeed, load_transformers
-from eval.perplexity import document_nll, word_count, word_perplexity
-from eval.tokenizer import EvalInputError, gpt2
+from data.tokenizer import gpt2
+from eval.metrics import cli
+from eval.metrics.cloze import ClozeItem, build_cloze, read_lambada, score_cloze
+from eval.metrics.errors import EvalInputError
+from eval.metrics.load import load, load_deepspeed, load_transformers
+from eval.metrics.perplexity import document_nll, word_count, word_perplexity
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.hf import to_hf
@@ -63,7 +64,7 @@ def test_overlapping_stride_and_several_documents_add_up():
 
 def test_word_perplexity_counts_whitespace_words():
     assert word_count("  the cat\nsat\t on  ") == 4
-    from eval.perplexity import NLL
+    from eval.metrics.perplexity import NLL
 
     assert word_perplexity(NLL(8.0, 10), 4) == pytest.approx(math.exp(2.0))
     with pytest.raises(ValueError, match="at least one word"):
@@ -189,6 +190,9 @@ def test_bad_input_gives_clear_errors(checkpoints, tmp_path, capsys):
     state = json.loads((ck / "growlm_state.json").read_text())
     bad = dict(state, model_config={**state["model_config"], "n_embd": 128})
     (ck / "growlm_state.json").write_text(json.dumps(bad))
+    with pytest.raises(EvalInputError, match="the manifest says"):  # the manifest is checked first
+        load(ck)
+    (ck / "growlm_manifest.json").unlink()  # as a checkpoint from before manifests: the weights are checked
     with pytest.raises(EvalInputError, match="inconsistent"):
         load(ck)
     (ck / "growlm_state.json").write_text(json.dumps({k: v for k, v in state.items() if k != "model_config"}))
@@ -210,7 +214,7 @@ def test_checkpoint_saved_mid_mask_ramp_scores_as_train_py_did(tmp_path, builtin
     from dist_utils import read_metrics
 
     from data.prepare import open_tokens
-    from eval.perplexity import token_nll
+    from eval.metrics.perplexity import token_nll
 
     plan = tmp_path / "plan.yaml"
     plan.write_text(

@@ -13,16 +13,19 @@ from dist_utils import REPO, read_metrics, run_ranks, write_ds_config
 
 from data.prepare import open_tokens
 from data.sampler import TokenWindows
-from growth import ds_checkpoint
 from growth.apply import grow_param
 from growth.grow_checkpoint import main as grow_main
-from growth.grow_checkpoint import open_source, parse_args, stage_from_flags
+from growth.grow_checkpoint import parse_args, stage_from_flags
+from growth.offline import open_source
 from growth.plan import param_shapes
 from growth.schedule import ScheduleState
 from growth.universal import UniversalStore
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.masks import MaskSpec
+from runtime import checkpoint
+from runtime.atomic import current_umask
+from runtime.run_state import VERSION, RunState
 
 TINY = ["--seq_len", "32", "--log_interval", "1", "--no_eval"]
 SAVE_STEP, MAX_STEPS = 3, 5
@@ -145,7 +148,8 @@ def test_grown_checkpoint_resumes_at_any_world_size(tmp_path, sources, template,
     assert grow(run / "checkpoints", grown, *GROW[CASES[template]], "--rewarm_steps", "2") == 0
     state = json.loads((grown / "global_step3" / "growlm_state.json").read_text())
     sched = ScheduleState(**state["schedule"])
-    assert (sched.rewarm_start, sched.rewarm_steps, sched.last_batch_iteration) == (3, 2, 2)
+    # continue at the saved position: step 3 was trained at lbi 3 (a fresh schedule starts at FIRST_ITERATION 1)
+    assert (sched.rewarm_start, sched.rewarm_steps, sched.last_batch_iteration) == (3, 2, 4)
     for n in nprocs:
         out = tmp_path / f"resumed{n}"
         args = [*TINY, "--ds_config", str(ds_config(tmp_path, template, gas=2 // n)), "--max_steps", str(MAX_STEPS)]
@@ -159,6 +163,11 @@ def test_grown_checkpoint_resumes_at_any_world_size(tmp_path, sources, template,
         assert b[0]["lr"] == pytest.approx(3e-3 * sched.ratio(3), rel=1e-9)  # re-warm: 1/2 of the placed LR
         assert b[1]["lr"] == pytest.approx(ref[4]["lr"], rel=1e-9)  # re-warm over: the schedule's LR
         assert all(m["loss"] == m["loss"] and m["loss"] < 12 for m in b)  # training continues
+        # grow -> train -> save: the growth history growlm-grow wrote is carried into the next checkpoint
+        saved = RunState.from_json((out / "checkpoints" / "global_step5" / "growlm_state.json").read_text())
+        assert saved.growth == state["growth"] and [g["family"] for g in saved.growth] == [CASES[template]]
+        assert saved.growth[0]["to"] == saved.model_config.to_dict() and not saved.universal
+        assert saved.version == VERSION and saved.global_step == 5
 
 
 def test_reshard_round_trip_2_1_2_matches_uninterrupted(tmp_path, sources):
@@ -213,6 +222,8 @@ def test_export_hf_logits_equal_ours(tmp_path, sources, builtin_data):
         hf_dir = tmp_path / f"hf_{ckpt.parent.name}"
         assert grow(ckpt, "--export_hf", hf_dir) == 0
         assert (hf_dir / "model.safetensors").is_file() and (hf_dir / "config.json").is_file()
+        for f in ("model.safetensors", "config.json"):  # the umask's mode (0644 under 022), not tempfile's 0600
+            assert (hf_dir / f).stat().st_mode & 0o777 == 0o666 & ~current_umask(), f
         hf = GPT2LMHeadModel.from_pretrained(hf_dir).eval()
         x, _ = fixed_batch(builtin_data)
         if ckpt == tmp_path / "grown":
@@ -264,11 +275,11 @@ def test_bad_input_is_refused_before_writing(tmp_path, sources, capsys):
     shard = bad / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     shard.write_bytes(shard.read_bytes()[:1000])
     refused(bad, tmp_path / "o", match="truncated")
-    with pytest.raises(ds_checkpoint.CheckpointError, match="truncated"):
-        ds_checkpoint.read_state(bad.parent, bad.name)
-    # ... and without a manifest DeepSpeed's conversion fails, reported as such, with nothing left behind
+    with pytest.raises(checkpoint.CheckpointError, match="truncated"):
+        checkpoint.read_state(bad.parent, bad.name)
+    # ... and without a manifest the pickle check, which runs before DeepSpeed's loaders, names the file
     (bad / "growlm_manifest.json").unlink()
-    refused(bad, tmp_path / "o", match="could not convert")
+    refused(bad, tmp_path / "o", match=f"{shard.name} cannot be read")
     shard.unlink()  # a missing shard
     refused(bad, tmp_path / "o", match="lacks zero_pp_rank_1")
     assert not list(tmp_path.glob("o*")) and not list(tmp_path.glob(".tmp-*"))
@@ -294,8 +305,8 @@ def test_overwrite_mixed_file_and_masks_in_ramp(tmp_path, sources, capsys):
     tag = out / "global_step3"
     a, b = tag / "zero/transformer.h.0.ln_1.weight/fp32.pt", tag / "zero/transformer.h.0.ln_2.weight/fp32.pt"
     a.write_bytes(b.read_bytes())
-    with pytest.raises(ds_checkpoint.CheckpointError, match="sha256"):
-        ds_checkpoint.read_state(out, "global_step3")
+    with pytest.raises(checkpoint.CheckpointError, match="sha256"):
+        checkpoint.read_state(out, "global_step3")
     # a corrupt tensor file without a manifest: the store names the file
     (tag / "growlm_manifest.json").unlink()
     a.write_bytes(b"not a tensor")

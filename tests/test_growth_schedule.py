@@ -1,4 +1,4 @@
-"""Schedule placement, re-warm and the slope trigger."""
+"""LR schedule: DeepSpeed's WarmupCosineLR arithmetic, placement after growth and the re-warm."""
 
 import math
 
@@ -7,12 +7,14 @@ import torch
 
 from growth.errors import GrowthError
 from growth.schedule import (
+    FIRST_ITERATION,
     ScheduleRule,
     ScheduleState,
-    loglog_slope,
+    checkpoint_schedule,
+    engine_schedule,
     place_schedule,
     rewarm_factor,
-    slope_trigger,
+    start_schedule,
     warmup_cosine_ratio,
 )
 
@@ -47,13 +49,50 @@ def test_place_schedule_rules():
         ScheduleRule(kind="restart")
 
 
-def test_slope_of_a_power_law_and_trigger():
-    compute = [1e15 * 1.5**i for i in range(30)]
-    losses = [10 * c**-0.05 for c in compute]
-    assert loglog_slope(compute, losses, window=10, beta=0.0) == pytest.approx(-0.05, abs=1e-9)
-    assert slope_trigger(compute, losses, threshold=-0.0575, beta=0.0)  # flatter than depth's threshold: grow
-    assert not slope_trigger(compute, losses, threshold=-0.03, beta=0.0)
-    assert not slope_trigger(compute[:3], losses[:3], threshold=-0.0575)
-    with pytest.raises(GrowthError, match="at least"):
-        loglog_slope(compute[:3], losses[:3])
-    assert math.isfinite(loglog_slope(compute, losses))
+class _Engine:
+    """The one attribute growth.schedule's engine functions use."""
+
+    def __init__(self, scheduler):
+        self.lr_scheduler = scheduler
+
+
+def _fresh_scheduler(warmup_type="linear", warmup=4, total=20, lr=1.0):
+    from deepspeed.runtime.lr_schedules import WarmupCosineLR
+
+    opt = torch.optim.AdamW([{"params": [torch.nn.Parameter(torch.zeros(1))]}, {"params": []}], lr=lr)
+    return WarmupCosineLR(opt, total_num_steps=total, warmup_num_steps=warmup, warmup_type=warmup_type), opt
+
+
+@pytest.mark.parametrize("warmup_type, first", [("linear", 1 / 4), ("log", math.log(2) / math.log(4))])
+def test_a_fresh_schedule_trains_step_1_at_the_first_nonzero_warmup_value(warmup_type, first):
+    sched, opt = _fresh_scheduler(warmup_type)
+    assert sched.last_batch_iteration == -1 and opt.param_groups[0]["lr"] == 0.0  # DeepSpeed's start: LR 0
+    assert warmup_cosine_ratio(0, 20, 4, warmup_type=warmup_type) == 0.0  # and its next position is 0 again
+    assert start_schedule(_Engine(sched)) == pytest.approx(first)
+    assert sched.last_batch_iteration == FIRST_ITERATION == 1
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([first, first])
+    lrs = [opt.param_groups[0]["lr"]]
+    for _ in range(3):  # the engine steps the scheduler after each optimizer step: step k trains at ratio(k)
+        sched.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == pytest.approx([warmup_cosine_ratio(k, 20, 4, warmup_type=warmup_type) for k in (1, 2, 3, 4)])
+    assert start_schedule(_Engine(sched)) is None and sched.last_batch_iteration == 4  # a started one is left alone
+
+
+def test_placement_never_goes_back_to_a_zero_lr_position():
+    s = ScheduleState(total_num_steps=100, warmup_num_steps=10, last_batch_iteration=4)
+    placed = place_schedule(s, 3, ScheduleRule(kind="target", constant_op=10.0, rewarm_steps=2))
+    assert placed.last_batch_iteration == FIRST_ITERATION  # round(4 / 10) = 0 would train at LR 0
+    assert placed.ratio(3) == pytest.approx(warmup_cosine_ratio(1, 100, 10) / 2) and placed.ratio(3) > 0
+
+
+def test_engine_schedule_refuses_another_scheduler_and_checkpoint_schedule_reads_the_config():
+    with pytest.raises(GrowthError, match="WarmupCosineLR"):
+        engine_schedule(_Engine(None))
+    ds = {"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 50, "warmup_num_steps": 5}}}
+    assert checkpoint_schedule(None, ds, 7) == ScheduleState(
+        total_num_steps=50, warmup_num_steps=5, last_batch_iteration=7
+    )
+    saved = vars(ScheduleState(total_num_steps=80, warmup_num_steps=5, rewarm_start=3, rewarm_steps=2))
+    assert checkpoint_schedule(saved, ds, 9) == ScheduleState(80, 5, 9, rewarm_start=3, rewarm_steps=2)
+    assert checkpoint_schedule(None, {"scheduler": {"type": "WarmupLR"}}, 7) is None

@@ -129,6 +129,8 @@ def test_train_py_grows_and_a_checkpoint_in_the_ramp_resumes_exactly(tmp_path, p
     assert steps[-1]["loss"] < steps[0]["loss"] - 0.1  # training continued and learned
     state = json.loads((full / "checkpoints" / "global_step5" / "growlm_state.json").read_text())
     assert state["growth_stage"] >= 1 and state["model_config"]["n_embd"] == 64
+    assert len(state["growth"]) == state["growth_stage"] and all(g["live"] for g in state["growth"])  # history
+    assert state["growth"][-1]["to"] == state["model_config"]
     # step 5 is inside the mask ramp (masked) or the LR re-warm (duplicate): both must survive the resume
     assert state["growth_masks"] is not None or state["schedule"]["rewarm_steps"] == 4
 

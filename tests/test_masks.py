@@ -5,9 +5,9 @@ import torch
 from growth_helpers import grown_model, random_model, small_cfg, tokens
 
 from growth.ops import make_plan
-from model.gpt import GPT
+from model.gpt import GPT, LayerNorm
 from model.hf import to_hf
-from model.masks import MaskSpec, masked_layer_norm
+from model.masks import MaskSpec
 
 
 def grown_pair():
@@ -24,12 +24,27 @@ def grown_pair():
 
 
 def test_masked_layer_norm_with_ones_is_layer_norm():
-    ln = torch.nn.LayerNorm(6).double()
+    ln = LayerNorm(6).double()
     with torch.no_grad():
         ln.weight.uniform_(0.5, 1.5)
         ln.bias.normal_()
     x = torch.randn(3, 6, dtype=torch.float64)
-    torch.testing.assert_close(masked_layer_norm(x, ln, torch.ones(6, dtype=torch.float64)), ln(x))
+    torch.testing.assert_close(ln(x, mask=torch.ones(6, dtype=torch.float64)), ln(x))
+    assert torch.equal(ln(x), torch.nn.functional.layer_norm(x, (6,), ln.weight, ln.bias, ln.eps))
+
+
+def test_masked_layer_norm_with_zeros_on_new_dims_is_the_old_layer_norm():
+    torch.manual_seed(3)
+    ln = LayerNorm(6).double()
+    with torch.no_grad():
+        ln.weight.uniform_(0.5, 1.5)
+        ln.bias.normal_()
+    x = torch.randn(3, 6, dtype=torch.float64)
+    m = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    old = torch.nn.functional.layer_norm(x[:, :4], (4,), ln.weight[:4], ln.bias[:4], ln.eps)
+    y = ln(x, mask=m)
+    torch.testing.assert_close(y[:, :4], old, rtol=0, atol=1e-12)
+    assert torch.equal(y[:, 4:], torch.zeros(3, 2, dtype=torch.float64))
 
 
 def test_mask_buffers_are_persistent_and_ramp_linearly():

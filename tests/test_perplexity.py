@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from eval.perplexity import sliding_windows, token_nll
+from eval.metrics.perplexity import sliding_windows, token_nll
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.hf import to_hf

@@ -67,7 +67,9 @@ def test_missing_and_unparsable_ds_config(capsys, tmp_path):
 
 def test_fp16_is_refused_or_trained_as_the_cpu_allows(capsys, tmp_path, builtin_data):
     if not fp16_supported():  # no AVX512-FP16 / AMX-FP16: refused before anything is built, naming the choices
-        fails(capsys, ["--ds_config", "ds_configs/zero2_fp16.json"], "asks for fp16", "available precisions: fp32, bf16")
+        fails(
+            capsys, ["--ds_config", "ds_configs/zero2_fp16.json"], "asks for fp16", "available precisions: fp32, bf16"
+        )
         return
     # this CPU trains fp16: a short real ZeRO-2 fp16 run with the dynamic loss scaler (no check lifted)
     cfg = write_ds_config(

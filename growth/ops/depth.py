@@ -20,7 +20,8 @@ def depth_growth(old: GPTConfig, n_layer: int, *, order: str = "interleave", exa
     exact=True zeroes the copies' output projections (attn c_proj and mlp c_proj, weights and biases), so every new
     block is the identity x + 0 + 0 and the function is unchanged (eval mode); their Adam state starts at zero.
     exact=False is the plain copy (G_stack-style): **not** function-preserving (logits move by O(1)), kept because
-    G_stack reports it trains well. Adam state of copied tensors: copied (DESIGN.md 3.2); Adam step carried.
+    G_stack reports it trains well. Adam state of copied tensors: copied (DESIGN.md, "Growth operators: Duplication
+    family"); Adam step carried.
 
     Raises:
         GrowthError: n_layer <= L, or an unknown order.

@@ -8,6 +8,8 @@ initialised from a seed and masked (model/masks.py); new blocks are gated. Torch
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -54,6 +56,107 @@ def _embed(index: tuple[Tensor, ...], scale: Tensor | None, fill: Map) -> Map:
     return f
 
 
+def _check_masked(old: GPTConfig, new: GPTConfig, new_layers: str) -> None:
+    """The refusals of ``masked_growth`` (see its Raises)."""
+    check_no_shrink(old, new)
+    if new.head_dim < old.head_dim:
+        raise GrowthError(
+            f"head dim would shrink from {old.head_dim} to {new.head_dim} (n_embd={new.n_embd}, n_head={new.n_head}); "
+            f"the masked family keeps old heads whole: set n_embd >= {new.n_head * old.head_dim}"
+        )
+    if new_layers not in NEW_LAYER_INITS:
+        raise GrowthError(f"unknown new_layers={new_layers!r}; use one of {NEW_LAYER_INITS}")
+    if (old.n_layer, old.n_embd, old.n_head, old.ffn_dim) == (new.n_layer, new.n_embd, new.n_head, new.ffn_dim):
+        raise GrowthError(f"nothing grows: target {new.shape_str()} equals the current shape; change the target")
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    """What every parameter's rule of one masked growth shares."""
+
+    new: GPTConfig
+    index: dict[str, Tensor]  # axis kind -> positions of the old entries in the grown axis
+    a_new: int  # grown attention width H'Q'
+    c: float  # q scale sqrt(Q'/Q)
+    q_scale: Tensor
+    init_std: float
+    bias_std: float
+    seed: int
+    new_layers: str
+
+
+def _ctx(old: GPTConfig, new: GPTConfig, **options: Any) -> _Ctx:
+    """The shared context of a masked growth from ``old`` to ``new`` (``options``: init_std, bias_std, seed,
+    new_layers)."""
+    d, f = old.n_embd, old.ffn_dim
+    ai = attn_index(old.n_head, old.head_dim, new.head_dim)
+    a_new = new.n_embd  # attention width H'Q'
+    index = {
+        "h": torch.arange(d),
+        "a": ai,
+        "qkv": torch.cat([ai + t * a_new for t in range(3)]),
+        "f": torch.arange(f),
+    }
+    c = math.sqrt(new.head_dim / old.head_dim)
+    q_scale = torch.ones(3 * old.n_embd, dtype=torch.float64)
+    q_scale[: old.n_embd] = c
+    return _Ctx(new, index, a_new, c, q_scale, **options)
+
+
+def _rule(ctx: _Ctx, new_name: str, old_name: str, suffix: str, is_new_block: bool) -> Rule:
+    """The Rule of grown parameter ``new_name`` (from ``old_name``; ``suffix`` names its kind)."""
+    new, index, a_new, c, q_scale = ctx.new, ctx.index, ctx.a_new, ctx.c, ctx.q_scale
+    init_std, bias_std, seed, new_layers = ctx.init_std, ctx.bias_std, ctx.seed, ctx.new_layers
+    kinds = _axis_kinds(suffix)
+    sizes = {"h": new.n_embd, "a": a_new, "qkv": 3 * a_new, "f": new.ffn_dim}
+    new_shapes = [None if k is None else sizes[k] for k in kinds]  # None: the axis keeps its old length
+
+    def new_shape(x: Tensor) -> tuple[int, ...]:
+        return tuple(x.shape[ax] if n is None else n for ax, n in enumerate(new_shapes))
+
+    is_ln_gain = suffix.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))
+    is_bias = suffix.endswith("bias")
+
+    def fill(x: Tensor) -> Tensor:
+        shape = new_shape(x)
+        if is_ln_gain:
+            return 1.0 + seeded_normal(shape, bias_std, new_name, seed, x)
+        return seeded_normal(shape, bias_std if is_bias else init_std, new_name, seed, x)
+
+    def zero_fill(x: Tensor) -> Tensor:
+        return x.new_zeros(new_shape(x))
+
+    def full_index(x: Tensor) -> tuple[Tensor, ...]:  # an unchanged axis is written whole
+        return tuple(torch.arange(x.shape[ax]) if k is None else index[k] for ax, k in enumerate(kinds))
+
+    scales = {"weight": None, "exp_avg": None, "exp_avg_sq": None}
+    if "qkv" in kinds and c != 1.0:
+        scales = {"weight": q_scale, "exp_avg": 1 / q_scale, "exp_avg_sq": 1 / q_scale**2}
+
+    def embed(kind: str, base: Map) -> Map:
+        def g(x: Tensor) -> Tensor:
+            return _embed(full_index(x), scales[kind], base)(x)
+
+        return g
+
+    def placed(x: Tensor) -> Tensor:
+        return _embed(full_index(x), None, zero_fill)(x)
+
+    if is_new_block and new_layers == "fresh":
+        return Rule(weight=fill, exp_avg=zero_fill, exp_avg_sq=zero_fill, source=old_name, place=zero_fill)
+    if is_new_block:  # a gated copy: weights copied (+ new entries), Adam state zero (its gradient is 0 at g=0)
+        return Rule(
+            weight=embed("weight", fill), exp_avg=zero_fill, exp_avg_sq=zero_fill, source=old_name, place=zero_fill
+        )
+    return Rule(
+        weight=embed("weight", fill),
+        exp_avg=embed("exp_avg", zero_fill),
+        exp_avg_sq=embed("exp_avg_sq", zero_fill),
+        source=None if old_name == new_name else old_name,
+        place=placed,
+    )
+
+
 def masked_growth(
     old: GPTConfig,
     new: GPTConfig,
@@ -77,87 +180,19 @@ def masked_growth(
     When the head dim grows (Q' > Q, e.g. n_embd grows with n_head fixed), the old q columns are scaled by
     sqrt(Q'/Q), which keeps q.k / sqrt(Q') equal to the old q.k / sqrt(Q); their moments are scaled by the gradient
     rule (exp_avg / c, exp_avg_sq / c^2). Adam state: old entries carried, new entries (and new blocks) zero
-    (DESIGN.md 3.1). The returned plan's ``masks`` (ramp from ``start_step`` over ``ramp_steps``) must be added to
-    the grown model.
+    (DESIGN.md, "Growth operators: Masked family"). The returned plan's ``masks`` (ramp from ``start_step`` over
+    ``ramp_steps``) must be added to the grown model.
 
     Raises:
         GrowthError: a dimension shrinks, the head dim would shrink (n_head grows faster than n_embd), vocab or
             positions change, an unknown layer order or new-layer init, or nothing grows.
     """
-    check_no_shrink(old, new)
-    if new.head_dim < old.head_dim:
-        raise GrowthError(
-            f"head dim would shrink from {old.head_dim} to {new.head_dim} (n_embd={new.n_embd}, n_head={new.n_head}); "
-            f"the masked family keeps old heads whole: set n_embd >= {new.n_head * old.head_dim}"
-        )
-    if new_layers not in NEW_LAYER_INITS:
-        raise GrowthError(f"unknown new_layers={new_layers!r}; use one of {NEW_LAYER_INITS}")
-    if (old.n_layer, old.n_embd, old.n_head, old.ffn_dim) == (new.n_layer, new.n_embd, new.n_head, new.ffn_dim):
-        raise GrowthError(f"nothing grows: target {new.shape_str()} equals the current shape; change the target")
+    _check_masked(old, new, new_layers)
     lmap = layer_map(old.n_layer, new.n_layer, layer_order)
-
-    d, f = old.n_embd, old.ffn_dim
-    ai = attn_index(old.n_head, old.head_dim, new.head_dim)
-    a_new = new.n_embd  # attention width H'Q'
-    index = {
-        "h": torch.arange(d),
-        "a": ai,
-        "qkv": torch.cat([ai + t * a_new for t in range(3)]),
-        "f": torch.arange(f),
-    }
-    c = math.sqrt(new.head_dim / old.head_dim)
-    q_scale = torch.ones(3 * old.n_embd, dtype=torch.float64)
-    q_scale[: old.n_embd] = c
+    ctx = _ctx(old, new, init_std=init_std, bias_std=bias_std, seed=seed, new_layers=new_layers)
 
     def rule(new_name: str, old_name: str, suffix: str, is_new_block: bool) -> Rule:
-        kinds = _axis_kinds(suffix)
-        sizes = {"h": new.n_embd, "a": a_new, "qkv": 3 * a_new, "f": new.ffn_dim}
-        new_shapes = [None if k is None else sizes[k] for k in kinds]  # None: the axis keeps its old length
-
-        def new_shape(x: Tensor) -> tuple[int, ...]:
-            return tuple(x.shape[ax] if n is None else n for ax, n in enumerate(new_shapes))
-
-        is_ln_gain = suffix.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight"))
-        is_bias = suffix.endswith("bias")
-
-        def fill(x: Tensor) -> Tensor:
-            shape = new_shape(x)
-            if is_ln_gain:
-                return 1.0 + seeded_normal(shape, bias_std, new_name, seed, x)
-            return seeded_normal(shape, bias_std if is_bias else init_std, new_name, seed, x)
-
-        def zero_fill(x: Tensor) -> Tensor:
-            return x.new_zeros(new_shape(x))
-
-        def full_index(x: Tensor) -> tuple[Tensor, ...]:  # an unchanged axis is written whole
-            return tuple(torch.arange(x.shape[ax]) if k is None else index[k] for ax, k in enumerate(kinds))
-
-        scales = {"weight": None, "exp_avg": None, "exp_avg_sq": None}
-        if "qkv" in kinds and c != 1.0:
-            scales = {"weight": q_scale, "exp_avg": 1 / q_scale, "exp_avg_sq": 1 / q_scale**2}
-
-        def embed(kind: str, base: Map) -> Map:
-            def g(x: Tensor) -> Tensor:
-                return _embed(full_index(x), scales[kind], base)(x)
-
-            return g
-
-        def placed(x: Tensor) -> Tensor:
-            return _embed(full_index(x), None, zero_fill)(x)
-
-        if is_new_block and new_layers == "fresh":
-            return Rule(weight=fill, exp_avg=zero_fill, exp_avg_sq=zero_fill, source=old_name, place=zero_fill)
-        if is_new_block:  # a gated copy: weights copied (+ new entries), Adam state zero (its gradient is 0 at g=0)
-            return Rule(
-                weight=embed("weight", fill), exp_avg=zero_fill, exp_avg_sq=zero_fill, source=old_name, place=zero_fill
-            )
-        return Rule(
-            weight=embed("weight", fill),
-            exp_avg=embed("exp_avg", zero_fill),
-            exp_avg_sq=embed("exp_avg_sq", zero_fill),
-            source=None if old_name == new_name else old_name,
-            place=placed,
-        )
+        return _rule(ctx, new_name, old_name, suffix, is_new_block)
 
     rules: dict[str, Rule] = {}
     for name in ("transformer.wte.weight", "transformer.wpe.weight"):

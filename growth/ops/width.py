@@ -51,11 +51,12 @@ def width_growth(old: GPTConfig, factor: int, *, pattern: str = "block", alpha: 
     grown separately; every matrix W -> kron(P, W) (see ``width_pattern``); biases and LayerNorms repeated k times;
     ln_f gain and bias divided by k, which cancels the k-fold dot product with the tied [E, ..., E].
 
-    Adam (DESIGN.md 3.2): the grown model's gradient on a copied entry is 1/k of the small model's (exactly, for
-    'block'), so exp_avg / k and exp_avg_sq / k^2; entries that are 0 in P (off-diagonal blocks) start at zero
-    state; ln_f's gradient is unchanged, so its state is repeated unscaled. For 'split' the per-copy gradients
-    differ (that is the point), and the same rule is an approximation. Note Adam's update is scale-free: ln_f (value
-    1/k, same update size) moves the function k times faster in the first steps than in the small model.
+    Adam (DESIGN.md, "Growth operators: Duplication family"): the grown model's gradient on a copied entry is 1/k of the
+    small model's (exactly, for 'block'), so exp_avg / k and exp_avg_sq / k^2; entries that are 0 in P (off-diagonal
+    blocks) start at zero state; ln_f's gradient is unchanged, so its state is repeated unscaled. For 'split' the
+    per-copy gradients differ (that is the point), and the same rule is an approximation. Note Adam's update is
+    scale-free: ln_f (value 1/k, same update size) moves the function k times faster in the first steps than in the
+    small model.
 
     Raises:
         GrowthError: factor < 2, or a bad pattern.

@@ -1,0 +1,114 @@
+"""A smaller BPE vocabulary for CPU-scale experiments: a ByteLevel BPE trained with HF ``tokenizers`` on the built-in
+corpus's *training* split only, and the corpus tokenized with it into the token-folder format train.py reads.
+
+    python -m data.small_vocab --vocab_size 4096 --out data/cache/bpe4096
+
+With GPT-2's 50,257-token vocabulary, a 4 x 128 model spends most of its parameters and FLOPs on the tied
+embedding / LM head (6.4M of 7.2M parameters); at V = 4096 the transformer blocks dominate, which is where growth
+acts. Numbers measured with this tokenizer are **not** comparable to GPT-2-tokenized ones.
+
+Output (the token-folder format of ``data/tokens.py``, written by its one writer; ``meta.json`` also names the
+tokenizer file, which growlm-eval reads):
+``train.bin``: every training document's ids followed by ``<|endoftext|>``, in MANIFEST.json order.
+``val.bin``: the validation documents (each + ``<|endoftext|>``) cut into ``val_chunk`` -token chunks and
+interleaved round-robin (doc 0 chunk 0, doc 1 chunk 0, ...), so that any prefix, such as train.py's periodic
+``--eval_tokens``, samples every held-out document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from data.text import read_text
+from data.tokens import TokenFolderWriter
+
+EOT = "<|endoftext|>"
+
+
+def train_tokenizer(texts: list[str], vocab_size: int, min_frequency: int = 2):
+    """A ByteLevel BPE (GPT-2's pre-tokenizer and byte alphabet) with ``EOT`` as its only special token."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOT])
+    return tok
+
+
+def _ids(tok, texts: list[str]) -> list[np.ndarray]:
+    eot = tok.token_to_id(EOT)
+    return [np.asarray([*e.ids, eot], dtype=np.uint16) for e in tok.encode_batch(texts)]
+
+
+def interleave(docs: list[np.ndarray], chunk: int) -> np.ndarray:
+    """Round-robin concatenation of ``chunk``-token pieces of each document (every token kept once)."""
+    pieces = [[d[i : i + chunk] for i in range(0, len(d), chunk)] for d in docs]
+    out = [p[k] for k in range(max(len(p) for p in pieces)) for p in pieces if k < len(p)]
+    return np.concatenate(out)
+
+
+def prepare_small_vocab(
+    out: str | Path, vocab_size: int = 4096, val_chunk: int = 2048, overwrite: bool = False
+) -> Path:
+    """Train the tokenizer on the built-in train split and write out/{tokenizer.json, train.bin, val.bin, meta.json}.
+
+    Written by the one token-folder writer (data/tokens.py): into a temporary sibling, renamed into place when
+    complete. Returns out.
+
+    Raises:
+        FileExistsError: out exists and overwrite is False.
+        ValueError: vocab_size outside [256 + 1, 65535].
+    """
+    from data.prepare import builtin_corpus_files
+
+    writer = TokenFolderWriter(out, overwrite)
+    if not 257 <= vocab_size <= 65535:
+        raise ValueError(f"vocab_size={vocab_size} must be in [257, 65535] (byte alphabet + EOT; uint16 files)")
+    train_files, val_files = builtin_corpus_files()
+    read = {p: read_text(p) for p in [*train_files, *val_files]}
+    tok = train_tokenizer([read[p] for p in train_files], vocab_size)
+    with writer as w:
+        tok.save(str(w.staging / "tokenizer.json"))
+        splits = {}
+        for split, files, layout in (("train", train_files, None), ("val", val_files, val_chunk)):
+            docs = _ids(tok, [read[p] for p in files])
+            srcs = [
+                {"path": str(p), "n_documents": 1, "n_tokens": int(len(d))} for p, d in zip(files, docs, strict=True)
+            ]
+            sw = w.split(split)
+            sw.write(interleave(docs, layout) if layout else np.concatenate(docs))
+            splits[split] = sw.record(len(docs), srcs)
+        splits["val"]["layout"] = f"documents cut into {val_chunk}-token chunks, interleaved round-robin"
+        return w.finish(
+            tokenizer=f"bytelevel-bpe-{vocab_size} (HF tokenizers, trained on the built-in train split)",
+            tokenizer_file="tokenizer.json",
+            vocab_size=tok.get_vocab_size(),
+            eot_token_id=tok.token_to_id(EOT),
+            splits=splits,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m data.small_vocab", description=__doc__.split("\n\n")[0])
+    p.add_argument("--vocab_size", type=int, default=4096)
+    p.add_argument("--out", default="data/cache/bpe4096")
+    p.add_argument("--val_chunk", type=int, default=2048, help="tokens per interleaved validation chunk")
+    p.add_argument("--overwrite", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        out = prepare_small_vocab(a.out, a.vocab_size, a.val_chunk, a.overwrite)
+    except (FileExistsError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    meta = json.loads((out / "meta.json").read_text())
+    for s in ("train", "val"):
+        print(f"{s}: {meta['splits'][s]['n_tokens']:,} tokens -> {out / meta['splits'][s]['file']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

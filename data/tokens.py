@@ -1,0 +1,177 @@
+"""The token-folder format training reads, its one writer and its readers: out_dir/{train.bin, val.bin, meta.json}.
+
+Each .bin is a flat little-endian uint16 array of token ids (np.memmap(path, dtype=np.uint16, mode="r")).
+meta.json:
+    {"format": "growlm-tokens-v1", "dtype": "uint16", "tokenizer": "gpt2" | a description, "vocab_size": V,
+     "eot_token_id": id, ["tokenizer_file": "tokenizer.json",] "splits": {"train": {"file": "train.bin",
+     "n_tokens": N, "n_documents": D, "sources": [...], "sha256": <of train.bin>}, "val": {...}}}
+
+``TokenFolderWriter`` is used by growlm-prepare (data/prepare.py) and the small-vocabulary builder
+(data/small_vocab.py): everything goes into a temporary sibling of out_dir that is renamed into place only when
+complete, so out_dir is either the old folder or the new one, never half of each, and a failure leaves nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from runtime.atomic import commit_dir, fresh_dir
+
+FORMAT = "growlm-tokens-v1"
+DTYPE = np.uint16
+SPLITS = ("train", "val")
+
+
+class SplitWriter:
+    """Appends token ids to one split's .bin file, hashing and counting as it goes."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.n_tokens = 0
+        self._sha = hashlib.sha256()
+        self._file: BinaryIO = open(path, "wb")  # noqa: SIM115  closed by close()
+
+    def write(self, ids: np.ndarray) -> None:
+        """Append ``ids`` (any integer array, shape (n,)). Raises ValueError if an id does not fit uint16."""
+        ids = np.asarray(ids)
+        if ids.size and (ids.min() < 0 or ids.max() > np.iinfo(DTYPE).max):
+            raise ValueError(f"token id {ids.max()} does not fit {np.dtype(DTYPE).name} token files")
+        data = ids.astype("<u2").tobytes()
+        self._sha.update(data)
+        self._file.write(data)
+        self.n_tokens += int(ids.size)
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        self._file.close()
+
+    def record(self, n_documents: int, sources: list[dict], **extra) -> dict:
+        """The split's meta.json record (closes the file): file, n_tokens, n_documents, sources, sha256, extra."""
+        self.close()
+        rec = {"file": self.path.name, "n_tokens": self.n_tokens, "n_documents": n_documents, "sources": sources}
+        return rec | {"sha256": self._sha.hexdigest()} | extra
+
+
+class TokenFolderWriter:
+    """Writes a token folder atomically; use as a context manager.
+
+        with TokenFolderWriter(out_dir, overwrite) as w:
+            sw = w.split("train"); sw.write(ids); ...
+            w.finish(tokenizer="gpt2", vocab_size=50257, eot_token_id=50256, splits={"train": rec, "val": rec})
+
+    ``staging`` is the temporary folder (extra files, e.g. tokenizer.json or a scratch cache, may go there;
+    ``scratch`` names folders removed before the rename). On an exception the staging folder is removed and
+    out_dir is untouched.
+
+    Raises:
+        FileExistsError: out_dir exists and overwrite is False (raised by the constructor, before any work).
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, overwrite: bool = False, scratch: tuple[str, ...] = ()):
+        self.out_dir = Path(out_dir).expanduser().resolve()
+        if os.path.lexists(self.out_dir) and not overwrite:
+            raise FileExistsError(
+                f"{self.out_dir} already exists; pass overwrite=True (CLI: --overwrite) to replace it, "
+                "or choose another --out"
+            )
+        self.scratch = scratch
+        self.staging: Path | None = None
+        self._done = False
+        self._splits: list[SplitWriter] = []
+
+    def __enter__(self) -> TokenFolderWriter:
+        self.staging = fresh_dir(self.out_dir, unique=True)  # .tmp-<name>.<random>, the umask's mode
+        return self
+
+    def split(self, name: str) -> SplitWriter:
+        """A writer for staging/<name>.bin."""
+        sw = SplitWriter(self.staging / f"{name}.bin")
+        self._splits.append(sw)
+        return sw
+
+    def finish(self, *, tokenizer: str, vocab_size: int, eot_token_id: int, splits: dict, **extra) -> Path:
+        """Write meta.json and rename the folder into place (an old out_dir is removed only after). Returns out_dir."""
+        for sw in self._splits:
+            sw.close()
+        meta = {"format": FORMAT, "dtype": np.dtype(DTYPE).name, "tokenizer": tokenizer} | extra
+        meta |= {"vocab_size": vocab_size, "eot_token_id": eot_token_id, "splits": splits}
+        (self.staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        for name in self.scratch:
+            shutil.rmtree(self.staging / name, ignore_errors=True)
+        commit_dir(self.staging, self.out_dir, overwrite=True)  # an old out_dir is moved aside, then removed
+        self._done = True
+        return self.out_dir
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        for sw in self._splits:
+            sw.close()
+        if not self._done and self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def _fix(data_dir: Path) -> str:
+    return (
+        f"run `growlm-prepare --train ... --val ... --out {data_dir}` (or plain `growlm-prepare` for the built-in "
+        "corpus)"
+    )
+
+
+def load_meta(data_dir: str | os.PathLike) -> dict:
+    """Read and validate data_dir/meta.json.
+
+    Raises:
+        FileNotFoundError: data_dir or its meta.json is missing (the message says which growlm-prepare to run).
+        ValueError: meta.json is not valid JSON or not format growlm-tokens-v1 with uint16 train/val splits.
+    """
+    data_dir = Path(data_dir)
+    fix = _fix(data_dir)
+    path = data_dir / "meta.json"
+    if not data_dir.is_dir():
+        raise FileNotFoundError(f"token directory {data_dir} does not exist; {fix}")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing, so {data_dir} is not a prepared dataset; {fix}")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); re-run with --overwrite: {fix}") from err
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ValueError(f"{path}: format {got!r}, expected {FORMAT!r}; re-run with --overwrite: {fix}")
+    if meta.get("dtype") != np.dtype(DTYPE).name:
+        raise ValueError(f"{path}: dtype {meta.get('dtype')!r}, expected 'uint16'; re-run with --overwrite: {fix}")
+    missing = [s for s in SPLITS if s not in meta.get("splits", {})]
+    if missing:
+        raise ValueError(f"{path}: splits {missing} are missing; re-run with --overwrite: {fix}")
+    return meta
+
+
+def open_tokens(data_dir: str | os.PathLike, split: str) -> np.memmap:
+    """The split's tokens as a read-only flat uint16 memmap, shape (n_tokens,), after checking its size.
+
+    Raises:
+        FileNotFoundError / ValueError: as load_meta; also an unknown split, a missing .bin, or a .bin whose size
+        is not n_tokens * 2 bytes (truncated or from another run).
+    """
+    data_dir = Path(data_dir)
+    meta = load_meta(data_dir)
+    if split not in meta["splits"]:
+        raise ValueError(f"unknown split {split!r}; {data_dir} has {sorted(meta['splits'])}")
+    record = meta["splits"][split]
+    path = data_dir / record["file"]
+    fix = f"re-run growlm-prepare with --overwrite --out {data_dir}"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; {fix}")
+    expected = record["n_tokens"] * np.dtype(DTYPE).itemsize
+    if path.stat().st_size != expected or record["n_tokens"] == 0:
+        raise ValueError(
+            f"{path} is {path.stat().st_size} bytes, meta.json says {record['n_tokens']} tokens "
+            f"= {expected} bytes; {fix}"
+        )
+    return np.memmap(path, dtype=DTYPE, mode="r", shape=(record["n_tokens"],))

@@ -1,0 +1,203 @@
+"""Benchmark arithmetic and reports: throughput from train.py's metrics.jsonl, growth cost, markdown table, bar chart.
+
+Pure functions on records (no processes, no timing). Definitions (DESIGN.md, section Evaluation): tokens/s counts
+the tokens of the global batch (all ranks); model FLOPs are train.py's cumulative ``flops`` (6 N + 12 L H Q T per token,
+``model.config.flops_per_token``, forward + backward, no activation recomputation); MFU = model FLOP/s per rank /
+the peak of one rank's device.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+
+class BenchError(Exception):
+    """A benchmark cannot be computed or run; printed as one message."""
+
+
+def summarize_train(records: list[dict], *, warmup_steps: int, world_size: int) -> dict:
+    """Throughput of the steps after the first ``warmup_steps``, from train.py's metrics records.
+
+    Args:
+        records: every record of one run's metrics.jsonl (train, val and growth events, in order).
+        warmup_steps: leading optimizer steps left out (op builds, allocator and cache warm-up).
+        world_size: data-parallel ranks (tokens and FLOPs in the records are totals over all ranks).
+
+    Returns:
+        measured step count, step times (s), tokens/s (total and per rank), model FLOP/s (total and per rank),
+        fp16 overflow-skipped steps (whole run and measured window), rank 0's peak memory, final loss and the
+        growth cost (``growth_cost``).
+
+    Raises:
+        BenchError: no step is left after the warm-up.
+    """
+    train = [r for r in records if r.get("event") == "train"]
+    measured = train[warmup_steps:]
+    if not measured:
+        raise BenchError(
+            f"the run has {len(train)} steps and {warmup_steps} are warm-up: nothing left to measure; "
+            "raise --steps or lower --warmup"
+        )
+    before = train[warmup_steps - 1] if warmup_steps > 0 else {"tokens": 0, "flops": 0, "skipped_steps": 0}
+    times = [r["step_time_s"] for r in measured]
+    seconds = sum(times)
+    tokens = measured[-1]["tokens"] - before["tokens"]
+    flops = measured[-1]["flops"] - before["flops"]
+    median = statistics.median(times)
+    return {
+        "measured_steps": len(measured),
+        "step_times_s": times,
+        "step_time_s_median": median,
+        "step_time_s_mean": seconds / len(times),
+        "measured_tokens": tokens,
+        "tokens_per_s": tokens / seconds,
+        "tokens_per_s_per_rank": tokens / seconds / world_size,
+        "model_flops_per_s": flops / seconds,
+        "model_flops_per_s_per_rank": flops / seconds / world_size,
+        "skipped_steps": train[-1]["skipped_steps"],
+        "skipped_steps_measured": measured[-1]["skipped_steps"] - before["skipped_steps"],
+        "max_rss_bytes_rank0": max(r.get("max_rss_bytes", 0) for r in train),
+        "final_loss": train[-1]["loss"],
+        "growth": growth_cost(records, median),
+    }
+
+
+def growth_cost(records: list[dict], step_time_s: float) -> dict:
+    """Cost of the run's growth events (``{"event": "growth", "seconds": ...}``) in seconds and in training steps.
+
+    Equivalent steps = seconds / ``step_time_s`` (the run's median step time), i.e. how many training steps the
+    same wall time would have bought.
+    """
+    events = [r for r in records if r.get("event") == "growth"]
+    per_event = [
+        {
+            "step": r.get("step"),
+            "seconds": float(r["seconds"]),
+            "equivalent_steps": float(r["seconds"]) / step_time_s,
+        }
+        for r in events
+    ]
+    seconds = sum(e["seconds"] for e in per_event)
+    return {
+        "events": len(events),
+        "seconds": seconds,
+        "equivalent_steps": seconds / step_time_s,
+        "per_event": per_event,
+    }
+
+
+def mib(n: float | None) -> str:
+    """Bytes as whole MiB with thousands separators ('-' for None)."""
+    return "-" if n is None else f"{n / 2**20:,.0f}"
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def markdown(records: list[dict], header: dict) -> str:
+    """A markdown report: a context list (``header``: label -> value) and one table row per run record."""
+    lines = ["# growlm throughput benchmark", ""]
+    lines += [f"- {k}: {v}" for k, v in header.items()]
+    lines += [
+        "",
+        "| run | ZeRO | precision | ranks | step ms (median) | tokens/s | tokens/s/rank | model TFLOP/s | MFU "
+        "| fp16 skipped | peak RSS/rank MiB | vs PyTorch |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in records:
+        ratio = r.get("overhead_vs_baseline")
+        rss = r.get("peak_rss_bytes_per_rank") or []
+        lines.append(
+            f"| {r['name']} | {r.get('zero_stage', '-') if r['kind'] == 'deepspeed' else '-'} | {r['precision']} "
+            f"| {r['world_size']} | {r['step_time_s_median'] * 1e3:,.0f} | {r['tokens_per_s']:,.0f} "
+            f"| {r['tokens_per_s_per_rank']:,.0f} | {r['model_flops_per_s'] / 1e12:.4f} | {r['mfu']:.1%} "
+            f"| {r.get('skipped_steps', 0)} | {' / '.join(mib(b) for b in rss) or '-'} "
+            f"| {_num(ratio, '.2f') + 'x' if ratio is not None else '-'} |"
+        )
+    growth = [r for r in records if r.get("growth", {}).get("events")]
+    if growth:
+        lines += ["", "| run | growth events | growth s | equivalent steps |", "|---|---|---|---|"]
+        for r in growth:
+            g = r["growth"]
+            lines.append(f"| {r['name']} | {g['events']} | {g['seconds']:.2f} | {g['equivalent_steps']:.1f} |")
+    lines += [
+        "",
+        "tokens/s counts the global batch of all ranks; model TFLOP/s = tokens/s x (6N + 12 L H Q T) per token, "
+        "activation recomputation off; MFU = model FLOP/s per rank / the peak above; 'vs PyTorch' = DeepSpeed "
+        "median step time / the plain PyTorch single-process step time at the same precision and global batch "
+        "(above 1: slower than plain PyTorch). Peak RSS is each rank process's peak resident memory (host).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def bar_chart(records: list[dict], path: str | Path, title: str) -> Path:
+    """A PNG with two bar panels (tokens/s and MFU), one bar per run record, written to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["name"] for r in records]
+    colors = [
+        "#888888" if r["kind"] == "pytorch" else {"fp32": "#4c72b0", "bf16": "#dd8452"}.get(r["precision"], "#55a868")
+        for r in records
+    ]
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.1 * len(names) + 4), 4.2))
+    for ax, key, label, scale in (
+        (axes[0], "tokens_per_s", "tokens/s (all ranks)", 1.0),
+        (axes[1], "mfu", "MFU (%)", 100.0),
+    ):
+        values = [r[key] * scale for r in records]
+        bars = ax.bar(range(len(names)), values, color=colors)
+        ax.bar_label(bars, labels=[f"{v:,.0f}" if scale == 1.0 else f"{v:.1f}" for v in values], fontsize=7)
+        ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_reports(args, out: Path, records: list[dict], base: dict, shape: str) -> None:
+    """One JSON per record, bench.json, bench.md and (for two or more runs) bench.png in ``out``.
+
+    ``args``: growlm-bench's parsed flags; ``base``: {"device_type", "common" (the shared record fields),
+    "peaks" ((precision, threads) -> peak)}; ``shape``: the model's shape string.
+    """
+    common, device_type = base["common"], base["device_type"]
+    for rec in records:
+        (out / f"{rec['name']}.json").write_text(json.dumps(rec, indent=2) + "\n")
+    (out / "bench.json").write_text(json.dumps(records, indent=2) + "\n")
+    peaks = "; ".join(
+        f"{p} {t} thread(s): {v.flops_per_s / 1e9:,.1f} GFLOP/s ({v.source})"
+        if device_type == "cpu"
+        else f"{p}: {v.flops_per_s / 1e12:,.0f} TFLOP/s ({v.source})"
+        for (p, t), v in base["peaks"].items()
+    )
+    header = {
+        "device": common["device"],
+        "model": f"{args.preset} ({shape}), {common['n_params'] / 1e6:.2f}M parameters, "
+        f"{common['flops_per_token'] / 1e6:.1f} MFLOP per token at T={args.seq_len} (6N + 12 L H Q T, activation "
+        "recomputation off)",
+        "batch": f"micro {args.micro_batch} x accumulation {args.grad_accum} x {args.world_size} ranks = "
+        f"{common['global_batch']} sequences of {args.seq_len} tokens per step",
+        "steps": f"{args.steps} per run, first {args.warmup} left out",
+        "threads": f"{args.threads_per_rank} per rank (OMP_NUM_THREADS); PyTorch baseline "
+        f"{args.threads_per_rank * args.world_size}"
+        if device_type == "cpu"
+        else "-",
+        "peak per device": peaks,
+    }
+    (out / "bench.md").write_text(markdown(records, header))
+    if len(records) >= 2:
+        title = (
+            f"growlm-bench: {args.preset}, T={args.seq_len}, global batch {common['global_batch']}, {common['device']}"
+        )
+        bar_chart(records, out / "bench.png", title)

@@ -1,0 +1,364 @@
+"""growlm-bench: training throughput of train.py for a model size, ZeRO stage, precision, batch, length and ranks.
+
+Every DeepSpeed number comes from a real ``train.py`` run (the same code path as training: ``--no_eval
+--no_final_save``), whose per-step ``metrics.jsonl`` records are read back; the first ``--warmup`` steps are left
+out. Beside it runs a plain PyTorch single-process step of the same model and global batch
+(``eval/bench/baseline.py``), so DeepSpeed's overhead shows as a ratio. Each run gives a JSON record; all runs
+together a markdown table (``bench.md``) and, for two or more, a bar chart (``bench.png``). Definitions: DESIGN.md
+section Evaluation, and ``eval/bench/report.py``. Examples::
+
+    growlm-bench --preset cpu-small --seq_len 128 --zero 2 --precision bf16 --out runs/bench
+    growlm-bench --sweep --seq_len 128 --steps 7 --out eval/results/bench_cpu  # ZeRO 0-3 x fp32/bf16
+    growlm-bench --preset GPT2_base --seq_len 1024 --micro_batch 8 --world_size 1 --zero 1 --precision fp16 bf16
+    growlm-bench ... --growth_plan growth/plans/PLAN.yaml   # also reports each growth's cost
+
+Ranks are started on this machine with RANK/WORLD_SIZE/MASTER_ADDR=127.0.0.1 (like torchrun); on a CPU each rank
+gets ``--threads_per_rank`` threads (OMP_NUM_THREADS) and the matmul peak is measured with that many threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from eval.bench.report import BenchError, summarize_train, write_reports
+from runtime.launch import launch_ranks
+
+REPO = Path(__file__).resolve().parents[2]
+STAGES = (0, 1, 2, 3)
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="growlm-bench",
+        description="Measure train.py's training throughput (tokens/s, model TFLOP/s, MFU, fp16 skipped steps, "
+        "peak memory) against a plain PyTorch baseline. Arguments after '--' go to train.py unchanged.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--preset", default="cpu-small", help="model shape preset (see train.py --help)")
+    for name in ("n_layer", "n_embd", "n_head", "n_inner"):
+        p.add_argument(f"--{name}", type=int, help=f"override the preset's {name}")
+    p.add_argument("--seq_len", type=int, default=128, help="tokens per sequence T")
+    p.add_argument("--zero", type=int, nargs="+", default=[2], choices=STAGES, help="ZeRO stage(s)")
+    p.add_argument("--precision", nargs="+", default=["bf16"], choices=PRECISIONS, help="precision(s)")
+    p.add_argument("--sweep", action="store_true", help="every ZeRO stage x every precision this device supports")
+    p.add_argument("--micro_batch", type=int, default=8, help="sequences per rank per micro step")
+    p.add_argument("--grad_accum", type=int, default=1, help="micro steps per optimizer step")
+    p.add_argument("--world_size", type=int, default=None, help="ranks (default: GPUs on this machine, else 2)")
+    p.add_argument("--threads_per_rank", type=int, default=None, help="CPU threads per rank (default cores/ranks)")
+    p.add_argument("--steps", type=int, default=7, help="optimizer steps per run, warm-up included")
+    p.add_argument("--warmup", type=int, default=2, help="leading steps left out of every number")
+    p.add_argument("--peak_tflops", type=float, default=None, help="peak per device (default: GPU table or measured)")
+    p.add_argument("--no_baseline", action="store_true", help="skip the plain PyTorch baseline")
+    p.add_argument(
+        "--growth_plan",
+        default=None,
+        help="pass a growth plan to train.py (its start replaces --preset) and report each growth's cost",
+    )
+    p.add_argument("--data", default=None, help="prepared token folder (default: the built-in corpus)")
+    p.add_argument("--out", default="runs/bench", help="folder for the JSON records, bench.md and bench.png")
+    p.add_argument("--keep_runs", action="store_true", help="keep the train.py run folders and logs in OUT/runs")
+    p.add_argument("--timeout_s", type=float, default=3600.0, help="limit for one run")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    args.train_extra = extra
+    return args
+
+
+def available_precisions() -> tuple[str, list[str]]:
+    """This machine's accelerator name and the precisions DeepSpeed can train with on it (train.py's check)."""
+    from runtime.dist import select_accelerator
+
+    select_accelerator()
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    avail = ["fp32"] + (["bf16"] if acc.is_bf16_supported() else []) + (["fp16"] if acc.is_fp16_supported() else [])
+    return acc.device_name(), avail
+
+
+def device_description() -> str:
+    """The accelerator's name (CUDA device 0) or the CPU model with its core count, for the report header."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    try:
+        model = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name"))
+        model = model.split(":", 1)[1].strip()
+    except (OSError, StopIteration):
+        model = "CPU"
+    return f"{model}, {os.cpu_count()} cores"
+
+
+def _launch(cmd: list[str], nproc: int, extra_env: dict, log_dir: Path, timeout_s: float, what: str) -> list[int]:
+    """Run ``nproc`` ranks of ``cmd`` (runtime/launch.py: loopback, a free port, output to log_dir/rank{i}.log);
+    return each rank's peak RSS in bytes. When one rank fails the others are stopped at once.
+
+    Raises:
+        BenchError: a rank failed (train.py's own error line when it printed one) or ``timeout_s`` passed.
+    """
+    res = launch_ranks(cmd, nproc, envs=[extra_env] * nproc, cwd=REPO, log_dir=log_dir, timeout_s=timeout_s,
+                       grace_s=0)  # fmt: skip
+    if res.timed_out:
+        raise BenchError(f"a run did not finish within --timeout_s {timeout_s:.0f}; logs in {log_dir}")
+    if res.returncode:
+        raise _failure(log_dir, what)
+    return res.max_rss_bytes
+
+
+def _failure(log_dir: Path, what: str) -> BenchError:
+    """A BenchError carrying train.py's own error line if it printed one, else the log tails."""
+    logs = sorted(log_dir.glob("rank*.log"))
+    for log in logs:
+        for line in log.read_text(errors="replace").splitlines():
+            if "growlm-train: error:" in line:  # may follow a progress bar's carriage return
+                return BenchError(f"{what}: {line.split('growlm-train: error:', 1)[1].strip()}")
+    tail = "\n".join(log.read_text(errors="replace")[-1500:] for log in logs)
+    return BenchError(f"{what} failed; last output:\n{tail}")
+
+
+def ds_config(stage: int, precision: str, micro_batch: int, grad_accum: int, steps: int, path: Path) -> Path:
+    """ds_configs/zero{stage}_{precision}.json with the benchmark's micro batch and accumulation, and an LR warm-up
+    no longer than the run (a growth plan's schedule rules refuse one that is)."""
+    cfg = json.loads((REPO / "ds_configs" / f"zero{stage}_{precision}.json").read_text())
+    cfg["train_micro_batch_size_per_gpu"] = micro_batch
+    cfg["gradient_accumulation_steps"] = grad_accum
+    sched = cfg.get("scheduler", {}).get("params", {})
+    if isinstance(sched.get("warmup_num_steps"), int):
+        sched["warmup_num_steps"] = min(sched["warmup_num_steps"], steps)
+    path.write_text(json.dumps(cfg, indent=2))
+    return path
+
+
+def bench_deepspeed(args: argparse.Namespace, stage: int, precision: str, work: Path, base: dict) -> dict:
+    """One train.py run at ``stage`` and ``precision`` with ``args.world_size`` ranks; its JSON record."""
+    name = f"zero{stage}-{precision}"
+    run_dir = work / name
+    cfg_path = ds_config(stage, precision, args.micro_batch, args.grad_accum, args.steps, work / f"{name}.json")
+    shape = [f"--{k}={getattr(args, k)}" for k in ("n_layer", "n_embd", "n_head", "n_inner") if getattr(args, k)]
+    shape = [] if args.growth_plan else ["--preset", args.preset, *shape]  # a plan sets its own starting shape
+    cmd = [sys.executable, str(REPO / "train.py"), *shape, "--seq_len", str(args.seq_len)]
+    cmd += ["--ds_config", str(cfg_path), "--max_steps", str(args.steps), "--no_eval", "--no_final_save"]
+    cmd += ["--log_interval", str(args.steps), "--out_dir", str(run_dir)]
+    cmd += ["--data", args.data] if args.data else []
+    cmd += ["--growth_plan", args.growth_plan] if args.growth_plan else []
+    cmd += args.train_extra
+    ws = args.world_size
+    env = {"PYTHONPATH": str(REPO)}
+    if base["device_type"] == "cpu":
+        env.update(OMP_NUM_THREADS=str(args.threads_per_rank), DS_ACCELERATOR="cpu")
+    print(f"growlm-bench: {name}: {ws} rank(s), {args.steps} steps ...", flush=True)
+    rss = _launch(cmd, ws, env, run_dir / "logs", args.timeout_s, f"train.py ({name})")
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    s = summarize_train(records, warmup_steps=args.warmup, world_size=ws)
+    peak = base["peaks"][(precision, args.threads_per_rank)]
+    rec = {
+        "name": name,
+        "kind": "deepspeed",
+        "zero_stage": stage,
+        "precision": precision,
+        "world_size": ws,
+        **base["common"],
+        **s,
+        "peak_flops_per_s_per_rank": peak.flops_per_s,
+        "peak_source": peak.source,
+        "mfu": s["model_flops_per_s_per_rank"] / peak.flops_per_s,
+        "peak_rss_bytes_per_rank": rss,
+        "peak_device_bytes_rank0": s["max_rss_bytes_rank0"] if base["device_type"] == "cuda" else None,
+        "train_cmd": " ".join(cmd),
+    }
+    return rec
+
+
+def bench_pytorch(args: argparse.Namespace, precision: str, work: Path, base: dict) -> dict:
+    """The plain PyTorch baseline at ``precision`` (one process, all the ranks' threads); its JSON record."""
+    name = f"pytorch-{precision}"
+    threads = args.threads_per_rank * args.world_size
+    common = base["common"]
+    cmd = [sys.executable, "-m", "eval.bench.baseline", "--config_json", json.dumps(common["model"])]
+    cmd += ["--batch", str(common["global_batch"]), "--grad_accum", str(args.grad_accum)]
+    cmd += ["--seq_len", str(args.seq_len), "--precision", precision, "--steps", str(args.steps)]
+    env = {"PYTHONPATH": str(REPO)}
+    if base["device_type"] == "cpu":
+        cmd += ["--threads", str(threads)]
+        env.update(OMP_NUM_THREADS=str(threads))
+    print(f"growlm-bench: {name}: 1 process, {args.steps} steps ...", flush=True)
+    rss = _launch(cmd, 1, env, work / name, args.timeout_s, f"the PyTorch baseline ({precision})")
+    lines = (work / name / "rank0.log").read_text().splitlines()
+    out = json.loads(next(ln for ln in reversed(lines) if ln.startswith('{"step_times_s"')))
+    times = out["step_times_s"][args.warmup :]
+    seconds = sum(times)
+    tokens = common["tokens_per_step"] * len(times)
+    flops = tokens * common["flops_per_token"]
+    peak = base["peaks"][(precision, threads)]
+    return {
+        "name": name,
+        "kind": "pytorch",
+        "precision": precision,
+        "world_size": 1,
+        **common,
+        "threads": threads if base["device_type"] == "cpu" else None,
+        "measured_steps": len(times),
+        "step_times_s": times,
+        "step_time_s_median": statistics.median(times),
+        "step_time_s_mean": seconds / len(times),
+        "measured_tokens": tokens,
+        "tokens_per_s": tokens / seconds,
+        "tokens_per_s_per_rank": tokens / seconds,
+        "model_flops_per_s": flops / seconds,
+        "model_flops_per_s_per_rank": flops / seconds,
+        "peak_flops_per_s_per_rank": peak.flops_per_s,
+        "peak_source": peak.source,
+        "mfu": flops / seconds / peak.flops_per_s,
+        "skipped_steps": 0,
+        "final_loss": out["losses"][-1],
+        "peak_rss_bytes_per_rank": rss,
+        "peak_device_bytes_rank0": out["peak_device_bytes"],
+    }
+
+
+def _resolve(args: argparse.Namespace):
+    """Check the flags against this device and fill defaults; returns (device type, precisions, ZeRO stages, model
+    config, model FLOPs per token).
+
+    Raises:
+        BenchError: an unsupported precision, --warmup >= --steps, or a bad model shape / growth plan.
+    """
+    from model.config import flops_per_token, from_preset
+
+    device_name, avail = available_precisions()
+    device_type = "cuda" if device_name.startswith("cuda") else "cpu"
+    precisions = [p for p in PRECISIONS if p in avail] if args.sweep else list(dict.fromkeys(args.precision))
+    stages = list(STAGES) if args.sweep else list(dict.fromkeys(args.zero))
+    for p in precisions:
+        if p not in avail:  # the words train.py uses for the same refusal
+            raise BenchError(
+                f"--precision {p}: this device ({device_name}) does not support {p}; "
+                f"available precisions: {', '.join(avail)}"
+            )
+    if args.warmup >= args.steps:
+        raise BenchError(f"--warmup {args.warmup} must be below --steps {args.steps}: nothing would be measured")
+    if args.world_size is None:
+        import torch
+
+        args.world_size = torch.cuda.device_count() if device_type == "cuda" else 2
+    if args.threads_per_rank is None:
+        args.threads_per_rank = max(1, (os.cpu_count() or 1) // args.world_size)
+    try:
+        shape = {k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head", "n_inner")}
+        if args.growth_plan:  # the model starts at the plan's shape (the baseline trains that one)
+            from growth.stages import load_stages
+
+            try:
+                cfg = load_stages(args.growth_plan).start
+            except Exception as e:  # missing file, YAML syntax, bad plan: train.py's own checks say more
+                raise BenchError(f"--growth_plan {args.growth_plan}: {e}") from None
+            args.preset = "growth plan start"
+        else:
+            cfg = from_preset(args.preset, **{k: v for k, v in shape.items() if v is not None})
+        fpt = flops_per_token(cfg, args.seq_len)
+    except ValueError as e:
+        raise BenchError(str(e)) from None
+    return device_type, precisions, stages, cfg, fpt
+
+
+def _common(args: argparse.Namespace, cfg, fpt: int, device_type: str) -> dict:
+    """The fields every record shares (model, batch, device, steps)."""
+    from model.config import param_count
+
+    global_batch = args.micro_batch * args.grad_accum * args.world_size
+    return {
+        "preset": args.preset,
+        "model": cfg.to_dict(),
+        "n_params": param_count(cfg),
+        "flops_per_token": fpt,
+        "activation_recomputation": False,  # growlm's GPT recomputes nothing: model FLOPs = executed FLOPs
+        "seq_len": args.seq_len,
+        "micro_batch": args.micro_batch,
+        "grad_accum": args.grad_accum,
+        "global_batch": global_batch,
+        "tokens_per_step": global_batch * args.seq_len,
+        "device": device_description(),
+        "threads_per_rank": args.threads_per_rank if device_type == "cpu" else None,
+        "steps": args.steps,
+        "warmup_steps": args.warmup,
+    }
+
+
+def _measure(args: argparse.Namespace, precisions: list[str], stages: list[int], base: dict, work: Path) -> list:
+    """The PyTorch baseline and every DeepSpeed run, per precision; one record each."""
+    records: list[dict] = []
+    for p in precisions:
+        baseline = None if args.no_baseline else bench_pytorch(args, p, work, base)
+        if baseline is not None:
+            records.append(baseline)
+        for s in stages:
+            rec = bench_deepspeed(args, s, p, work, base)
+            rec["baseline_step_time_s"] = baseline["step_time_s_median"] if baseline else None
+            rec["overhead_vs_baseline"] = (
+                rec["step_time_s_median"] / baseline["step_time_s_median"] if baseline else None
+            )
+            records.append(rec)
+            print(
+                f"growlm-bench: {rec['name']}: {rec['tokens_per_s']:,.0f} tokens/s, MFU {rec['mfu']:.1%}",
+                flush=True,
+            )
+    return records
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    """Run every (ZeRO stage, precision) the flags ask for through train.py, plus the PyTorch baseline; one summary
+    record per run (tokens/s, model FLOP/s, MFU, peak RSS bytes), written to ``--out``.
+
+    Raises:
+        BenchError: bad flags for this device, or a run that failed or timed out (train.py's error line).
+    """
+    from eval.bench.peak import device_peak
+
+    device_type, precisions, stages, cfg, fpt = _resolve(args)
+    base = {"device_type": device_type, "common": _common(args, cfg, fpt, device_type), "peaks": {}}
+    threads_needed = {args.threads_per_rank} | (
+        set() if args.no_baseline else {args.threads_per_rank * args.world_size}
+    )
+    for p in precisions:
+        for t in sorted(threads_needed):
+            base["peaks"][(p, t)] = device_peak(p, t, args.peak_tflops)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = out / "runs" if args.keep_runs else Path(tempfile.mkdtemp(prefix="growlm-bench-"))
+    try:
+        records = _measure(args, precisions, stages, base, work)
+    finally:
+        if not args.keep_runs:
+            shutil.rmtree(work, ignore_errors=True)
+    write_reports(args, out, records, base, cfg.shape_str())
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        records = run(args)
+    except BenchError as e:
+        print(f"growlm-bench: error: {e}", file=sys.stderr)
+        return 2
+    print((Path(args.out) / "bench.md").read_text(), flush=True)
+    print(
+        f"growlm-bench: {len(records)} JSON record(s), bench.md{' and bench.png' if len(records) > 1 else ''} "
+        f"in {args.out}",
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""growlm-eval: perplexity (token and word level) and LAMBADA-style last-word accuracy of a trained model.
+
+    growlm-eval runs/default/checkpoints                 # a growlm DeepSpeed checkpoint (any ZeRO stage / world size)
+    growlm-eval export/ --sets heldout,cloze             # an exported transformers folder; same numbers
+    growlm-eval CKPT --wikitext wiki.test.raw --lambada lambada_test.jsonl --out results.json
+
+Sets (``--sets``, default heldout,cloze,wikipedia):
+  heldout    the built-in validation split (Persuasion, Hamlet, The Tempest): token and word perplexity
+  cloze      LAMBADA-style whole-word accuracy on a cloze built from Persuasion (a proxy, not LAMBADA)
+  wikipedia  the held-out articles of the gensim Wikipedia sample (``--wiki_split``; Wikipedia-style, not WikiText)
+Files: ``--wikitext FILE`` is scored as one document (sliding window over the whole file; word perplexity over its
+whitespace-separated words), ``--lambada FILE`` as LAMBADA (last space-separated word of each passage).
+Perplexities use a sliding window of ``--context`` tokens advancing by ``--stride`` (every token predicted once);
+word perplexity = exp(total NLL / whitespace-separated words of the original text).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eval.metrics.cloze import ClozeItem, build_cloze, read_lambada, score_cloze
+from eval.metrics.errors import EvalInputError
+from eval.metrics.load import LoadedModel, load
+from eval.metrics.perplexity import document_nll, word_count, word_perplexity
+from eval.metrics.textsets import cloze_source, heldout_documents, read_text_file, wikipedia_documents
+
+SETS = ("heldout", "cloze", "wikipedia")
+DEFAULT_SETS = ",".join(SETS)
+
+
+def check_windows(m: LoadedModel, context: int | None, stride: int | None) -> tuple[int, int]:
+    """(context, stride) with defaults context = n_positions, stride = context // 2.
+
+    Raises:
+        EvalInputError: context > n_positions, or stride outside [1, context].
+    """
+    n_pos = m.config.n_positions
+    context = context or n_pos
+    if not 2 <= context <= n_pos:
+        raise EvalInputError(
+            f"--context {context} must be in [2, n_positions={n_pos}] of this model ({m.config.shape_str()})"
+        )
+    stride = stride or max(1, context // 2)
+    if not 1 <= stride <= context:
+        raise EvalInputError(f"--stride {stride} must be in [1, --context {context}]")
+    return context, stride
+
+
+def perplexity_of(m: LoadedModel, docs: dict[str, str], context: int, stride: int, batch_size: int, progress: bool):
+    """Token and word perplexity of a set of documents, each scored alone from an end-of-text token."""
+    ids = [m.tokenizer.encode(t) for t in docs.values()]
+    if sum(len(x) for x in ids) < 1:
+        raise EvalInputError("the eval text has no tokens")
+    bad = max(max(x) for x in ids if x)
+    if bad >= m.config.vocab_size:
+        raise EvalInputError(
+            f"token id {bad} >= the model's vocab_size {m.config.vocab_size}: wrong tokenizer ({m.tokenizer.name})? "
+            "pass the one the model was trained with via --tokenizer"
+        )
+    nll = document_nll(
+        m.logits_fn, ids, context, stride, batch_size, bos_token_id=m.tokenizer.eot_token_id, progress=progress
+    )
+    words = sum(word_count(t) for t in docs.values())
+    return {
+        "documents": len(docs),
+        "tokens": nll.n_tokens,
+        "words": words,
+        "loss": nll.loss,
+        "token_perplexity": nll.perplexity,
+        "word_perplexity": word_perplexity(nll, words),
+        "total_nll": nll.total_nll,
+    }
+
+
+@dataclass(frozen=True)
+class EvalFiles:
+    """A user's eval files, read (data/text.py) and checked before any model is loaded."""
+
+    wikitext: str | None = None  # path
+    wikitext_text: str = ""
+    lambada: str | None = None  # path
+    lambada_items: tuple[ClozeItem, ...] = ()
+
+
+def read_eval_files(wikitext: str | None, lambada: str | None) -> EvalFiles:
+    """Read ``--wikitext`` (one document) and ``--lambada`` (passages).
+
+    Raises:
+        EvalInputError: a file is missing or empty.
+        data.text.InputError: undecodable bytes or a bad row (``FILE:LINE: problem; fix``).
+    """
+    text = read_text_file(wikitext) if wikitext else ""
+    items = tuple(read_lambada(lambada)) if lambada else ()
+    return EvalFiles(wikitext, text, lambada, items)
+
+
+def evaluate(
+    m: LoadedModel,
+    sets: list[str],
+    *,
+    context: int | None = None,
+    stride: int | None = None,
+    batch_size: int = 8,
+    wiki_split: str = "test",
+    files: EvalFiles = EvalFiles(),  # noqa: B008  (frozen, never mutated)
+    max_cloze_items: int = 0,
+    progress: bool = True,
+    skip_missing_wikipedia: bool = False,
+) -> dict[str, Any]:
+    """Every requested metric of a loaded model as a JSON-safe dict (see the module docstring).
+
+    ``skip_missing_wikipedia``: when the Wikipedia sample is not built, record it as skipped instead of failing
+    (used for the default --sets; asking for it explicitly fails with the command that builds it).
+    """
+    unknown = [s for s in sets if s not in SETS]
+    if unknown:
+        raise EvalInputError(f"unknown eval set(s) {unknown}; choose from {', '.join(SETS)}")
+    context, stride = check_windows(m, context, stride)
+    out: dict[str, Any] = {
+        "model": m.source,
+        "format": m.kind,
+        "config": m.config.to_dict(),
+        "tokenizer": m.tokenizer.name,
+        "context": context,
+        "stride": stride,
+        "results": {},
+    }
+    res = out["results"]
+    for name in sets:
+        t0 = time.perf_counter()
+        if name == "heldout":
+            res[name] = perplexity_of(m, heldout_documents(), context, stride, batch_size, progress)
+        elif name == "wikipedia":
+            try:
+                docs = wikipedia_documents(wiki_split)
+            except EvalInputError as e:
+                if not skip_missing_wikipedia:
+                    raise
+                print(f"growlm-eval: skipping wikipedia: {e}", file=sys.stderr)
+                res[name] = {"skipped": str(e)}
+                continue
+            res[name] = {"split": wiki_split} | perplexity_of(m, docs, context, stride, batch_size, progress)
+        elif name == "cloze":
+            items = build_cloze(cloze_source())
+            items = items[:max_cloze_items] if max_cloze_items else items
+            res[name] = {"source": "persuasion (held out), LAMBADA-style proxy"} | score_cloze(
+                m.logits_fn, items, m.tokenizer, context, progress=progress
+            ).to_dict()
+        res[name]["seconds"] = round(time.perf_counter() - t0, 2)
+    if files.wikitext:
+        res["wikitext_file"] = {"path": files.wikitext} | perplexity_of(
+            m, {"file": files.wikitext_text}, context, stride, batch_size, progress
+        )
+    if files.lambada:
+        res["lambada_file"] = {"path": files.lambada} | score_cloze(
+            m.logits_fn, list(files.lambada_items), m.tokenizer, context, progress=progress
+        ).to_dict()
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="growlm-eval",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "model",
+        help="growlm checkpoint (run folder, checkpoints folder or tag) or transformers folder (safetensors only). "
+        "DeepSpeed's zero_to_fp32 unpickles a checkpoint's files: use checkpoints from a trusted source only (growlm "
+        "first refuses any file holding more than tensor data and a few known types)",
+    )
+    p.add_argument("--sets", default=DEFAULT_SETS, help="comma-separated sets; '' for files only (default: all)")
+    p.add_argument("--tokenizer", default=None, help="gpt2, a tokenizer.json, or a token folder (default: the model's)")
+    p.add_argument("--context", type=int, default=None, help="window length T in tokens (default n_positions)")
+    p.add_argument("--stride", type=int, default=None, help="window step in tokens (default context // 2)")
+    p.add_argument("--batch_size", type=int, default=8, help="windows per forward pass")
+    p.add_argument("--wiki_split", default="test", choices=("val", "test"), help="held-out Wikipedia articles")
+    p.add_argument("--wikitext", default=None, help="a WikiText-style file to score as one document")
+    p.add_argument("--lambada", default=None, help="a LAMBADA file (.jsonl {'text'} per line, or one per line)")
+    p.add_argument("--max_cloze_items", type=int, default=0, help="score only the first N cloze items (0: all)")
+    p.add_argument("--out", default=None, help="write the JSON here too (it always goes to stdout)")
+    p.add_argument("--no_progress", action="store_true", help="no progress bars")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sets = [s.strip() for s in args.sets.split(",") if s.strip()]
+    try:  # the user's files first: a bad file is refused before a model is loaded
+        files = read_eval_files(args.wikitext, args.lambada)
+        m = load(args.model, args.tokenizer)
+        out = evaluate(
+            m,
+            sets,
+            context=args.context,
+            stride=args.stride,
+            batch_size=args.batch_size,
+            wiki_split=args.wiki_split,
+            files=files,
+            max_cloze_items=args.max_cloze_items,
+            progress=not args.no_progress,
+            skip_missing_wikipedia=args.sets == DEFAULT_SETS,
+        )
+    except (EvalInputError, ValueError) as e:  # also data.text.InputError and data.tokenizer.TokenizerError
+        print(f"growlm-eval: error: {e}", file=sys.stderr)
+        return 2
+    text = json.dumps(out, indent=2)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

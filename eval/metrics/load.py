@@ -1,0 +1,150 @@
+"""Load a model for evaluation, in one process: a growlm DeepSpeed checkpoint (any ZeRO stage, any world size) or
+an exported ``transformers`` folder. Both give an eval-mode ``logits_fn`` (ids (B, T) int64 -> logits (B, T, V)).
+
+DeepSpeed checkpoints: the fp32 weights come from DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint``
+(deepspeed.utils.zero_to_fp32; it merges the ZeRO 1/2/3 partitions of any number of ranks). Stage 0 writes no
+ZeRO partitions; its weights are the module state in ``mp_rank_00_model_states.pt`` (fp32 runs: the exact
+weights; bf16/fp16 runs: the working copy, since stage 0 keeps no separate fp32 master that zero_to_fp32 can read).
+The shape comes from ``growlm_state.json`` (``model_config``) and is checked against every tensor. A checkpoint
+saved mid mask ramp (``growth_masks`` not null) is rebuilt with its masks at the saved step's ramp value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from data import tokenizer as tok
+from data.tokenizer import Tokenizer
+from eval.metrics.errors import EvalInputError
+from model.config import GPTConfig
+from runtime.checkpoint import STATE_FILE, CheckpointError, OpenCheckpoint, open_checkpoint, safe_load
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to score text: ``logits_fn`` in eval mode, its shape, tokenizer and where it came from."""
+
+    logits_fn: Callable[[Tensor], Tensor]
+    config: GPTConfig
+    tokenizer: Tokenizer
+    source: str
+    kind: str  # "deepspeed" | "transformers"
+    model: torch.nn.Module
+
+
+def open_deepspeed(path: Path) -> OpenCheckpoint:
+    """The growlm checkpoint named by ``path`` (tag folder, checkpoints folder or run folder), opened by
+    ``runtime.checkpoint.open_checkpoint``: manifest verified, RunState read, every pickle checked.
+
+    Raises:
+        EvalInputError: not a growlm checkpoint, a damaged or inconsistent one, or a file that is not plain tensor data.
+    """
+    try:
+        return open_checkpoint(path)
+    except CheckpointError as e:
+        hint = ""
+        if "not a growlm checkpoint" in str(e):
+            hint = (
+                ". Give a tag folder (OUT/checkpoints/global_stepN), its checkpoints folder, or an exported "
+                "transformers folder (config.json)"
+            )
+        raise EvalInputError(f"{e}{hint}") from None
+
+
+def _weights(tag_dir: Path, zero_stage: int | None) -> dict[str, Tensor]:
+    """fp32 weights of a DeepSpeed tag folder, merged over ranks."""
+    has_zero_shards = any(tag_dir.glob("*zero_pp_rank_*_optim_states.pt"))
+    if has_zero_shards and zero_stage != 0:
+        from runtime.dist import select_accelerator
+
+        select_accelerator()
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints a line per parameter group
+            sd = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+        return {k: v.float() for k, v in sd.items()}
+    model_file = tag_dir / "mp_rank_00_model_states.pt"
+    if not model_file.is_file():
+        raise EvalInputError(f"{tag_dir}: neither ZeRO partitions nor {model_file.name}; incomplete checkpoint")
+    blob = safe_load(model_file, "module weights")
+    return {k: v.float() for k, v in blob["module"].items()}
+
+
+def load_deepspeed(path: str | Path, tokenizer: str | None = None) -> LoadedModel:
+    """A growlm DeepSpeed checkpoint (tag folder, checkpoints folder or run folder) as an eval-mode GPT (fp32).
+
+    Raises:
+        EvalInputError: not a growlm checkpoint, config missing/invalid, or weights that do not fit the config.
+    """
+    from model.gpt import GPT
+
+    ckpt = open_deepspeed(Path(path))
+    tag_dir, state, cfg = ckpt.tag_dir, ckpt.state, ckpt.state.model_config
+    masks = state.growth_masks
+    model = GPT(cfg, masks=masks)
+    sd = _weights(tag_dir, state.zero_stage)
+    expected = {k: v.shape for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    expected = {k: s for k, s in expected.items() if not k.startswith("growth_")}  # masks: recomputed below
+    got = {k: v for k, v in sd.items() if k != "lm_head.weight" and not k.startswith("growth_")}
+    missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
+    wrong = [
+        f"{k}: {tuple(got[k].shape)} vs config {tuple(s)}"
+        for k, s in expected.items()
+        if k in got and got[k].shape != s
+    ]
+    if missing or extra or wrong:
+        raise EvalInputError(
+            f"{tag_dir}: the weights do not match model_config in {STATE_FILE} ({cfg.shape_str()}): "
+            f"missing {missing[:4]}, unexpected {extra[:4]}, wrong shapes {wrong[:4]}; the checkpoint is inconsistent"
+        )
+    with torch.no_grad():
+        model.load_state_dict(got, strict=False)
+    if masks:
+        model.set_growth_step(state.global_step)
+    model.eval()
+    default = None
+    data_dir = state.data.dir
+    if tokenizer is None and data_dir and Path(data_dir).is_dir():
+        default = tok.from_data_dir(data_dir)
+    return LoadedModel(model, cfg, tok.resolve(tokenizer, default), str(tag_dir), "deepspeed", model)
+
+
+def load_transformers(path: str | Path, tokenizer: str | None = None) -> LoadedModel:
+    """An exported ``transformers`` GPT-2 folder (config.json + weights), scored by HF's own forward pass."""
+    from transformers import GPT2LMHeadModel
+
+    from model.hf import from_hf_config
+
+    path = Path(path)
+    try:
+        # safetensors only: a pytorch_model.bin is a pickle, which growlm never unpickles from a foreign folder
+        hf = GPT2LMHeadModel.from_pretrained(str(path), use_safetensors=True).float().eval()
+    except (OSError, ValueError) as e:
+        raise EvalInputError(f"{path}: cannot load it as a transformers GPT-2 folder ({e})") from e
+    try:
+        cfg = from_hf_config(hf.config)
+    except ValueError as e:
+        raise EvalInputError(f"{path}: {e}") from e
+    default = tok.from_file(path / "tokenizer.json") if (path / "tokenizer.json").is_file() else None
+    return LoadedModel(lambda x: hf(x).logits, cfg, tok.resolve(tokenizer, default), str(path), "transformers", hf)
+
+
+def load(path: str | Path, tokenizer: str | None = None) -> LoadedModel:
+    """A growlm checkpoint or an exported transformers folder (it has config.json), chosen by what the folder holds.
+
+    Raises:
+        EvalInputError: the path does not exist or holds neither.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise EvalInputError(f"{p}: no such checkpoint or model folder")
+    if (p / "config.json").is_file() and not (p / STATE_FILE).is_file():
+        return load_transformers(p, tokenizer)
+    return load_deepspeed(p, tokenizer)

@@ -1,0 +1,190 @@
+"""Token-level perplexity with an explicit context and stride (sliding window, nothing dropped).
+
+For a text of N tokens t_0 .. t_{N-1}, every token t_1 .. t_{N-1} is predicted exactly once (N - 1 predictions).
+Window w feeds tokens [b_w, e_w) (at most ``context`` of them) and scores only the targets not scored by an
+earlier window, so each prediction sees at least ``context - stride`` tokens of context (except near the start).
+Perplexity = exp(total NLL / predicted tokens). Definitions: DESIGN.md, section Evaluation (the seeds' mistakes were a
+dropped tail and train-mode dropout; here the caller's model must be in eval mode and gradients are off).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Window:
+    """Input tokens [begin, end) of the text; the last ``n_target`` of their next-token targets are scored."""
+
+    begin: int
+    end: int
+    n_target: int
+
+
+def sliding_windows(n_tokens: int, context: int, stride: int) -> list[Window]:
+    """Windows covering every prediction of an N-token text once.
+
+    Args:
+        n_tokens: N, length of the text in tokens (>= 2).
+        context: longest window T (tokens fed to the model).
+        stride: tokens the window advances by, 1 <= stride <= context.
+
+    Raises:
+        ValueError: the text is shorter than 2 tokens, or stride is not in [1, context].
+    """
+    if n_tokens < 2:
+        raise ValueError(f"a text of {n_tokens} token(s) has nothing to predict; give at least 2 tokens")
+    if not 1 <= stride <= context:
+        raise ValueError(f"stride={stride} must be in [1, context={context}]")
+    windows, scored_to, begin = [], 0, 0  # scored_to: predictions of targets t_1 .. t_{scored_to} are done
+    while scored_to < n_tokens - 1:
+        end = min(begin + context, n_tokens - 1)
+        windows.append(Window(begin, end, end - scored_to))
+        scored_to, begin = end, begin + stride
+    return windows
+
+
+@dataclass(frozen=True)
+class NLL:
+    """Summed negative log-likelihood (nats) over ``n_tokens`` predictions."""
+
+    total_nll: float
+    n_tokens: int
+
+    @property
+    def loss(self) -> float:
+        """Mean NLL per predicted token (nats)."""
+        return self.total_nll / self.n_tokens
+
+    @property
+    def perplexity(self) -> float:
+        """exp(mean NLL per token)."""
+        return math.exp(self.loss)
+
+
+def _batches(windows: list[Window], batch_size: int) -> list[list[Window]]:
+    """Consecutive windows of equal length, at most batch_size per batch."""
+    out: list[list[Window]] = []
+    for w in windows:
+        if out and len(out[-1]) < batch_size and out[-1][0].end - out[-1][0].begin == w.end - w.begin:
+            out[-1].append(w)
+        else:
+            out.append([w])
+    return out
+
+
+@torch.no_grad()
+def token_nll(
+    logits_fn: Callable[[Tensor], Tensor],
+    tokens: np.ndarray,
+    context: int,
+    stride: int | None = None,
+    batch_size: int = 8,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    all_reduce_sum: Callable[[Tensor], Tensor] | None = None,
+    device: torch.device | str = "cpu",
+    progress: bool = False,
+) -> NLL:
+    """Total NLL of a token sequence under a causal LM, windows shared among data-parallel ranks.
+
+    Args:
+        logits_fn: maps input ids (B, T) int64 to logits (B, T, V); e.g. an eval-mode GPT or DeepSpeed engine.
+        tokens: the text as token ids, 1-D (N,).
+        context: window length T (<= the model's n_positions).
+        stride: window step; None means ``context`` (non-overlapping windows).
+        batch_size: windows per forward call.
+        rank, world_size: this rank takes windows rank, rank + world_size, ...; every rank makes the same number
+            of forward calls (padding with a zero-weight batch), as ZeRO-3 requires.
+        all_reduce_sum: sums a float64 tensor over ranks in place and returns it (needed when world_size > 1).
+        device: where inputs are placed.
+        progress: show a tqdm bar.
+
+    Returns:
+        NLL summed over all N - 1 predictions of the text (all ranks get the same value).
+
+    Raises:
+        ValueError: see ``sliding_windows``; world_size > 1 without all_reduce_sum.
+    """
+    if world_size > 1 and all_reduce_sum is None:
+        raise ValueError("world_size > 1 needs all_reduce_sum to combine the ranks' sums")
+    windows = sliding_windows(len(tokens), context, stride or context)
+    per_rank = [_batches(windows[r::world_size], batch_size) for r in range(world_size)]
+    n_calls = max(len(b) for b in per_rank)
+    mine = per_rank[rank]
+    total = torch.zeros(2, dtype=torch.float64)  # (nll, count)
+    iterator = range(n_calls)
+    if progress:
+        from tqdm import tqdm
+
+        iterator = tqdm(iterator, desc="eval", leave=False)
+    for i in iterator:
+        batch, weight = (mine[i], 1.0) if i < len(mine) else (mine[0] if mine else per_rank[0][0], 0.0)
+        rows = np.stack([np.asarray(tokens[w.begin : w.end + 1], dtype=np.int64) for w in batch])
+        rows = torch.from_numpy(rows).to(device)  # (B, T + 1)
+        x, y = rows[:, :-1], rows[:, 1:].clone()
+        for j, w in enumerate(batch):
+            y[j, : (w.end - w.begin) - w.n_target] = -100  # context-only positions: scored by an earlier window
+        logits = logits_fn(x)
+        nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum")
+        total += weight * torch.tensor([nll.item(), float((y != -100).sum())], dtype=torch.float64)
+    if world_size > 1:
+        total = all_reduce_sum(total)
+    return NLL(total_nll=float(total[0]), n_tokens=int(round(float(total[1]))))
+
+
+def word_count(text: str) -> int:
+    """Words of a text for word-level perplexity: maximal runs of non-whitespace (``len(text.split())``), counted on
+    the original text before tokenization, as WikiText's word-level numbers count space-separated tokens."""
+    return len(text.split())
+
+
+def word_perplexity(nll: NLL, n_words: int) -> float:
+    """exp(total NLL / words of the original text) (DESIGN.md, section Evaluation); the NLL must cover every token
+    of the text.
+
+    Raises:
+        ValueError: n_words < 1.
+    """
+    if n_words < 1:
+        raise ValueError(f"word-level perplexity needs at least one word, got {n_words}")
+    return math.exp(nll.total_nll / n_words)
+
+
+def document_nll(
+    logits_fn: Callable[[Tensor], Tensor],
+    documents: list[list[int]],
+    context: int,
+    stride: int | None = None,
+    batch_size: int = 8,
+    *,
+    bos_token_id: int,
+    progress: bool = False,
+) -> NLL:
+    """Summed NLL of several documents, each scored alone as ``[bos] + tokens`` so that every token of every
+    document is predicted once (the first from the end-of-text token, as GPT-2 starts a document).
+
+    Raises:
+        ValueError: no document has a token.
+    """
+    docs = [d for d in documents if len(d)]
+    if not docs:
+        raise ValueError("no document has any token; the eval text is empty")
+    total, count = 0.0, 0
+    iterator = docs
+    if progress:
+        from tqdm import tqdm
+
+        iterator = tqdm(docs, desc="documents", leave=False)
+    for d in iterator:
+        r = token_nll(logits_fn, np.asarray([bos_token_id, *d], dtype=np.int64), context, stride, batch_size)
+        total, count = total + r.total_nll, count + r.n_tokens
+    return NLL(total, count)

@@ -1,0 +1,73 @@
+"""The held-out texts growlm evaluates on, as lists of documents (strings). None of them is ever trained on.
+
+* ``heldout``: the built-in corpus's validation split (Persuasion, Hamlet, The Tempest; data/corpus/val/).
+* ``wikipedia``: the gensim English Wikipedia sample (May 2016), split by article; the ``val`` and ``test`` articles
+  (10 each) are held out (data/build_corpus.py ``--extra wikipedia`` writes them; Wikipedia-style, not WikiText).
+* ``cloze_source``: the held-out novel (Persuasion) the LAMBADA-style cloze is built from (DESIGN.md, section
+  Evaluation, "Cloze").
+* ``read_text_file``: a user's file (e.g. WikiText-103 ``wiki.test.raw``), one document, scored as given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from data.text import read_text
+from eval.metrics.errors import EvalInputError
+
+CLOZE_NOVEL = "persuasion"
+_read = read_text  # every file is read by data/text.py, the one reader of text files
+
+
+def heldout_documents() -> dict[str, str]:
+    """name -> text of the built-in validation split, in MANIFEST.json order."""
+    from data.prepare import builtin_corpus_files
+
+    _, val = builtin_corpus_files()
+    return {p.name.removesuffix(".txt.xz"): _read(p) for p in val}
+
+
+def cloze_source() -> str:
+    """The held-out novel the cloze set is built from."""
+    return heldout_documents()[CLOZE_NOVEL]
+
+
+def wikipedia_dir() -> Path:
+    """Where ``python -m data.build_corpus --extra wikipedia`` writes the Wikipedia sample (split by article)."""
+    from data.build_corpus import EXTRA_DIR
+
+    return EXTRA_DIR / "wikipedia"
+
+
+def wikipedia_documents(split: str = "test") -> dict[str, str]:
+    """title -> text of the held-out Wikipedia articles of ``split`` ('val' or 'test').
+
+    Raises:
+        EvalInputError: the split is unknown, or the extra source has not been built (the message says how).
+    """
+    if split not in ("val", "test"):
+        raise EvalInputError(f"Wikipedia split {split!r}: use 'val' or 'test' (the 'train' articles are trained on)")
+    folder = wikipedia_dir() / split
+    files = sorted(folder.glob("*.txt"))
+    if not files:
+        raise EvalInputError(
+            f"the held-out Wikipedia sample is not built ({folder} is empty or missing); build it once with "
+            "`python -m data.build_corpus --extra wikipedia` (downloads gensim's wheel, needs mwparserfromhell)"
+        )
+    return {p.stem: _read(p) for p in files}
+
+
+def read_text_file(path: str | Path) -> str:
+    """A user's eval file (UTF-8 text, .xz allowed, a leading BOM removed; data/text.py) as one document.
+
+    Raises:
+        EvalInputError: missing or empty (whitespace only).
+        data.text.InputError: undecodable bytes (``FILE:LINE: problem; fix``).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise EvalInputError(f"eval file {p} does not exist")
+    text = _read(p)
+    if not text.strip():
+        raise EvalInputError(f"eval file {p} is empty; nothing to score")
+    return text

@@ -1,0 +1,293 @@
+"""Offline growth: grow a saved ZeRO-1/2/3 checkpoint into one that resumes at any world size, or only reshard it.
+
+How (DESIGN.md, "Architecture"): DeepSpeed's ``ds_to_universal`` turns the native shards into one folder per
+parameter (growth.universal.convert); the stage's growth plan then rewrites them one parameter at a time
+(growth.apply.apply_plan over growth.universal.UniversalStore: memory about two full tensors of the largest
+parameter, never the model); the small metadata files are rewritten for the grown model (LR placement, Adam step,
+loss scaler, param shapes) and growlm_state.json records the grown config, masks, consumed samples, the schedule and
+the growth history. Every check runs before anything is written (growth.prepare.prepare_growth, the same checks as a
+live growth); the output is built in a temporary sibling folder with a sha256 manifest and renamed into place only
+when complete (runtime.atomic); the input is never modified. The command line is growth/grow_checkpoint.py.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from growth.apply import apply_plan
+from growth.plan import param_shapes
+from growth.prepare import GrowthPrep, prepare_growth
+from growth.schedule import checkpoint_schedule
+from growth.stages import Stage
+from growth.universal import (
+    LATEST_UNIVERSAL,
+    UniversalStore,
+    adam_step,
+    check_numel,
+    convert,
+    copy_rng_files,
+    lr_scheduler_state,
+    write_model_states,
+    write_optimizer_state,
+)
+from model.config import GPTConfig
+from model.masks import MaskSpec, mask_values, new_unit_flags
+from runtime import checkpoint
+from runtime.atomic import atomic_dir
+from runtime.checkpoint import CheckpointError
+from runtime.manifest import write_manifest
+from runtime.run_state import RunState
+
+SUPPORTED_STAGES = (1, 2, 3)
+
+
+@dataclass(frozen=True)
+class Source:
+    """A checked input checkpoint: where it is, its growlm state and its layout."""
+
+    ckpt_dir: Path
+    tag: str
+    state: RunState
+    config: GPTConfig
+    universal: bool  # already in universal layout (an output of growlm-grow)
+
+    @property
+    def tag_dir(self) -> Path:
+        return self.ckpt_dir / self.tag
+
+    @property
+    def zero_stage(self) -> int:
+        return self.state.zero_stage
+
+
+def open_source(path: str | os.PathLike) -> Source:
+    """Resolve and check an input checkpoint (manifest, growlm state, ZeRO stage, shard files).
+
+    Raises:
+        CheckpointError: nothing there, no such tag, not a growlm checkpoint, a stage universal checkpoints do not
+            support (0), or shard files missing.
+    """
+    p = Path(path)
+    if p.is_dir() and not (p / checkpoint.STATE_FILE).is_file() and not (p / checkpoint.LATEST).is_file():
+        if any(p.glob("*optim_states.pt")) or any(p.glob("*model_states.pt")):
+            raise CheckpointError(
+                f"{p} is a DeepSpeed checkpoint without growlm_state.json, so its model config is unknown; "
+                "growlm-grow needs a checkpoint written by growlm's train.py (for a plain DeepSpeed checkpoint use "
+                f"`python -m deepspeed.checkpoint.ds_to_universal --input_folder {p} --output_folder OUT "
+                "--inject_missing_state`)"
+            )
+    ckpt = checkpoint.open_checkpoint(p)  # the manifest, the RunState and every pickle checked
+    state = ckpt.state
+    src = Source(ckpt.ckpt_dir, ckpt.tag, state, state.model_config, state.universal)
+    if src.universal:
+        if not (src.tag_dir / "zero").is_dir():
+            raise CheckpointError(f"{src.tag_dir} is marked universal but has no zero/ folder; it is incomplete")
+        return src
+    if src.zero_stage not in SUPPORTED_STAGES:
+        raise CheckpointError(
+            f"{src.tag_dir} was saved at ZeRO stage {src.zero_stage}; growlm-grow supports ZeRO stages "
+            f"{', '.join(map(str, SUPPORTED_STAGES))} only (DeepSpeed's universal checkpoints do not support stage 0, "
+            "DeepSpeed #7200). Resume it at its own world size and save it again with a ZeRO-1/2/3 config"
+        )
+    world = state.world_size
+    missing = []
+    for r in range(world):
+        optim = list(src.tag_dir.glob(f"*zero_pp_rank_{r}_mp_rank_*_optim_states.pt"))
+        if not optim:
+            missing.append(f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
+    if not list(src.tag_dir.glob("*model_states.pt")):
+        missing.append("mp_rank_00_model_states.pt")
+    if missing:
+        raise CheckpointError(
+            f"{src.tag_dir} was written by {world} ranks but lacks {', '.join(missing)}; the checkpoint is incomplete"
+        )
+    return src
+
+
+def check_output(out: Path, src: Source, overwrite: bool) -> None:
+    """Refuse an output that exists (unless ``overwrite``) or that overlaps the input."""
+    out_r, tag_r, ck_r = out.resolve(), src.tag_dir.resolve(), src.ckpt_dir.resolve()
+    for inp in (tag_r, ck_r):  # replacing out must not touch the input: not the input, an ancestor, or inside a tag
+        if out_r == inp or out_r in inp.parents or tag_r in out_r.parents:
+            raise CheckpointError(f"output {out} overlaps the input checkpoint {inp}; choose a folder outside it")
+    if out.exists() and not overwrite:
+        raise CheckpointError(f"output {out} already exists; choose another folder or pass --overwrite to replace it")
+
+
+def check_target_stage(src: Source, target_zero_stage: int | None) -> None:
+    """Refuse a ZeRO stage the resuming job cannot load ``src``'s universal checkpoint at (None: no check).
+
+    Raises:
+        CheckpointError: the target stage is not 1-3, or crosses between stages 1/2 and 3.
+    """
+    if target_zero_stage is not None and (
+        target_zero_stage not in SUPPORTED_STAGES or (target_zero_stage == 3) != (src.zero_stage == 3)
+    ):
+        raise CheckpointError(
+            f"{src.tag_dir} was saved at ZeRO stage {src.zero_stage}; its universal checkpoint loads at ZeRO stage "
+            f"{'3' if src.zero_stage == 3 else '1 or 2'} only, not {target_zero_stage} (DeepSpeed's universal "
+            "loaders do not cross between stages 1/2 and 3, and stage 0 has none)"
+        )
+
+
+def prepare_offline(src: Source, stage: Stage, seed: int) -> GrowthPrep:
+    """The growth preparation (growth.prepare.prepare_growth) of ``stage`` applied to checkpoint ``src``: its shape,
+    masks and LR schedule (position read from the saved LR scheduler state) at its global step.
+
+    Raises:
+        GrowthError: see ``prepare_growth``.
+        CheckpointError: the checkpoint has no model-states file.
+    """
+    state, step = src.state, src.state.global_step
+    stage = replace(stage, target=replace(stage.target, dropout=src.config.dropout))
+    masks = state.growth_masks
+    lbi = (lr_scheduler_state(src.tag_dir) or {}).get("last_batch_iteration")
+    saved = asdict(state.schedule) if state.schedule is not None else None
+    sched = checkpoint_schedule(saved, state.ds_config, lbi) if lbi is not None else None
+    return prepare_growth(
+        stage.plan(src.config, seed),
+        src.config,
+        step,
+        masks=masks,
+        schedule=sched,
+        rule=stage.schedule,
+        ramp_steps=stage.ramp_steps or None,
+    )
+
+
+def mask_buffers(masks: MaskSpec | None, cfg: GPTConfig, step: int) -> dict[str, torch.Tensor]:
+    """The grown model's mask buffers at ``step`` (what GPT(cfg, masks).set_growth_step(step) holds)."""
+    if masks is None or masks.value(step) >= 1.0:
+        return {}
+    return {name: mask_values(is_new, masks.value(step)) for name, is_new in new_unit_flags(masks, cfg).items()}
+
+
+def converted(src: Source, dest: Path, workers: int, log: Any) -> Path:
+    """The universal tag folder of ``src``: ``src`` itself when it is universal, else ``dest`` after DeepSpeed's
+    ``ds_to_universal``. Every tensor file is checked against ``src``'s config (element counts, read memory-mapped).
+
+    Raises:
+        CheckpointError: the conversion failed, or a file is missing, damaged or of another model.
+    """
+    if src.universal:
+        conv = src.tag_dir
+    else:
+        t = time.perf_counter()
+        convert(src.tag_dir, dest, workers)
+        log(f"growlm-grow: ds_to_universal {src.tag_dir} ({time.perf_counter() - t:.1f} s)")
+        conv = dest
+    shapes = param_shapes(src.config)
+    adam_step(conv / "zero", list(shapes), src.zero_stage == 3)  # raises when no Adam state was saved
+    for name, shape in shapes.items():
+        for key in ("fp32", "exp_avg", "exp_avg_sq"):
+            check_numel(conv / "zero" / name / f"{key}.pt", math.prod(shape), name)
+    return conv
+
+
+def growth_record(src: Source, stage: Stage, prep: GrowthPrep, first_lr: float | None) -> dict[str, Any]:
+    """The entry this growth adds to growlm_state.json's ``growth`` history."""
+    return {
+        "step": prep.step,
+        "stage": stage.name,
+        "family": prep.plan.family,
+        "exact": prep.plan.exact,
+        "from": src.config.to_dict(),
+        "to": prep.plan.new.to_dict(),
+        "optimizer": {"moments": stage.optimizer.moments, "fresh_exp_avg_sq": stage.optimizer.fresh_exp_avg_sq},
+        "schedule": vars(stage.schedule).copy(),
+        "first_lr": first_lr,
+    }
+
+
+def write_grown(src: Source, conv: Path, new_tag: Path, stage: Stage, prep: GrowthPrep, log: Any) -> RunState:
+    """Write the grown universal tag folder ``new_tag`` from the converted ``conv``; returns its run state."""
+    state, step, flat = src.state, prep.step, src.zero_stage == 3
+    step_t = adam_step(conv / "zero", list(param_shapes(src.config)), flat)
+    old_store = UniversalStore(conv / "zero", param_shapes(src.config), flat=flat)
+    new_shapes = param_shapes(prep.plan.new)
+    new_store = UniversalStore(new_tag / "zero", new_shapes, flat=flat, step=step_t)
+    t = time.perf_counter()
+    apply_plan(prep.plan, old_store, new_store, stage.optimizer)
+    if (conv / "zero" / "lm_head.weight").is_dir():  # the tied alias ds_to_universal writes
+        new_store.write_tied("lm_head.weight", new_store.read_tensor("transformer.wte.weight", "fp32"))
+    log(f"growlm-grow: grew {len(prep.plan.rules)} parameters ({time.perf_counter() - t:.1f} s)")
+    lr, schedule = None, state.schedule
+    if prep.schedule_changed:  # else the resuming run's config decides the LR
+        lr = float(state.ds_config["optimizer"]["params"]["lr"]) * prep.schedule.ratio(step)
+        schedule = prep.schedule
+    write_optimizer_state(conv / "zero", new_tag / "zero", lr=lr, flat=flat, step=step_t)
+    new_state = replace(
+        state,
+        universal=True,
+        zero_stage=src.zero_stage,
+        schedule=schedule,
+        model_config=prep.plan.new,
+        growth_masks=prep.masks,
+        growth=[*state.growth, growth_record(src, stage, prep, lr)],
+    )
+    write_model_states(
+        conv,
+        new_tag,
+        shapes=new_shapes,
+        buffers=mask_buffers(prep.masks, prep.plan.new, step),
+        last_batch_iteration=prep.schedule.last_batch_iteration if prep.schedule is not None else None,
+        client_state=new_state.to_json(),
+    )
+    copy_rng_files(src.tag_dir, new_tag)
+    return new_state
+
+
+def grow_checkpoint(
+    src: Source,
+    out: Path,
+    stage: Stage | None,
+    *,
+    seed: int = 0,
+    overwrite: bool = False,
+    target_zero_stage: int | None = None,
+    workers: int = 1,
+    log: Any = print,
+) -> Path:
+    """Write the grown (``stage``) or only resharded (``stage`` None) checkpoint of ``src`` to ``out``.
+
+    Returns:
+        ``out`` (a checkpoint folder with ``latest``), loadable by ``train.py --resume out`` at any world size.
+
+    Raises:
+        CheckpointError, GrowthError, ManifestError: bad input, found before anything is written to ``out``.
+    """
+    t0 = time.perf_counter()
+    check_target_stage(src, target_zero_stage)
+    prep = prepare_offline(src, stage, seed) if stage is not None else None
+    check_output(out, src, overwrite)
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        new_tag = tmp / src.tag
+        if prep is None:  # reshard only: DeepSpeed's conversion (or a copy of a universal input) is the result
+            conv = converted(src, new_tag, workers, log)
+            if src.universal:
+                shutil.copytree(src.tag_dir, new_tag, ignore=shutil.ignore_patterns("growlm_manifest.json", ".tmp-*"))
+            else:
+                copy_rng_files(src.tag_dir, new_tag)
+            new_state = replace(src.state, universal=True, zero_stage=src.zero_stage)
+        else:
+            conv = converted(src, tmp / ".convert" / src.tag, workers, log)
+            new_state = write_grown(src, conv, new_tag, stage, prep, log)
+            shutil.rmtree(tmp / ".convert", ignore_errors=True)
+        (new_tag / checkpoint.STATE_FILE).write_text(new_state.dumps())  # inside the uncommitted folder
+        write_manifest(new_tag)
+        (tmp / LATEST_UNIVERSAL).write_text(src.tag)
+        (tmp / checkpoint.LATEST).write_text(src.tag)  # the pointer, last
+    what = f"grown to {prep.plan.new.shape_str()}" if prep is not None else "resharded"
+    log(
+        f"growlm-grow: wrote {out / src.tag} ({what}; {time.perf_counter() - t0:.1f} s); resume it with "
+        f"`train.py --resume {out}` at any world size, ZeRO stage {'3' if src.zero_stage == 3 else '1 or 2'}"
+    )
+    return out

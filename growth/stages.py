@@ -1,0 +1,181 @@
+"""The stage list of a growth run, as YAML (or JSON, a subset): the starting shape and the stages, validated as a
+chain when loaded (``load_stages`` -> ``StageList``). Each stage builds its per-parameter ``GrowthPlan`` (growth.plan).
+
+    seed: 0
+    start: {preset: tiny, vocab_size: 512}          # a model preset (model/config.py) with overrides, or fields
+    stages:
+      - name: deeper
+        target: {n_layer: 4}                        # fields that change from the previous stage's shape
+        family: masked                              # masked | duplicate
+        options: {layer_order: stack}               # operator options (growth.ops.make_plan)
+        when: {step: 2000}                          # or {tokens: 4.0e7}, or {slope: auto} / {slope: -0.05}
+        ramp_steps: 500                             # masked family: mask ramp length (optimizer steps)
+        optimizer: {moments: carry, fresh_exp_avg_sq: mean}
+        schedule: {kind: continue, rewarm_steps: 0} # growth.schedule.ScheduleRule fields
+
+Every stage's operator plan is built when the file is loaded, so a target the family cannot reach fails here, with
+the stage named, before any training starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from data.text import InputError, read_text
+from growth.apply import OptimizerPolicy
+from growth.errors import GrowthError
+from growth.ops import make_plan
+from growth.plan import GrowthPlan
+from growth.schedule import CONSTANT_OP, ScheduleRule
+from growth.trigger import SLOPE_THRESHOLDS
+from model.config import GPTConfig, from_preset
+
+TRIGGERS = ("step", "tokens", "slope")
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """When a stage starts: after ``value`` optimizer steps ('step'), training tokens ('tokens'), or when the
+    smoothed d log10 L / d log10 C reaches ``value`` ('slope'; growth.trigger.slope_trigger)."""
+
+    kind: str
+    value: float
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a growth plan: the target shape, operator family and options, trigger, mask ramp length, Adam-state
+    policy and schedule rule."""
+
+    name: str
+    target: GPTConfig
+    family: str
+    when: Trigger
+    options: dict[str, Any] = field(default_factory=dict)
+    ramp_steps: int = 0
+    optimizer: OptimizerPolicy = field(default_factory=OptimizerPolicy)
+    schedule: ScheduleRule = field(default_factory=ScheduleRule)
+
+    def plan(self, current: GPTConfig, seed: int = 0) -> GrowthPlan:
+        """The operator plan of this stage from ``current`` (the previous stage's shape)."""
+        opts = dict(self.options)
+        if self.family == "masked":
+            opts.setdefault("seed", seed)
+            if self.ramp_steps:
+                opts["ramp_steps"] = self.ramp_steps
+        return make_plan(current, self.target, self.family, **opts)
+
+
+@dataclass(frozen=True)
+class StageList:
+    """A validated stage list (a growth plan file): the first model's shape and the stages, each growing the previous
+    shape."""
+
+    start: GPTConfig
+    stages: tuple[Stage, ...]
+    seed: int = 0
+
+
+def _config(base: GPTConfig | None, d: dict[str, Any], where: str) -> GPTConfig:
+    d = dict(d)
+    try:
+        if "preset" in d:
+            return from_preset(d.pop("preset"), **d)
+        if base is None:
+            return GPTConfig.from_dict(d)
+        unknown = set(d) - {f.name for f in fields(GPTConfig)}
+        if unknown:
+            raise ValueError(f"unknown GPTConfig fields {sorted(unknown)}")
+        return replace(base, **d)
+    except (ValueError, TypeError) as e:
+        raise GrowthError(f"{where}: {e}") from e
+
+
+def _kind(old: GPTConfig, new: GPTConfig) -> str:
+    deeper = new.n_layer > old.n_layer
+    wider = (new.n_embd, new.n_head, new.ffn_dim) != (old.n_embd, old.n_head, old.ffn_dim)
+    return "both" if deeper and wider else ("depth" if deeper else "width")
+
+
+def _sub(cls: type, d: dict[str, Any] | None, where: str) -> Any:
+    try:
+        return cls(**(d or {}))
+    except TypeError as e:
+        raise GrowthError(f"{where}: {e}") from e
+
+
+def parse_stages(doc: dict[str, Any]) -> StageList:
+    """Validate a parsed plan document and build its stages.
+
+    Raises:
+        GrowthError: a missing or unknown key, a shape that is invalid (e.g. n_embd not divisible by n_head) or that
+            the stage's family cannot reach from the previous stage (shrinking, head-dim change, ...), triggers that
+            do not increase, or a stage that starts while the previous stage's mask ramp is still running.
+    """
+    unknown = set(doc) - {"seed", "start", "stages"}
+    if unknown or "start" not in doc or not doc.get("stages"):
+        raise GrowthError(f"a plan needs 'start' and a non-empty 'stages' (optional 'seed'); unknown keys {unknown}")
+    seed = int(doc.get("seed", 0))
+    current = _config(None, doc["start"], "start")
+    start, stages = current, []
+    last: dict[str, float] = {}
+    ramp_end_step = None
+    for i, raw in enumerate(doc["stages"]):
+        name = raw.get("name", f"stage {i}")
+        where = f"stage {name!r}"
+        extra = set(raw) - {"name", "target", "family", "options", "when", "ramp_steps", "optimizer", "schedule"}
+        if extra or "target" not in raw or "family" not in raw or "when" not in raw:
+            raise GrowthError(f"{where} needs target, family and when; unknown keys {sorted(extra)}")
+        target = _config(current, raw["target"], where)
+        when = raw["when"]
+        if not isinstance(when, dict) or len(when) != 1 or next(iter(when)) not in TRIGGERS:
+            raise GrowthError(f"{where}: when={when!r} must be one of {{step: N}}, {{tokens: N}}, {{slope: X|auto}}")
+        kind, value = next(iter(when.items()))
+        if kind == "slope" and value == "auto":
+            value = SLOPE_THRESHOLDS[_kind(current, target)]
+        value = float(value)
+        if kind in last and value <= last[kind] and kind != "slope":
+            raise GrowthError(f"{where} starts at {kind}={value:g}, not after the previous stage ({last[kind]:g})")
+        if kind == "step" and ramp_end_step is not None and value < ramp_end_step:
+            raise GrowthError(
+                f"{where} starts at step {value:g} while the previous stage's mask ramp runs until step "
+                f"{ramp_end_step}; start it at step >= {ramp_end_step}"
+            )
+        sched = dict(raw.get("schedule") or {})
+        if sched.get("constant_op") == "auto":
+            sched["constant_op"] = CONSTANT_OP[_kind(current, target)]
+        stage = Stage(
+            name=name,
+            target=target,
+            family=raw["family"],
+            when=Trigger(kind, value),
+            options=dict(raw.get("options") or {}),
+            ramp_steps=int(raw.get("ramp_steps", 0)),
+            optimizer=_sub(OptimizerPolicy, raw.get("optimizer"), where),
+            schedule=_sub(ScheduleRule, sched, where),
+        )
+        try:
+            plan = stage.plan(current, seed)
+        except GrowthError as e:
+            raise GrowthError(f"{where}: {e}") from e
+        last[kind] = value
+        ramp_end_step = int(value) + plan.masks.ramp_steps if (plan.masks is not None and kind == "step") else None
+        stages.append(stage)
+        current = target
+    return StageList(start=start, stages=tuple(stages), seed=seed)
+
+
+def load_stages(path: str | Path) -> StageList:
+    """Read and validate a YAML/JSON growth plan file (see the module docstring)."""
+    try:
+        text = read_text(path)  # data/text.py, the one reader of user files: BOM removed, FILE:LINE errors
+    except InputError as e:
+        raise GrowthError(str(e)) from None
+    doc = yaml.safe_load(text)
+    if not isinstance(doc, dict):
+        raise GrowthError(f"{path}: a growth plan is a mapping with 'start' and 'stages'")
+    return parse_stages(doc)

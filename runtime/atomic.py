@@ -1,0 +1,234 @@
+"""Write-to-temp-then-rename: the one way growlm writes a file or a folder that a reader may open.
+
+A reader (a resuming run, ``growlm-eval``, a second rank) sees either the old content or the complete new one, never
+a half-written file: the bytes go to a temporary sibling in the same folder (same filesystem, so the rename is
+atomic), are flushed to disk with ``fsync``, and only then renamed to the target. An existing target is never
+replaced unless the caller asks (``overwrite=True``).
+
+Every file and folder made here follows the process umask, as ``open()`` and ``mkdir()`` do: ``tempfile.mkstemp``
+creates 0600 files and ``mkdtemp`` 0700 folders, and some libraries write through such temporary files (a
+``model.safetensors`` written by ``save_pretrained`` is 0600), so ``commit_dir`` also brings every file in the
+folder it commits to ``0666 & ~umask`` (0777 for executables and folders), i.e. 0644 / 0755 under umask 022.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+TMP_PREFIX = ".tmp-"  # temporary siblings: loaders and manifests ignore names starting with it
+OLD_PREFIX = ".old-"  # a replaced folder, kept until its successor is in place
+
+
+def current_umask() -> int:
+    """The process umask (e.g. 0o022), read without changing it where Linux allows (``/proc/self/status``)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # portable fallback: set and put back
+    os.umask(mask)
+    return mask
+
+
+def mode_for(path: str | os.PathLike, *, umask: int | None = None) -> int:
+    """The permission bits ``open()``/``mkdir()`` would have given ``path``: 0777 & ~umask for folders and
+    executable files, 0666 & ~umask for other files."""
+    mask = current_umask() if umask is None else umask
+    st = os.stat(path)
+    full = 0o777 if (os.path.isdir(path) or st.st_mode & 0o111) else 0o666
+    return full & ~mask
+
+
+def fix_mode(path: str | os.PathLike, *, umask: int | None = None) -> None:
+    """chmod ``path`` to ``mode_for(path)`` (undoes the 0600/0700 of ``tempfile``)."""
+    os.chmod(path, mode_for(path, umask=umask))
+
+
+def _fsync_dir(folder: Path) -> None:
+    """fsync a folder so a rename in it is durable (no-op where folders cannot be opened, e.g. Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _place(tmp: Path, path: Path, overwrite: bool) -> None:
+    """Rename ``tmp`` to ``path``; without ``overwrite`` an existing ``path`` raises FileExistsError (checked
+    atomically with a hard link where the filesystem has them)."""
+    if overwrite:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)  # fails if path exists, atomically
+    except FileExistsError:
+        raise FileExistsError(f"{path} already exists; refusing to overwrite it") from None
+    except OSError:  # no hard links here: check, then rename
+        if os.path.lexists(path):
+            raise FileExistsError(f"{path} already exists; refusing to overwrite it") from None
+        os.rename(tmp, path)
+        return
+    os.unlink(tmp)
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, *, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` to write the file into (``torch.save(obj, tmp)``, a library's
+    ``save(tmp)``, ...); when the block ends without an exception the file is fsynced, given the umask's mode
+    and renamed to ``path``. On an exception the temporary file is removed and ``path`` is untouched.
+
+    Raises:
+        FileExistsError: ``path`` exists and ``overwrite`` is False (checked when the block ends; the temporary
+            file is removed).
+    """
+    path = Path(path)
+    fd, name = tempfile.mkstemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        fix_mode(tmp)
+        _place(tmp, path, overwrite)
+        _fsync_dir(path.parent)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_bytes(path: str | os.PathLike, data: bytes, *, overwrite: bool = False) -> Path:
+    """Write ``data`` to ``path`` atomically (see ``atomic_path``); returns ``path``.
+
+    Raises:
+        FileExistsError: ``path`` exists and ``overwrite`` is False.
+    """
+    with atomic_path(path, overwrite=overwrite) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def write_text(path: str | os.PathLike, text: str, *, overwrite: bool = False, encoding: str = "utf-8") -> Path:
+    """Write ``text`` to ``path`` atomically (see ``atomic_path``); returns ``path``.
+
+    Raises:
+        FileExistsError: ``path`` exists and ``overwrite`` is False.
+    """
+    return write_bytes(path, text.encode(encoding), overwrite=overwrite)
+
+
+def write_json(path: str | os.PathLike, obj: Any, *, overwrite: bool = False, indent: int | None = 2) -> Path:
+    """Write ``obj`` as JSON (``indent`` spaces, newline-terminated) to ``path`` atomically; returns ``path``.
+
+    Raises:
+        FileExistsError: ``path`` exists and ``overwrite`` is False.
+        TypeError: ``obj`` is not JSON-serialisable (nothing is written).
+    """
+    return write_text(path, json.dumps(obj, indent=indent) + "\n", overwrite=overwrite)
+
+
+def temp_sibling(target: str | os.PathLike) -> Path:
+    """The fixed temporary name ``.tmp-<name>`` beside ``target`` (known to every rank of a run)."""
+    target = Path(target)
+    return target.with_name(f"{TMP_PREFIX}{target.name}")
+
+
+def fresh_dir(target: str | os.PathLike, *, unique: bool = False) -> Path:
+    """An empty temporary folder beside ``target`` to build it in, with the umask's mode.
+
+    Args:
+        target: the folder that ``commit_dir`` will create.
+        unique: a new ``.tmp-<name>.<random>`` folder (several writers of the same target at once) instead of the
+            fixed ``.tmp-<name>``, which is emptied first (what a crashed earlier run left there is removed).
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if unique:
+        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{target.name}.", dir=target.parent))
+    else:
+        tmp = temp_sibling(target)
+        if os.path.lexists(tmp):
+            shutil.rmtree(tmp) if tmp.is_dir() and not tmp.is_symlink() else tmp.unlink()
+        tmp.mkdir()
+    fix_mode(tmp)
+    return tmp
+
+
+def sync_tree(folder: str | os.PathLike, *, umask: int | None = None) -> None:
+    """fsync every file and folder under ``folder`` and give each the umask's mode (``fix_mode``)."""
+    mask = current_umask() if umask is None else umask
+    for root, dirs, files in os.walk(folder):
+        for name in files:
+            p = os.path.join(root, name)
+            if os.path.islink(p):
+                continue
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+            fix_mode(p, umask=mask)
+        for name in dirs:
+            p = os.path.join(root, name)
+            if not os.path.islink(p):
+                fix_mode(p, umask=mask)
+        _fsync_dir(Path(root))
+    fix_mode(folder, umask=mask)
+
+
+def commit_dir(tmp: str | os.PathLike, target: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """Make the finished folder ``tmp`` the folder ``target``: sync it (``sync_tree``), then rename it.
+
+    With ``overwrite`` an existing ``target`` is first renamed to ``.old-<name>.<random>``, the new folder put in
+    place, and only then the old one deleted, so at every instant either the old or the new folder is complete.
+
+    Returns:
+        ``target``.
+
+    Raises:
+        FileExistsError: ``target`` exists and ``overwrite`` is False (``tmp`` is left for the caller).
+    """
+    tmp, target = Path(tmp), Path(target)
+    sync_tree(tmp)
+    old = None
+    if os.path.lexists(target):
+        if not overwrite:
+            raise FileExistsError(f"{target} already exists; refusing to overwrite it")
+        old = target.with_name(f"{OLD_PREFIX}{target.name}.{uuid.uuid4().hex[:8]}")
+        os.rename(target, old)
+    os.rename(tmp, target)
+    _fsync_dir(target.parent)
+    if old is not None:
+        shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+    return target
+
+
+@contextmanager
+def atomic_dir(target: str | os.PathLike, *, overwrite: bool = False, unique: bool = False) -> Iterator[Path]:
+    """Yield a fresh temporary folder (``fresh_dir``) to build ``target`` in; commit it (``commit_dir``) when the
+    block ends without an exception, delete it otherwise (``target`` then stays as it was).
+
+    Raises:
+        FileExistsError: ``target`` exists and ``overwrite`` is False (when the block ends).
+    """
+    tmp = fresh_dir(target, unique=unique)
+    try:
+        yield tmp
+        commit_dir(tmp, target, overwrite=overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

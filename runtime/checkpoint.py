@@ -1,0 +1,384 @@
+"""Opening, saving and resuming DeepSpeed checkpoints with growlm's run state, atomically and without unsafe pickles.
+
+A checkpoint is DeepSpeed's own tag folder (``engine.save_checkpoint``: module, ZeRO optimizer partitions, LR
+scheduler, loss scaler) plus growlm's files inside it:
+
+* ``growlm_state.json``: the run state DeepSpeed does not know (runtime.run_state.RunState). The same object is
+  DeepSpeed's client state.
+* ``rng_state_rank{r}.pt``: per-rank RNG states (python, numpy, torch CPU and accelerator), tensors and numbers only.
+* ``growlm_manifest.json``: size and sha256 of every other file (runtime.manifest).
+
+Nothing is ever overwritten or half-written: ranks write into ``.tmp-<tag>``, rank 0 renames it to ``<tag>`` once
+every rank has finished (runtime.atomic.commit_dir), and only then replaces the ``latest`` pointer. A crash leaves at
+most a ``.tmp-*`` folder, which loading ignores.
+
+Every ``*.pt`` file growlm reads, and every one it hands to DeepSpeed's own loaders (``engine.load_checkpoint``,
+``zero_to_fp32``, ``ds_to_universal``, which unpickle without restriction), is first unpickled here with
+``torch.load(weights_only=True)`` and an allow-list of the few DeepSpeed and numpy types genuine checkpoints hold
+(``SAFE_GLOBALS``), memory-mapped so tensor data is not read: a file that would run code when unpickled is refused
+before anything executes it. ``open_checkpoint`` is the one way a checkpoint is opened (resume, growlm-grow,
+growlm-eval).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from runtime.atomic import TMP_PREFIX, atomic_path, commit_dir, fresh_dir, write_text
+from runtime.engine import repair_adam_steps
+from runtime.manifest import ManifestError, verify_manifest, write_manifest
+from runtime.run_state import STATE_FILE, STATE_FORMAT, RunState, RunStateError
+
+__all__ = ["STATE_FILE", "STATE_FORMAT", "LATEST", "CheckpointError", "OpenCheckpoint", "open_checkpoint"]
+
+LATEST = "latest"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used as asked; the message names the path and the fix."""
+
+
+def tag_for(global_step: int) -> str:
+    """DeepSpeed-style tag of the checkpoint taken after ``global_step`` optimizer steps."""
+    return f"global_step{global_step}"
+
+
+def existing_tags(save_dir: str | os.PathLike) -> list[str]:
+    """Finished checkpoint tags in ``save_dir`` (folders holding growlm_state.json)."""
+    p = Path(save_dir)
+    return sorted(q.name for q in p.iterdir() if (q / STATE_FILE).is_file()) if p.is_dir() else []
+
+
+def resolve(path: str | os.PathLike) -> tuple[Path, str]:
+    """(checkpoint folder, tag) named by ``path``: a tag folder, a checkpoint folder with a ``latest`` file, or a
+    run folder whose ``checkpoints/`` is one.
+
+    Raises:
+        CheckpointError: nothing there, no ``latest`` pointer, the tag it names is missing, or the tag folder has no
+            ``growlm_state.json`` (not a growlm checkpoint, or an unfinished save).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"{p}: no such file or folder; give a checkpoint folder or one of its tags")
+    if (p / STATE_FILE).is_file():
+        return p.parent, p.name
+    if not (p / LATEST).is_file() and (p / "checkpoints").is_dir():
+        return resolve(p / "checkpoints")
+    if not (p / LATEST).is_file():
+        tags = existing_tags(p)
+        hint = f"; tags found: {', '.join(tags)} (pass one of them, e.g. {p / tags[-1]})" if tags else ""
+        raise CheckpointError(
+            f"{p}: no '{LATEST}' file and no {STATE_FILE} here, so nothing to load: not a growlm checkpoint{hint}"
+        )
+    tag = (p / LATEST).read_text().strip()
+    if not (p / tag / STATE_FILE).is_file():
+        raise CheckpointError(f"{p}: '{LATEST}' names tag {tag!r} but {p / tag / STATE_FILE} is missing")
+    return p, tag
+
+
+# ----- safe unpickling --------------------------------------------------------------------------------------------
+
+
+def _safe_globals() -> list[Any]:
+    """The types a genuine checkpoint's pickles may build: DeepSpeed's loss scalers, ZeRO stage enum and fragment
+    addresses (optimizer states), and numpy's array reconstruction (RNG files written before this version)."""
+    from runtime.dist import select_accelerator
+
+    select_accelerator()  # before deepspeed's first import picks one
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    core = getattr(np, "_core", None) or np.core
+    return [
+        LossScaler,
+        DynamicLossScaler,
+        ZeroStageEnum,
+        fragment_address,
+        core.multiarray._reconstruct,
+        np.ndarray,
+        np.dtype,
+        type(np.dtype(np.uint32)),
+    ]
+
+
+def safe_load(path: str | os.PathLike, what: str = "checkpoint file", *, mmap: bool = False) -> Any:
+    """``torch.load(path, weights_only=True)`` on CPU with the allow-list of ``_safe_globals``.
+
+    Args:
+        path: a ``.pt`` file.
+        what: what the file is, for the error message.
+        mmap: memory-map tensor data instead of reading it (zip-format files; others are read normally).
+
+    Raises:
+        CheckpointError: the file is missing; it holds a pickled object outside the allow-list (nothing of it is
+            executed: the message names the file and the object); or it is truncated or damaged.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing: the checkpoint is incomplete ({what})")
+    try:
+        with torch.serialization.safe_globals(_safe_globals()):
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+            except RuntimeError as e:
+                if not mmap or "mmap" not in str(e):
+                    raise
+                return torch.load(path, map_location="cpu", weights_only=True)  # a legacy (non-zip) file
+    except pickle.UnpicklingError as e:
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        if found:  # the weights-only unpickler met a callable or class outside the allow-list
+            raise CheckpointError(
+                f"{path}: refusing to load it: it holds a pickled object that is not plain tensor data "
+                f"({found.group(1)}). growlm unpickles only tensors, numbers and a few known DeepSpeed types; use "
+                "checkpoints only from a trusted source"
+            ) from None
+        why = re.search(r"WeightsUnpickler error:\s*(.+?)\n\n", str(e), re.S)
+        raise CheckpointError(
+            f"{path} cannot be read ({why.group(1).strip() if why else 'UnpicklingError'}); the file is truncated, "
+            "damaged or not a plain tensor file, and was not unpickled"
+        ) from None
+    except Exception as e:  # torch raises RuntimeError, EOFError, ... for damaged files
+        why = f"{type(e).__name__}: {e}"
+        raise CheckpointError(f"{path} cannot be read ({why}); the file is truncated or damaged") from e
+
+
+def check_pickles(tag_dir: str | os.PathLike) -> int:
+    """Unpickle every ``*.pt`` file under ``tag_dir`` with ``safe_load`` (memory-mapped), so DeepSpeed's unrestricted
+    loaders only ever see files that hold tensor data and allow-listed types. Returns the number of files checked.
+
+    Raises:
+        CheckpointError: a file is refused or damaged (see ``safe_load``).
+    """
+    files = sorted(p for p in Path(tag_dir).rglob("*.pt") if not p.name.startswith(TMP_PREFIX))
+    for p in files:
+        safe_load(p, "checkpoint file", mmap=True)
+    return len(files)
+
+
+# ----- opening ----------------------------------------------------------------------------------------------------
+
+
+def read_state(ckpt_dir: str | os.PathLike, tag: str, *, verify: bool = True) -> RunState:
+    """The RunState stored with a checkpoint, after (``verify``) checking the tag folder against its manifest.
+
+    Raises:
+        CheckpointError: the file is missing, not JSON, not a growlm run state, or a file does not match the
+            manifest (truncated, missing, mixed in from another checkpoint).
+    """
+    path = Path(ckpt_dir) / tag / STATE_FILE
+    try:
+        state = RunState.from_json(path.read_text())
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{path} is missing; this folder is not a finished growlm checkpoint") from e
+    except (RunStateError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} {e}") from e
+    if verify:  # growlm_manifest.json (sizes + sha256): a truncated, missing or mixed-in file fails here
+        try:
+            verify_manifest(Path(ckpt_dir) / tag)
+        except ManifestError as e:
+            raise CheckpointError(str(e)) from e
+    return state
+
+
+@dataclass(frozen=True)
+class OpenCheckpoint:
+    """A checked checkpoint: its folder, tag and run state."""
+
+    ckpt_dir: Path
+    tag: str
+    state: RunState
+
+    @property
+    def tag_dir(self) -> Path:
+        """The tag folder ``ckpt_dir / tag``."""
+        return self.ckpt_dir / self.tag
+
+
+def open_checkpoint(path: str | os.PathLike, *, verify: bool = True, check_files: bool = True) -> OpenCheckpoint:
+    """Open the checkpoint named by ``path`` (see ``resolve``): the one entry point of resume, growlm-grow and
+    growlm-eval. Checks the manifest (``verify``), reads the RunState, and (``check_files``) refuses any ``*.pt``
+    file that is not plain tensor data (``check_pickles``), before anything else loads from it.
+
+    Raises:
+        CheckpointError: see ``resolve``, ``read_state`` and ``safe_load``.
+    """
+    ckpt_dir, tag = resolve(path)
+    state = read_state(ckpt_dir, tag, verify=verify)
+    if check_files:
+        check_pickles(ckpt_dir / tag)
+    return OpenCheckpoint(ckpt_dir, tag, state)
+
+
+# ----- RNG --------------------------------------------------------------------------------------------------------
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states as tensors and numbers only (loadable with ``weights_only=True``): python
+    ``random`` (version, int64 key, gauss), numpy's legacy MT19937 (key, pos, has_gauss, cached_gaussian), torch CPU
+    and (if present) CUDA."""
+    version, key, gauss = random.getstate()
+    kind, np_key, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state = {
+        "python": {"version": version, "key": torch.tensor(key, dtype=torch.int64), "gauss": gauss},
+        "numpy": {
+            "kind": kind,
+            "key": torch.from_numpy(np_key.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what ``rng_state`` returned (or the pickled tuples of files written before this version)."""
+    py, npy = state["python"], state["numpy"]
+    if isinstance(py, dict):
+        py = (py["version"], tuple(int(v) for v in py["key"].tolist()), py["gauss"])
+    if isinstance(npy, dict):
+        key = npy["key"].numpy().astype(np.uint32)
+        npy = (npy["kind"], key, npy["pos"], npy["has_gauss"], npy["cached_gaussian"])
+    random.setstate(py)
+    np.random.set_state(npy)
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+# ----- save and load ----------------------------------------------------------------------------------------------
+
+
+def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int) -> Path:
+    """Save a checkpoint of ``engine`` and ``state`` as tag ``tag_for(state.global_step)``; a collective.
+
+    Args:
+        engine: the DeepSpeed engine (every rank calls this, as ``save_checkpoint`` requires).
+        save_dir: checkpoint folder (created if needed).
+        state: the run state; stored as growlm_state.json and as DeepSpeed client state ``growlm``.
+        rank: this process's global rank.
+
+    Returns:
+        The finished tag folder.
+
+    Raises:
+        CheckpointError: that tag already exists (checkpoints are never overwritten), or ``save_dir`` is not on a
+            filesystem shared by every rank.
+    """
+    save_dir = Path(save_dir)
+    tag = tag_for(state.global_step)
+    final, tmp_tag = save_dir / tag, f"{TMP_PREFIX}{tag}"
+    if final.exists():
+        raise CheckpointError(f"{final} already exists; refusing to overwrite it (use another output folder)")
+    if rank == 0:
+        fresh_dir(final)  # empty .tmp-<tag> (a crashed save may have left one), with the umask's mode
+    dist.barrier()
+    doc = state.to_json()
+    engine.save_checkpoint(str(save_dir), tag=tmp_tag, client_state={"growlm": doc}, save_latest=False)
+    with atomic_path(save_dir / tmp_tag / f"rng_state_rank{rank}.pt", overwrite=True) as tmp:
+        torch.save(rng_state(), tmp)
+    dist.barrier()
+    if rank == 0:
+        write_text(save_dir / tmp_tag / STATE_FILE, state.dumps(), overwrite=True)
+        write_manifest(save_dir / tmp_tag)
+        try:
+            commit_dir(save_dir / tmp_tag, final)
+        except FileExistsError as e:
+            raise CheckpointError(f"{final} already exists; refusing to overwrite it (use another folder)") from e
+        write_text(save_dir / LATEST, tag, overwrite=True)
+    dist.barrier()
+    # DeepSpeed writes the module states on rank 0 only, so every rank must see rank 0's folder: a save_dir that is
+    # not shared by all nodes cannot be resumed, and every rank says so (no rank waits for another that failed)
+    seen = torch.tensor([int((final / STATE_FILE).is_file())])
+    dist.all_reduce(seen, op=dist.ReduceOp.MIN)
+    if not int(seen):
+        raise CheckpointError(
+            f"{final} is not visible on every node: put --out_dir on a filesystem that all nodes share"
+        )
+    return final
+
+
+def load(engine: Any, ckpt: OpenCheckpoint, *, rank: int, world_size: int) -> RunState:
+    """Load an opened checkpoint into ``engine`` (module, optimizer, LR scheduler, loss scaler) and restore this
+    rank's RNG (when the world size is the saved one).
+
+    The caller has opened it with ``open_checkpoint`` (manifest and pickles checked) and checked, with
+    ``check_compatible``, that it fits the engine. DeepSpeed's ``load_checkpoint`` unpickles its files without
+    restriction: ``open_checkpoint`` has refused any that is not plain tensor data.
+
+    Returns:
+        The checkpoint's RunState.
+
+    Raises:
+        CheckpointError: DeepSpeed loaded nothing, or this rank's RNG file is refused (``safe_load``).
+    """
+    groups = engine.optimizer.param_groups
+    weight_decays = [g.get("weight_decay") for g in groups]
+    path, _client = engine.load_checkpoint(
+        str(ckpt.ckpt_dir), tag=ckpt.tag, load_optimizer_states=True, load_lr_scheduler_states=True
+    )
+    if path is None:
+        raise CheckpointError(f"DeepSpeed loaded nothing from {ckpt.tag_dir}; the checkpoint is incomplete")
+    # DeepSpeed's ZeRO-3 universal loader copies param group 0's hyperparameters onto every group, which would give
+    # biases and LayerNorm gains group 0's weight decay; each group keeps its own
+    for group, weight_decay in zip(engine.optimizer.param_groups, weight_decays, strict=True):
+        if weight_decay is not None:
+            group["weight_decay"] = weight_decay
+    repair_adam_steps(engine)  # ZeRO-3 universal loads share one Adam step tensor between groups
+    rng_path = ckpt.tag_dir / f"rng_state_rank{rank}.pt"
+    if ckpt.state.world_size == world_size and rng_path.is_file():
+        set_rng_state(safe_load(rng_path, "RNG state"))
+    return ckpt.state
+
+
+def check_compatible(state: RunState, *, model_config: dict, world_size: int, zero_stage: int, path: Path) -> None:
+    """Refuse a resume that DeepSpeed would get wrong or fail on, before any engine is built.
+
+    Raises:
+        CheckpointError: the model shape differs from the checkpoint's; or the data-parallel world size differs
+            at ZeRO stage >= 1 (partitioned optimizer state cannot be loaded at another size); or the ZeRO stage
+            crosses between 1/2 and 3.
+    """
+    saved_cfg = state.model_config.to_dict()
+    diff = {
+        k: (saved_cfg.get(k), model_config.get(k))
+        for k in sorted(set(saved_cfg) | set(model_config))
+        if k != "dropout" and saved_cfg.get(k) != model_config.get(k)
+    }
+    if diff:
+        raise CheckpointError(
+            f"{path} holds a model of another shape; differing fields (checkpoint, requested): {diff}. "
+            "Drop the shape flags to resume the checkpoint's own shape, or grow it first"
+        )
+    saved_stage = state.zero_stage
+    if (saved_stage == 3) != (zero_stage == 3):
+        raise CheckpointError(
+            f"{path} was saved at ZeRO stage {saved_stage} and cannot be loaded at stage {zero_stage}: "
+            "DeepSpeed does not convert between stages 1/2 and 3; use a config with the saved stage"
+        )
+    if state.universal and zero_stage == 0:  # written by growlm-grow: DeepSpeed reshards it at load
+        raise CheckpointError(
+            f"{path} is a universal checkpoint (growlm-grow), which DeepSpeed loads at ZeRO stage "
+            f"{'3' if saved_stage == 3 else '1 or 2'} only, not 0; use a ZeRO-{saved_stage} config"
+        )
+    if state.world_size != world_size and max(saved_stage, zero_stage) >= 1 and not state.universal:
+        raise CheckpointError(
+            f"{path} was saved by {state.world_size} ranks with ZeRO stage {saved_stage}, and this run has "
+            f"{world_size}; partitioned optimizer state only loads at the same data-parallel size. Reshard it with "
+            f"`growlm-grow {path} <new>` (DeepSpeed's ds_to_universal plus growlm's state; then --resume <new>) "
+            "or run with the saved world size"
+        )

@@ -1,0 +1,114 @@
+"""DeepSpeed engine construction for growlm's GPT, and the few read-outs of an engine that need its internals.
+
+``build_engine`` is the one place a ``deepspeed.initialize`` is made, for a fresh run, a resumed run (the checkpoint
+is loaded into it by runtime.checkpoint) and a live growth (growth.live builds the grown engine with it).
+deepspeed is imported lazily: runtime.dist.select_accelerator must run before its first import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from model.config import GPTConfig
+from model.gpt import GPT
+from model.masks import MaskSpec
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: matrices and embeddings (2-D) decay, biases and LayerNorm gains do not (same order as
+    ``named_parameters``). A parameter built under ZeRO-3's ``zero.Init`` is an empty 1-D placeholder; its true
+    shape is ``ds_shape``.
+
+    Returns:
+        ``[{"params": 2-D parameters, "weight_decay": weight_decay}, {"params": the rest, "weight_decay": 0.0}]``.
+    """
+    params = [p for _, p in model.named_parameters()]
+    matrix = [len(getattr(p, "ds_shape", p.shape)) >= 2 for p in params]
+    return [
+        {"params": [p for p, m in zip(params, matrix, strict=True) if m], "weight_decay": weight_decay},
+        {"params": [p for p, m in zip(params, matrix, strict=True) if not m], "weight_decay": 0.0},
+    ]
+
+
+def build_engine(cfg: GPTConfig, masks: MaskSpec | None, ds_config: dict, *, partitioned: bool = False) -> Any:
+    """A DeepSpeed engine for a freshly initialised GPT of shape ``cfg`` (with ``masks``), AdamW groups as in
+    ``param_groups`` (weight decay on matrices only, from the config's optimizer params).
+
+    Args:
+        cfg: the model shape.
+        masks: growth masks of a masked-family growth still ramping, or None.
+        ds_config: the DeepSpeed config dict (optimizer, scheduler, ZeRO stage, precision).
+        partitioned: build the module inside ``deepspeed.zero.Init`` (ZeRO-3), so no rank ever holds it whole; its
+            initial values are then not GPT-2's init (zero.Init draws each partition on its own), which is fine when
+            every parameter is written next, as growth does.
+
+    Returns:
+        The ``deepspeed.DeepSpeedEngine`` (its ``lr_scheduler`` built from the config's scheduler section).
+    """
+    import deepspeed
+
+    weight_decay = ds_config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
+    if partitioned:
+        with deepspeed.zero.Init(config_dict_or_path=ds_config):
+            model = GPT(cfg, masks=masks)
+    else:
+        model = GPT(cfg, masks=masks)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=param_groups(model, weight_decay), config=ds_config)
+    return engine
+
+
+def inner_optimizer(engine: Any) -> torch.optim.Optimizer:
+    """The torch optimizer under DeepSpeed's wrappers (ZeRO, bf16): the one holding Adam's state tensors.
+
+    Raises:
+        TypeError: no ``torch.optim.Optimizer`` is reachable through ``.optimizer`` attributes.
+    """
+    opt = engine.optimizer
+    while not isinstance(opt, torch.optim.Optimizer):
+        if not hasattr(opt, "optimizer"):
+            raise TypeError(f"cannot find the torch optimizer inside {type(engine.optimizer).__name__}")
+        opt = opt.optimizer
+    return opt
+
+
+def loss_scale_of(engine: Any) -> float:
+    """Current fp16 dynamic loss scale of ``engine`` (1.0 for bf16/fp32, which scale nothing)."""
+    for obj in (engine.optimizer, getattr(engine.optimizer, "loss_scaler", None)):
+        for attr in ("cur_scale", "loss_scale"):
+            value = getattr(obj, attr, None)
+            if isinstance(value, (int, float)) or torch.is_tensor(value):
+                return float(value)
+    return 1.0
+
+
+def repair_adam_steps(engine: Any) -> int:
+    """Give every Adam state entry of ``engine``'s inner torch optimizer its own step counter (same value). Call after
+    every load of optimizer state (native, universal or grown checkpoint) and after a live growth, before the next
+    optimizer step.
+
+    DeepSpeed 0.19's ZeRO-3 universal loader (``load_hp_checkpoint_state_from_checkpoint_dir_stage3``) puts ONE
+    ``state['step']`` tensor object into every parameter group. torch's AdamW increments each group's step in place,
+    so a shared tensor advances once per group per optimizer step: every group after the first then runs with a
+    step one too high (a wrong bias correction 1 - beta^t) and the inflated counter is saved again. The value right
+    after a load is the saved one and is kept; only the sharing is undone. (DeepSpeed's bf16 optimizer at ZeRO
+    stage 0 legitimately counts one step more than the engine's global step, so the value is not reset to it.)
+
+    Args:
+        engine: a DeepSpeed engine (any ZeRO stage; torch Adam/AdamW tensor steps or DeepSpeed's integer steps).
+
+    Returns:
+        The number of state entries that got their own counter (0 when none was shared).
+    """
+    seen: set[int] = set()
+    repaired = 0
+    for st in inner_optimizer(engine).state.values():
+        step = st.get("step")
+        if not torch.is_tensor(step):
+            continue  # DeepSpeed's fused/CPU Adam keep a plain int, never shared
+        if id(step) in seen:
+            st["step"] = step.detach().clone()
+            repaired += 1
+        seen.add(id(st["step"]))
+    return repaired

@@ -1,0 +1,161 @@
+"""Start N ranks of a command on this machine over loopback, the way torchrun would, and collect what they did.
+
+The one rank launcher of tests, benchmarks and the staged experiment: every rank gets RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1 and a MASTER_PORT that was free a moment ago (``free_port``; never a fixed
+port, so runs started side by side do not collide). Each rank writes to its own log file; the launcher waits for
+all of them and records each exit code and peak resident memory (``os.wait4``). When a rank fails, the others get
+``grace_s`` seconds to stop by themselves (every rank usually reports the same error) and are then killed, since
+they would otherwise wait for the failed rank until the process-group timeout; on a timeout all are killed.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listened on when asked (the OS picks it; it is released at once)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world_size: int, port: int, base: Mapping[str, str] | None = None, **extra: str) -> dict:
+    """The environment of rank ``rank`` of ``world_size`` on this machine: ``base`` (default ``os.environ``) plus
+    RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=``port``; ``extra`` last."""
+    env = dict(os.environ if base is None else base)
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    env.update(extra)
+    return env
+
+
+@dataclass
+class LaunchResult:
+    """What ``launch_ranks`` saw: per rank, exit code (negative: killed by that signal), output and peak RSS."""
+
+    returncodes: list[int]
+    outputs: list[str]
+    max_rss_bytes: list[int]
+    timed_out: bool
+    log_dir: Path | None  # where the rank{i}.log files stay (None: they were temporary)
+
+    @property
+    def returncode(self) -> int:
+        """The first non-zero exit code of any rank (0 when every rank succeeded)."""
+        return next((c for c in self.returncodes if c), 0)
+
+    @property
+    def output(self) -> str:
+        """Every rank's output, rank by rank, each after a ``--- rank i`` line."""
+        return "".join(f"--- rank {i}\n{o}" for i, o in enumerate(self.outputs))
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group of ``proc`` (the rank and anything it started), if it is still there."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _wait(procs: list[subprocess.Popen], timeout_s: float, grace_s: float) -> tuple[list[int], list[int], bool]:
+    """Reap every process: (exit codes, peak RSS in bytes, timed out). Kills the rest ``grace_s`` after the first
+    failure, or all at ``timeout_s``."""
+    codes: list[int | None] = [None] * len(procs)
+    rss = [0] * len(procs)
+    deadline, kill_at, timed_out = time.monotonic() + timeout_s, None, False
+    while any(c is None for c in codes):
+        for i, p in enumerate(procs):
+            if codes[i] is None:
+                pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+                if pid:
+                    codes[i] = p.returncode = os.waitstatus_to_exitcode(status)
+                    rss[i] = usage.ru_maxrss * 1024  # Linux reports KiB
+        now = time.monotonic()
+        if kill_at is None and any(c not in (None, 0) for c in codes):
+            kill_at = now + grace_s
+        if now > deadline:
+            timed_out = True
+        if timed_out or (kill_at is not None and now > kill_at):
+            for i, p in enumerate(procs):
+                if codes[i] is None:
+                    _kill(p)
+                    _, status, usage = os.wait4(p.pid, 0)
+                    codes[i] = p.returncode = os.waitstatus_to_exitcode(status)
+                    rss[i] = usage.ru_maxrss * 1024
+        time.sleep(0.05)
+    return [int(c) for c in codes], rss, timed_out
+
+
+def launch_ranks(
+    cmds: Sequence[str] | Sequence[Sequence[str]],
+    nproc: int,
+    *,
+    envs: Sequence[Mapping[str, str]] | None = None,
+    base_env: Mapping[str, str] | None = None,
+    port: int | None = None,
+    cwd: str | os.PathLike | None = None,
+    log_dir: str | os.PathLike | None = None,
+    timeout_s: float = 600.0,
+    grace_s: float = 10.0,
+) -> LaunchResult:
+    """Run ``nproc`` ranks of a command on loopback and wait for all of them.
+
+    Args:
+        cmds: one command (argv list) for every rank, or one per rank.
+        nproc: number of ranks (world size).
+        envs: per-rank variables added last (after the rendezvous variables), or None.
+        base_env: the environment the ranks start from (default ``os.environ``).
+        port: MASTER_PORT (default: ``free_port()``).
+        cwd: working folder of the ranks.
+        log_dir: keep each rank's output in ``log_dir/rank{i}.log`` (default: a temporary folder, removed).
+        timeout_s: seconds before every rank still running is killed (``LaunchResult.timed_out``).
+        grace_s: seconds the other ranks get to exit by themselves after one fails, before they are killed.
+
+    Returns:
+        LaunchResult (exit codes, outputs, peak RSS per rank).
+
+    Raises:
+        ValueError: ``cmds`` or ``envs`` do not have one entry per rank.
+    """
+    per_rank = [list(c) for c in cmds] if cmds and not isinstance(cmds[0], str) else [list(cmds)] * nproc
+    if len(per_rank) != nproc or (envs is not None and len(envs) != nproc):
+        raise ValueError(f"{nproc} ranks need one command (or {nproc}) and {nproc} environments")
+    port = free_port() if port is None else port
+    with tempfile.TemporaryDirectory(prefix="growlm-ranks-") as scratch:
+        logs = Path(log_dir) if log_dir is not None else Path(scratch)
+        logs.mkdir(parents=True, exist_ok=True)
+        procs: list[subprocess.Popen] = []
+        try:
+            for r in range(nproc):
+                env = rank_env(r, nproc, port, base_env, **dict(envs[r] if envs else {}))
+                with open(logs / f"rank{r}.log", "w") as log:
+                    procs.append(
+                        subprocess.Popen(
+                            per_rank[r], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                        )
+                    )
+            codes, rss, timed_out = _wait(procs, timeout_s, grace_s)
+        finally:
+            for p in procs:  # an exception (KeyboardInterrupt) while waiting: leave no rank behind
+                if p.returncode is None:
+                    _kill(p)
+                    p.wait()
+        outputs = [(logs / f"rank{r}.log").read_text(errors="replace") for r in range(nproc)]
+    return LaunchResult(codes, outputs, rss, timed_out, Path(log_dir) if log_dir is not None else None)

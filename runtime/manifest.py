@@ -1,0 +1,80 @@
+"""A checkpoint manifest: size and sha256 of every file in a tag folder, so a truncated, missing or mixed-in file is
+found before anything is loaded from it.
+
+``growlm_manifest.json`` is written last into a finished tag folder (before the folder is renamed into place) and
+lists every other file under it by relative path. ``verify_manifest`` re-hashes the listed files; files that are not
+listed (added later by other tools) are ignored. Standard library only (and runtime.atomic).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from runtime.atomic import TMP_PREFIX, write_text
+
+MANIFEST_FILE = "growlm_manifest.json"
+MANIFEST_FORMAT = "growlm-manifest-v1"
+_CHUNK_BYTES = 1 << 20
+
+
+class ManifestError(ValueError):
+    """A tag folder whose files do not match its manifest; the message names the file and what differs."""
+
+
+def file_sha256(path: Path) -> str:
+    """SHA-256 hex digest of a file, read in chunks (memory bounded whatever the file size)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK_BYTES):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(tag_dir: str | os.PathLike) -> Path:
+    """Hash every file under ``tag_dir`` (except the manifest) and write ``growlm_manifest.json`` atomically."""
+    tag_dir = Path(tag_dir)
+    files = {}
+    for p in sorted(tag_dir.rglob("*")):
+        if p.is_file() and p.name != MANIFEST_FILE and not p.name.startswith(TMP_PREFIX):
+            rel = p.relative_to(tag_dir).as_posix()
+            files[rel] = {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+    out = tag_dir / MANIFEST_FILE
+    return write_text(out, json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1), overwrite=True)
+
+
+def verify_manifest(tag_dir: str | os.PathLike) -> bool:
+    """Check the files of ``tag_dir`` against its manifest. Returns False when there is no manifest (nothing to
+    check: a checkpoint written before manifests existed), True when every listed file matches.
+
+    Raises:
+        ManifestError: the manifest is unreadable, or a listed file is missing, of another size (truncated) or of
+            another content (damaged, or copied in from another checkpoint).
+    """
+    tag_dir = Path(tag_dir)
+    path = tag_dir / MANIFEST_FILE
+    if not path.is_file():
+        return False
+    try:
+        doc = json.loads(path.read_text())
+        files = doc["files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ManifestError(f"{path} is damaged ({e}); the checkpoint cannot be verified") from e
+    if doc.get("format") != MANIFEST_FORMAT:
+        raise ManifestError(f"{path}: format {doc.get('format')!r}, expected {MANIFEST_FORMAT!r}")
+    for rel, want in files.items():
+        p = tag_dir / rel
+        if not p.is_file():
+            raise ManifestError(f"{p} is missing; the checkpoint {tag_dir} is incomplete (its manifest lists it)")
+        size = p.stat().st_size
+        if size != want["bytes"]:
+            raise ManifestError(
+                f"{p} has {size} bytes, the manifest says {want['bytes']}: the file is truncated or was replaced"
+            )
+        if file_sha256(p) != want["sha256"]:
+            raise ManifestError(
+                f"{p} does not match its sha256 in {path}: the file is damaged or comes from another checkpoint"
+            )
+    return True

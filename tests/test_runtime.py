@@ -1,0 +1,237 @@
+"""runtime/: atomic writes and file modes, RunState (fixtures written by the code before RunState), the checkpoint
+opener, safe loading (a crafted pickle is refused by every growlm loader and never runs), and the rank launcher.
+Single process, no DeepSpeed engine; about 20 s."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime import atomic
+from runtime.checkpoint import CheckpointError, check_pickles, open_checkpoint, rng_state, safe_load, set_rng_state
+from runtime.launch import launch_ranks
+from runtime.run_state import STATE_FILE, VERSION, RunState, RunStateError
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+TRAIN_V1 = FIXTURES / "growlm_state_train_v1.json"  # train.py before RunState: tiny, 1 rank, ZeRO-2, 2 steps
+GROW_V1 = FIXTURES / "growlm_state_grow_v1.json"  # growlm-grow before RunState: that checkpoint, masked n_layer 3
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+# ----- atomic writes --------------------------------------------------------------------------------------------
+
+
+def test_atomic_file_follows_umask_and_refuses_to_overwrite(tmp_path, umask_022):
+    p = atomic.write_text(tmp_path / "a.txt", "one")
+    assert p.read_text() == "one" and p.stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+    with pytest.raises(FileExistsError, match="refusing to overwrite"):
+        atomic.write_text(p, "two")
+    assert p.read_text() == "one"
+    atomic.write_json(p, {"x": [1, 2]}, overwrite=True)
+    assert json.loads(p.read_text()) == {"x": [1, 2]}
+    with pytest.raises(RuntimeError), atomic.atomic_path(tmp_path / "b.bin") as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("writer died")
+    assert not (tmp_path / "b.bin").exists()
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["a.txt"]  # no temporary file left
+    os.umask(0o077)
+    assert atomic.write_bytes(tmp_path / "c.bin", b"x").stat().st_mode & 0o777 == 0o600  # the umask, whatever it is
+
+
+def test_atomic_dir_commits_whole_folders_with_umask_modes(tmp_path, umask_022):
+    out = tmp_path / "out"
+    with atomic.atomic_dir(out) as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "w.bin").write_bytes(b"w")
+        os.chmod(tmp / "sub" / "w.bin", 0o600)  # as a library writing through tempfile.mkstemp leaves it
+        assert not out.exists()
+    assert (out / "sub" / "w.bin").stat().st_mode & 0o777 == 0o644
+    assert out.stat().st_mode & 0o777 == (out / "sub").stat().st_mode & 0o777 == 0o755
+    with pytest.raises(FileExistsError), atomic.atomic_dir(out) as tmp:
+        (tmp / "new").write_text("n")
+    assert not (out / "new").exists()  # the existing folder is never replaced unless asked
+    with atomic.atomic_dir(out, overwrite=True) as tmp:
+        (tmp / "new").write_text("n")
+    assert sorted(q.name for q in out.iterdir()) == ["new"]
+    with pytest.raises(KeyError), atomic.atomic_dir(tmp_path / "never") as tmp:
+        raise KeyError("failed half way")
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["out"]  # no .tmp-*, no .old-*, no half folder
+
+
+# ----- RunState -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fixture", [TRAIN_V1, GROW_V1])
+def test_run_state_reads_files_written_before_it_and_round_trips(fixture):
+    doc = json.loads(fixture.read_text())
+    assert "version" not in doc  # written by the code before RunState
+    st = RunState.from_json(fixture.read_text())
+    assert st.version == 1 and st.global_step == 2 and st.consumed_samples == 16 and st.seq_len == 32
+    assert st.consumed_tokens == doc["consumed_tokens"] == 512
+    assert st.world_size == 1 and st.zero_stage == 2 and st.seed == 1234 and st.precision == "fp32"
+    assert st.data.train_sha256 == doc["data"]["train_sha256"] and st.ds_config == doc["ds_config"]
+    again = st.to_json()
+    assert again["version"] == VERSION and again["format"] == "growlm-checkpoint-v1"
+    assert {k: v for k, v in again.items() if k != "version"} == {
+        k: v for k, v in doc.items() if k not in ("universal", "growth")
+    } | {"universal": doc.get("universal", False), "growth": doc.get("growth", [])}
+    assert RunState.from_json(st.dumps()) == RunState.from_json(again) and RunState.from_json(again).version == VERSION
+
+
+def test_run_state_of_growlm_grow_keeps_masks_and_history():
+    st = RunState.from_json(GROW_V1.read_text())
+    assert st.universal and st.model_config.n_layer == 3
+    assert st.growth_masks is not None and list(st.growth_masks.new_layers) == [2] and st.growth_masks.ramp_steps == 4
+    assert [(g["step"], g["family"], g["from"]["n_layer"], g["to"]["n_layer"]) for g in st.growth] == [
+        (2, "masked", 2, 3)
+    ]
+    plain = RunState.from_json(TRAIN_V1.read_text())
+    assert not plain.universal and plain.growth == [] and plain.growth_masks is None and plain.schedule is None
+
+
+def test_run_state_refuses_what_it_cannot_read():
+    doc = json.loads(TRAIN_V1.read_text())
+    with pytest.raises(RunStateError, match="no 'model_config'"):
+        RunState.from_json({k: v for k, v in doc.items() if k != "model_config"})
+    with pytest.raises(RunStateError, match="no 'seq_len'"):
+        RunState.from_json({k: v for k, v in doc.items() if k != "seq_len"})
+    with pytest.raises(RunStateError, match="newer growlm"):
+        RunState.from_json({**doc, "version": VERSION + 1})
+    with pytest.raises(RunStateError, match="format 'nanogpt'"):
+        RunState.from_json({**doc, "format": "nanogpt"})
+    with pytest.raises(RunStateError, match="not valid JSON"):
+        RunState.from_json('{"format": "growlm-checkpoint-v1", "glob')
+    with pytest.raises(RunStateError, match="invalid model_config"):
+        RunState.from_json({**doc, "model_config": {"n_layer": 2, "colour": "red"}})
+    kept = RunState.from_json({**doc, "future_key": {"a": 1}})  # a key this version does not know is written back
+    assert kept.to_json()["future_key"] == {"a": 1}
+
+
+# ----- opening a checkpoint and safe loading --------------------------------------------------------------------
+
+
+class _CreatesAFile:
+    """A pickle payload: unpickling it runs ``open(path, 'w')`` (any callable would do)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def _crafted(path: Path, marker: Path, wrap=lambda x: x) -> Path:
+    torch.save(wrap(_CreatesAFile(marker)), path)
+    return path
+
+
+def _tag_folder(root: Path) -> Path:
+    tag = root / "checkpoints" / "global_step2"
+    tag.mkdir(parents=True)
+    shutil.copy(TRAIN_V1, tag / STATE_FILE)
+    (root / "checkpoints" / "latest").write_text("global_step2")
+    return tag
+
+
+def test_open_checkpoint_resolves_reads_and_checks(tmp_path):
+    tag = _tag_folder(tmp_path)
+    torch.save({"module": {"w": torch.ones(2)}}, tag / "mp_rank_00_model_states.pt")
+    torch.save(rng_state(), tag / "rng_state_rank0.pt")
+    for path in (tmp_path, tmp_path / "checkpoints", tag):  # run folder, checkpoint folder, tag folder
+        ck = open_checkpoint(path)
+        assert (ck.ckpt_dir, ck.tag, ck.state.global_step) == (tmp_path / "checkpoints", "global_step2", 2)
+    from runtime.manifest import write_manifest
+
+    write_manifest(tag)
+    (tag / "rng_state_rank0.pt").write_bytes(b"x" * (tag / "rng_state_rank0.pt").stat().st_size)
+    with pytest.raises(CheckpointError, match="sha256"):
+        open_checkpoint(tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="not a growlm checkpoint"):
+        open_checkpoint(tmp_path / "empty")
+
+
+def test_rng_state_file_is_tensors_only_and_restores(tmp_path):
+    import random
+
+    import numpy as np
+
+    torch.save(rng_state(), tmp_path / "rng.pt")
+    want = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))  # no allow-list needed
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == want
+
+
+def test_a_crafted_pickle_is_refused_by_every_growlm_loader(tmp_path):
+    """Where each loader reads: the checkpoint opener (resume, growlm-grow, growlm-eval: every .pt of the tag folder,
+    RNG files included), a universal checkpoint's tensor file, growlm-eval's module weights, TrainingState.load, and a
+    transformers folder holding a pickle instead of safetensors. The file the payload would create never appears."""
+    from eval.metrics.errors import EvalInputError
+    from eval.metrics.load import load, load_transformers
+    from growth.errors import GrowthError
+    from growth.state import TrainingState
+    from growth.universal import load_file
+
+    marker = tmp_path / "pwned"
+    tag = _tag_folder(tmp_path)
+    _crafted(tag / "rng_state_rank0.pt", marker, lambda x: {"python": x})
+    with pytest.raises(CheckpointError, match="rng_state_rank0.pt: refusing to load it.*io.open"):
+        open_checkpoint(tmp_path / "checkpoints")
+    with pytest.raises(CheckpointError, match="refusing to load"):
+        check_pickles(tag)
+    with pytest.raises(CheckpointError, match="refusing to load"):
+        safe_load(tag / "rng_state_rank0.pt")
+    (tag / "rng_state_rank0.pt").unlink()
+    _crafted(tag / "mp_rank_00_model_states.pt", marker, lambda x: {"module": x})
+    with pytest.raises(EvalInputError, match="mp_rank_00_model_states.pt: refusing to load"):
+        load(tag)  # growlm-eval
+    universal = _crafted(tmp_path / "fp32.pt", marker, lambda x: {"param": x, "cat_dim": 0})
+    with pytest.raises(CheckpointError, match="fp32.pt: refusing to load"):
+        load_file(universal, "fp32 of transformer.wte.weight")
+    with pytest.raises(GrowthError, match="refusing to load it as a TrainingState"):
+        TrainingState.load(str(_crafted(tmp_path / "state.pt", marker)))
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 2}))
+    _crafted(hf / "pytorch_model.bin", marker)
+    with pytest.raises(EvalInputError, match="cannot load it"):
+        load_transformers(hf)
+    assert not marker.exists()
+
+
+# ----- the rank launcher ----------------------------------------------------------------------------------------
+
+
+def test_launch_ranks_sets_rendezvous_and_collects_output(tmp_path):
+    code = "import os; print(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['LOCAL_RANK'], " \
+           "os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'], os.environ['EXTRA'])"  # fmt: skip
+    res = launch_ranks([sys.executable, "-c", code], 3, envs=[{"EXTRA": str(r * 10)} for r in range(3)],
+                       log_dir=tmp_path / "logs")  # fmt: skip
+    assert res.returncode == 0 and not res.timed_out and all(rss > 0 for rss in res.max_rss_bytes)
+    rows = [o.split() for o in res.outputs]
+    assert [r[:4] for r in rows] == [[str(r), "3", str(r), "127.0.0.1"] for r in range(3)]
+    assert len({r[4] for r in rows}) == 1 and [r[5] for r in rows] == ["0", "10", "20"]  # one port, per-rank env
+    assert (tmp_path / "logs" / "rank2.log").read_text() == res.outputs[2] and "--- rank 1\n" in res.output
+
+
+def test_launch_ranks_kills_stragglers_after_a_failure_and_on_timeout():
+    t0 = time.monotonic()
+    res = launch_ranks([[sys.executable, "-c", "import sys; print('bad'); sys.exit(3)"],
+                        [sys.executable, "-c", "import time; time.sleep(60)"]], 2, grace_s=0.5)  # fmt: skip
+    assert res.returncodes[0] == 3 and res.returncodes[1] < 0 and res.returncode == 3 and not res.timed_out
+    assert time.monotonic() - t0 < 20 and res.outputs[0] == "bad\n"
+    res = launch_ranks([sys.executable, "-c", "import time; time.sleep(60)"], 2, timeout_s=1)
+    assert res.timed_out and all(c < 0 for c in res.returncodes)
