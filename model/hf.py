@@ -18,9 +18,16 @@ if TYPE_CHECKING:
     from transformers import GPT2Config, GPT2LMHeadModel
 
 
-def to_hf_config(cfg: GPTConfig) -> GPT2Config:
-    """The ``transformers.GPT2Config`` describing the same model (pre-LN, tanh GELU, tied head)."""
+def to_hf_config(cfg: GPTConfig, eot_token_id: int | None = None) -> GPT2Config:
+    """The ``transformers.GPT2Config`` describing the same model (pre-LN, tanh GELU, tied head).
+
+    ``eot_token_id``: the tokenizer's end-of-text id, written as bos/eos_token_id (None: GPT-2's 50256 when the
+    vocabulary holds it, else none).
+    """
     from transformers import GPT2Config
+
+    if eot_token_id is None and cfg.vocab_size > 50256:
+        eot_token_id = 50256
 
     return GPT2Config(
         vocab_size=cfg.vocab_size,
@@ -35,8 +42,8 @@ def to_hf_config(cfg: GPTConfig) -> GPT2Config:
         attn_pdrop=cfg.dropout,
         layer_norm_epsilon=cfg.layer_norm_epsilon,
         tie_word_embeddings=True,
-        bos_token_id=50256 if cfg.vocab_size > 50256 else None,
-        eos_token_id=50256 if cfg.vocab_size > 50256 else None,
+        bos_token_id=eot_token_id,
+        eos_token_id=eot_token_id,
     )
 
 
@@ -73,8 +80,9 @@ def from_hf_config(hf_cfg: GPT2Config) -> GPTConfig:
     )
 
 
-def to_hf(model: GPT) -> GPT2LMHeadModel:
-    """A ``GPT2LMHeadModel`` holding copies of ``model``'s weights (fp32), in eval mode.
+def to_hf(model: GPT, eot_token_id: int | None = None) -> GPT2LMHeadModel:
+    """A ``GPT2LMHeadModel`` holding copies of ``model``'s weights (fp32), in eval mode (``eot_token_id``: as in
+    ``to_hf_config``).
 
     Raises:
         ValueError: the model still carries growth masks (finish the ramp first; a masked model is not GPT-2).
@@ -83,7 +91,7 @@ def to_hf(model: GPT) -> GPT2LMHeadModel:
 
     if any("mask" in name or "gate" in name for name, _ in model.named_buffers()):
         raise ValueError("model still has growth masks; let the mask ramp finish (masks at 1 are removed) first")
-    hf = GPT2LMHeadModel(to_hf_config(model.config))
+    hf = GPT2LMHeadModel(to_hf_config(model.config, eot_token_id))
     ours = {k: v.detach().float() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     missing, unexpected = hf.load_state_dict(ours, strict=False)
     missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias")) and k != "lm_head.weight"]

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from runtime.atomic import TMP_PREFIX, atomic_path, commit_dir, fresh_dir, write_text
+from runtime.atomic import TMP_PREFIX, atomic_path, commit_dir, fix_mode, fresh_dir, write_text
 from runtime.engine import repair_adam_steps
 from runtime.manifest import ManifestError, verify_manifest, write_manifest
 from runtime.run_state import STATE_FILE, STATE_FORMAT, RunState, RunStateError
@@ -300,6 +300,8 @@ def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int
         except FileExistsError as e:
             raise CheckpointError(f"{final} already exists; refusing to overwrite it (use another folder)") from e
         write_text(save_dir / LATEST, tag, overwrite=True)
+        for script in save_dir.glob("zero_to_*.py"):  # DeepSpeed's recovery scripts: 0744 -> the umask's 0755
+            fix_mode(script)
     dist.barrier()
     # DeepSpeed writes the module states on rank 0 only, so every rank must see rank 0's folder: a save_dir that is
     # not shared by all nodes cannot be resumed, and every rank says so (no rank waits for another that failed)

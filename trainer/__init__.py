@@ -1,1 +1,17 @@
-"""The training loop behind train.py: configuration, step loop, evaluation, checkpointing, growth events, metrics."""
+"""The training loop behind train.py, one job per module:
+
+config.py         the run configuration, validated before any rank talks to another (RunConfig, UsageError)
+loop.py           the training step: micro batches, gradient accumulation, optimizer step, fixed-batch loss
+evaluation.py     periodic validation and the before/after sliding-window perplexity
+checkpointing.py  save/restore of the whole run through runtime.checkpoint and RunState
+growth_events.py  the growth trigger, the live growth (growth.live.grow_engine) and its record
+metrics.py        the one logger of metrics.jsonl, TensorBoard and the console
+run.py            wires them: validate, build, train, close (``run(args)``)
+
+Importing the package selects DeepSpeed's accelerator (runtime.dist.select_accelerator), which must happen before
+deepspeed is first imported.
+"""
+
+from runtime.dist import select_accelerator
+
+select_accelerator()

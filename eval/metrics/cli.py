@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.metrics.cloze import ClozeItem, build_cloze, read_lambada, score_cloze
-from eval.metrics.errors import EvalInputError
+from eval.metrics.errors import EvalInputError, check_token_ids
 from eval.metrics.load import LoadedModel, load
 from eval.metrics.perplexity import document_nll, word_count, word_perplexity
 from eval.metrics.textsets import cloze_source, heldout_documents, read_text_file, wikipedia_documents
@@ -57,14 +57,16 @@ def perplexity_of(m: LoadedModel, docs: dict[str, str], context: int, stride: in
     ids = [m.tokenizer.encode(t) for t in docs.values()]
     if sum(len(x) for x in ids) < 1:
         raise EvalInputError("the eval text has no tokens")
-    bad = max(max(x) for x in ids if x)
-    if bad >= m.config.vocab_size:
-        raise EvalInputError(
-            f"token id {bad} >= the model's vocab_size {m.config.vocab_size}: wrong tokenizer ({m.tokenizer.name})? "
-            "pass the one the model was trained with via --tokenizer"
-        )
+    check_token_ids(ids, m.config.vocab_size, m.tokenizer.name)
     nll = document_nll(
-        m.logits_fn, ids, context, stride, batch_size, bos_token_id=m.tokenizer.eot_token_id, progress=progress
+        m.logits_fn,
+        ids,
+        context,
+        stride,
+        batch_size,
+        bos_token_id=m.tokenizer.eot_token_id,
+        progress=progress,
+        vocab_size=m.config.vocab_size,
     )
     words = sum(word_count(t) for t in docs.values())
     return {
@@ -150,7 +152,7 @@ def evaluate(
             items = build_cloze(cloze_source())
             items = items[:max_cloze_items] if max_cloze_items else items
             res[name] = {"source": "persuasion (held out), LAMBADA-style proxy"} | score_cloze(
-                m.logits_fn, items, m.tokenizer, context, progress=progress
+                m.logits_fn, items, m.tokenizer, context, progress=progress, vocab_size=m.config.vocab_size
             ).to_dict()
         res[name]["seconds"] = round(time.perf_counter() - t0, 2)
     if files.wikitext:
@@ -159,7 +161,12 @@ def evaluate(
         )
     if files.lambada:
         res["lambada_file"] = {"path": files.lambada} | score_cloze(
-            m.logits_fn, list(files.lambada_items), m.tokenizer, context, progress=progress
+            m.logits_fn,
+            list(files.lambada_items),
+            m.tokenizer,
+            context,
+            progress=progress,
+            vocab_size=m.config.vocab_size,
         ).to_dict()
     return out
 
@@ -178,7 +185,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "first refuses any file holding more than tensor data and a few known types)",
     )
     p.add_argument("--sets", default=DEFAULT_SETS, help="comma-separated sets; '' for files only (default: all)")
-    p.add_argument("--tokenizer", default=None, help="gpt2, a tokenizer.json, or a token folder (default: the model's)")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="gpt2, a tokenizer.json, or a token folder (default: the model's own: an export's tokenizer.json, or the "
+        "token folder a checkpoint was trained on)",
+    )
     p.add_argument("--context", type=int, default=None, help="window length T in tokens (default n_positions)")
     p.add_argument("--stride", type=int, default=None, help="window step in tokens (default context // 2)")
     p.add_argument("--batch_size", type=int, default=8, help="windows per forward pass")

@@ -27,7 +27,8 @@ from torch import Tensor
 
 from data.text import InputError, read_json_rows, read_lines
 from data.tokenizer import Tokenizer
-from eval.metrics.errors import EvalInputError
+from eval.metrics.errors import EvalInputError, check_token_ids, token_id_error
+from eval.metrics.perplexity import checked_logits
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"'\u201d\u2019)\]]*\s+")
 _FINAL_WORD = re.compile(r"([A-Za-z]+(?:'[A-Za-z]+)?)[^A-Za-z0-9]*$")
@@ -142,15 +143,18 @@ def score_cloze(
     context: int,
     batch_size: int = 16,
     progress: bool = False,
+    vocab_size: int | None = None,
 ) -> ClozeResult:
     """Whole-word greedy accuracy and target NLL of ``items`` (see the module docstring).
 
     Each item is fed as ids(context) + ids(" " + target)[:-1], keeping the last ``context`` tokens (the context is
     cut on the left when it is longer). Batches are right-padded; a causal model's logits at real positions do not
-    depend on padding after them.
+    depend on padding after them. ``vocab_size``: the model's V; every id is checked against it before the first
+    forward call (without it, against the logits' width V, see ``checked_logits``).
 
     Raises:
-        EvalInputError: no items, or a target longer than ``context`` tokens.
+        EvalInputError: no items, a target longer than ``context`` tokens, or a token id outside the model's
+            vocabulary (the tokenizer is not the model's).
     """
     if not items:
         raise EvalInputError("no cloze items to score; the eval text is empty or too short")
@@ -162,6 +166,8 @@ def score_cloze(
         seq = (c + t)[-(context + 1) :]
         truncated += len(c) + len(t) > context + 1
         encoded.append((seq, len(t)))
+    if vocab_size is not None:
+        check_token_ids([s for s, _ in encoded], vocab_size, tokenizer.name)
     correct, nll, n_tok = 0, 0.0, 0
     batches = [encoded[i : i + batch_size] for i in range(0, len(encoded), batch_size)]
     if progress:
@@ -173,7 +179,10 @@ def score_cloze(
         x = torch.zeros(len(batch), width, dtype=torch.long)
         for j, (s, _) in enumerate(batch):
             x[j, : len(s) - 1] = torch.tensor(s[:-1])
-        logp = F.log_softmax(logits_fn(x).float(), dim=-1)  # (B, T, V)
+        logp = F.log_softmax(checked_logits(logits_fn, x, tokenizer=tokenizer.name).float(), dim=-1)  # (B, T, V)
+        top = max(max(s) for s, _ in batch)  # a target's last token is not an input
+        if top >= logp.shape[-1]:
+            raise token_id_error(top, logp.shape[-1], tokenizer.name)
         for j, (s, n_t) in enumerate(batch):
             pos = torch.arange(len(s) - 1 - n_t, len(s) - 1)  # positions predicting the target tokens
             tgt = torch.tensor(s[-n_t:])

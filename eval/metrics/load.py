@@ -7,12 +7,19 @@ ZeRO partitions; its weights are the module state in ``mp_rank_00_model_states.p
 weights; bf16/fp16 runs: the working copy, since stage 0 keeps no separate fp32 master that zero_to_fp32 can read).
 The shape comes from ``growlm_state.json`` (``model_config``) and is checked against every tensor. A checkpoint
 saved mid mask ramp (``growth_masks`` not null) is rebuilt with its masks at the saved step's ramp value.
+
+The tokenizer is the model's own unless ``--tokenizer`` names one: an export's tokenizer.json (growth/export.py
+writes it), or the token folder a checkpoint's RunState names. When neither can tell (an export without
+tokenizer.json, a checkpoint whose token folder is gone or rebuilt), a model with GPT-2's vocabulary (V >= 50257) is
+scored with GPT-2 BPE and any other model is refused with a message naming ``--tokenizer``. A tokenizer with more
+tokens than the model's vocab_size is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +28,7 @@ import torch
 from torch import Tensor
 
 from data import tokenizer as tok
-from data.tokenizer import Tokenizer
+from data.tokenizer import GPT2_VOCAB_SIZE, Tokenizer, TokenizerError
 from eval.metrics.errors import EvalInputError
 from model.config import GPTConfig
 from runtime.checkpoint import STATE_FILE, CheckpointError, OpenCheckpoint, open_checkpoint, safe_load
@@ -56,6 +63,40 @@ def open_deepspeed(path: Path) -> OpenCheckpoint:
                 "transformers folder (config.json)"
             )
         raise EvalInputError(f"{e}{hint}") from None
+
+
+def choose_tokenizer(spec: str | None, own: Callable[[], Tokenizer | None], cfg: GPTConfig, source: str) -> Tokenizer:
+    """The tokenizer to score ``source`` with: ``spec`` (``--tokenizer``) if given, else the model's own (``own()``;
+    None or a TokenizerError: unknown), else GPT-2 BPE for a GPT-2-sized vocabulary (V >= 50257).
+
+    Raises:
+        EvalInputError: the model's tokenizer is unknown and V < 50257 (the message names --tokenizer), or the
+            tokenizer has more tokens than the model's vocab_size.
+        data.tokenizer.TokenizerError: ``spec`` cannot be loaded.
+    """
+    t = tok.resolve(spec) if spec is not None else None
+    if t is None:
+        try:
+            t, why = own(), "it carries no tokenizer.json"
+        except TokenizerError as e:
+            t, why = None, str(e)
+        if t is None and cfg.vocab_size < GPT2_VOCAB_SIZE:
+            raise EvalInputError(
+                f"{source}: cannot tell which tokenizer this model (vocab_size {cfg.vocab_size}) was trained with: "
+                f"{why}; pass it with --tokenizer TOKENIZER.json or --tokenizer DATA_DIR (its token folder)"
+            )
+        if t is None:
+            print(
+                f"growlm-eval: note: {source}: {why}; scoring with GPT-2 BPE (vocab_size {cfg.vocab_size})",
+                file=sys.stderr,
+            )
+            t = tok.gpt2()
+    if t.vocab_size > cfg.vocab_size:
+        raise EvalInputError(
+            f"{source}: the tokenizer {t.name} has {t.vocab_size} tokens but the model's vocab_size is "
+            f"{cfg.vocab_size}: tokenizer/model mismatch; pass the model's own tokenizer with --tokenizer"
+        )
+    return t
 
 
 def _weights(tag_dir: Path, zero_stage: int | None) -> dict[str, Tensor]:
@@ -109,15 +150,20 @@ def load_deepspeed(path: str | Path, tokenizer: str | None = None) -> LoadedMode
     if masks:
         model.set_growth_step(state.global_step)
     model.eval()
-    default = None
-    data_dir = state.data.dir
-    if tokenizer is None and data_dir and Path(data_dir).is_dir():
-        default = tok.from_data_dir(data_dir)
-    return LoadedModel(model, cfg, tok.resolve(tokenizer, default), str(tag_dir), "deepspeed", model)
+    t = choose_tokenizer(
+        tokenizer, lambda: tok.from_run_data(state.data.dir, state.data.train_sha256), cfg, str(tag_dir)
+    )
+    return LoadedModel(model, cfg, t, str(tag_dir), "deepspeed", model)
 
 
 def load_transformers(path: str | Path, tokenizer: str | None = None) -> LoadedModel:
-    """An exported ``transformers`` GPT-2 folder (config.json + weights), scored by HF's own forward pass."""
+    """An exported ``transformers`` GPT-2 folder (config.json + model.safetensors, tokenizer.json when it has one),
+    scored by HF's own forward pass.
+
+    Raises:
+        EvalInputError: not a loadable GPT-2 folder (or weights only as a pickle), a config growlm's GPT does not
+            implement, or no usable tokenizer (see ``choose_tokenizer``).
+    """
     from transformers import GPT2LMHeadModel
 
     from model.hf import from_hf_config
@@ -132,8 +178,8 @@ def load_transformers(path: str | Path, tokenizer: str | None = None) -> LoadedM
         cfg = from_hf_config(hf.config)
     except ValueError as e:
         raise EvalInputError(f"{path}: {e}") from e
-    default = tok.from_file(path / "tokenizer.json") if (path / "tokenizer.json").is_file() else None
-    return LoadedModel(lambda x: hf(x).logits, cfg, tok.resolve(tokenizer, default), str(path), "transformers", hf)
+    t = choose_tokenizer(tokenizer, lambda: tok.from_hf_dir(path), cfg, str(path))
+    return LoadedModel(lambda x: hf(x).logits, cfg, t, str(path), "transformers", hf)
 
 
 def load(path: str | Path, tokenizer: str | None = None) -> LoadedModel:

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from eval.metrics.errors import EvalInputError, check_token_ids, token_id_error
+
 
 @dataclass(frozen=True)
 class Window:
@@ -69,6 +71,34 @@ class NLL:
         return math.exp(self.loss)
 
 
+def checked_logits(
+    logits_fn: Callable[[Tensor], Tensor], x: Tensor, vocab_size: int | None = None, tokenizer: str | None = None
+) -> Tensor:
+    """``logits_fn(x)`` (x: ids (B, T) int64 -> logits (B, T, V)), with ids that do not fit the model reported as an
+    EvalInputError naming the tokenizer/model mismatch, never as an IndexError from the embedding lookup.
+
+    With ``vocab_size`` the ids are checked before the call; without it V is the logits' width, and an IndexError
+    of the call itself (an id >= V, or a window longer than n_positions) is reported the same way.
+
+    Raises:
+        EvalInputError: an id outside [0, V), or the model raised IndexError on the input.
+    """
+    if vocab_size is not None:
+        check_token_ids(x.flatten().cpu().numpy(), vocab_size, tokenizer)
+    try:
+        logits = logits_fn(x)
+    except IndexError as e:
+        raise EvalInputError(
+            f"the model could not take the input (IndexError: {e}): a token id (the largest is {int(x.max())}) "
+            f"outside its vocabulary, i.e. a tokenizer that is not the model's, or a window of {x.shape[-1]} tokens "
+            "longer than its n_positions; score with the model's own tokenizer (--tokenizer) and --context <= "
+            "n_positions"
+        ) from e
+    if x.numel() and int(x.max()) >= logits.shape[-1]:
+        raise token_id_error(int(x.max()), logits.shape[-1], tokenizer)
+    return logits
+
+
 def _batches(windows: list[Window], batch_size: int) -> list[list[Window]]:
     """Consecutive windows of equal length, at most batch_size per batch."""
     out: list[list[Window]] = []
@@ -93,6 +123,7 @@ def token_nll(
     all_reduce_sum: Callable[[Tensor], Tensor] | None = None,
     device: torch.device | str = "cpu",
     progress: bool = False,
+    vocab_size: int | None = None,
 ) -> NLL:
     """Total NLL of a token sequence under a causal LM, windows shared among data-parallel ranks.
 
@@ -107,15 +138,20 @@ def token_nll(
         all_reduce_sum: sums a float64 tensor over ranks in place and returns it (needed when world_size > 1).
         device: where inputs are placed.
         progress: show a tqdm bar.
+        vocab_size: the model's V; when given, every id is checked against it before the first forward call (else
+            each batch's ids are checked against the logits' width, see ``checked_logits``).
 
     Returns:
         NLL summed over all N - 1 predictions of the text (all ranks get the same value).
 
     Raises:
         ValueError: see ``sliding_windows``; world_size > 1 without all_reduce_sum.
+        EvalInputError: a token id outside the model's vocabulary (the tokenizer is not the model's).
     """
     if world_size > 1 and all_reduce_sum is None:
         raise ValueError("world_size > 1 needs all_reduce_sum to combine the ranks' sums")
+    if vocab_size is not None:
+        check_token_ids(np.asarray(tokens), vocab_size)
     windows = sliding_windows(len(tokens), context, stride or context)
     per_rank = [_batches(windows[r::world_size], batch_size) for r in range(world_size)]
     n_calls = max(len(b) for b in per_rank)
@@ -133,7 +169,9 @@ def token_nll(
         x, y = rows[:, :-1], rows[:, 1:].clone()
         for j, w in enumerate(batch):
             y[j, : (w.end - w.begin) - w.n_target] = -100  # context-only positions: scored by an earlier window
-        logits = logits_fn(x)
+        logits = checked_logits(logits_fn, x)  # ids checked against vocab_size above, when given
+        if int(y.max()) >= logits.shape[-1]:  # the text's last token is a target only
+            raise token_id_error(int(y.max()), logits.shape[-1])
         nll = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum")
         total += weight * torch.tensor([nll.item(), float((y != -100).sum())], dtype=torch.float64)
     if world_size > 1:
@@ -168,16 +206,22 @@ def document_nll(
     *,
     bos_token_id: int,
     progress: bool = False,
+    vocab_size: int | None = None,
 ) -> NLL:
     """Summed NLL of several documents, each scored alone as ``[bos] + tokens`` so that every token of every
     document is predicted once (the first from the end-of-text token, as GPT-2 starts a document).
 
+    ``vocab_size``: the model's V; every id (bos included) is checked against it before the first forward call.
+
     Raises:
         ValueError: no document has a token.
+        EvalInputError: a token id outside the model's vocabulary (the tokenizer is not the model's).
     """
     docs = [d for d in documents if len(d)]
     if not docs:
         raise ValueError("no document has any token; the eval text is empty")
+    if vocab_size is not None:
+        check_token_ids([[bos_token_id], *docs], vocab_size)
     total, count = 0.0, 0
     iterator = docs
     if progress:
@@ -185,6 +229,7 @@ def document_nll(
 
         iterator = tqdm(docs, desc="documents", leave=False)
     for d in iterator:
-        r = token_nll(logits_fn, np.asarray([bos_token_id, *d], dtype=np.int64), context, stride, batch_size)
+        ids = np.asarray([bos_token_id, *d], dtype=np.int64)
+        r = token_nll(logits_fn, ids, context, stride, batch_size, vocab_size=vocab_size)
         total, count = total + r.total_nll, count + r.n_tokens
     return NLL(total, count)

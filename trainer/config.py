@@ -1,0 +1,396 @@
+"""Run configuration of train.py, validated before any rank talks to another: one ``RunConfig`` for the rest.
+
+Everything here needs only this process's view (the command line, the DeepSpeed JSON, the checkpoint's
+``growlm_state.json``, the token folder's ``meta.json``, the stage list), so bad input fails fast and alike on every
+rank, before DeepSpeed or a process group is touched. Errors are ``UsageError`` (one message, exit status 2) or,
+from runtime.checkpoint, ``CheckpointError``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from growth.errors import GrowthError
+from growth.stages import StageList, load_stages
+from model.config import GPTConfig, from_preset
+from runtime import checkpoint
+from runtime.run_state import RunState
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_PRESET = "cpu-small"
+DEFAULT_SEED = 1234
+SHAPE_FLAGS = ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "vocab_size")  # GPTConfig overrides
+
+
+class UsageError(Exception):
+    """Bad input from the command line; printed as one message, exit status 2."""
+
+
+class RankError(UsageError):
+    """Bad input that only some ranks can see (e.g. ranks disagreeing); printed by every rank."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A validated train.py run: what to build, what to train on, where to write, when to evaluate and save.
+
+    Attributes:
+        ds_config_path: the --ds_config file (named in messages).
+        ds_config: the DeepSpeed config, "auto" step counts filled in; ``load_universal`` set for a growlm-grow
+            checkpoint.
+        zero_stage: the config's ZeRO stage (0-3).
+        precision: "fp32" | "bf16" | "fp16".
+        model: the model shape to build (the plan's point, the checkpoint's, or preset + overrides).
+        resume: the opened --resume checkpoint (manifest and pickles checked), or None for a fresh run.
+        growth: the --growth_plan stage list, or None.
+        growth_plan: the --growth_plan path, or None.
+        stage_index: growth stages already done (the checkpoint's; 0 for a fresh run).
+        seq_len: tokens per training sequence T.
+        seed: seed of the init, data order and dropout.
+        data_dir: the prepared token folder; ``builtin_data``: it is the built-in corpus (prepared on first use).
+        out_dir, save_dir: the run folder and its ``checkpoints/``.
+        start_step: the global step the run starts at (the checkpoint's, or 0).
+        save_steps: global steps at which this run saves.
+        max_steps, log_interval, eval_interval, eval_tokens, final_eval_tokens, eval_stride, eval_batch_size,
+            no_eval, dist_timeout_s: the flags of the same names (``python train.py --help``).
+    """
+
+    ds_config_path: str
+    ds_config: dict[str, Any]
+    zero_stage: int
+    precision: str
+    model: GPTConfig
+    resume: checkpoint.OpenCheckpoint | None
+    growth: StageList | None
+    growth_plan: str | None
+    stage_index: int
+    seq_len: int
+    seed: int
+    data_dir: Path
+    builtin_data: bool
+    out_dir: Path
+    save_dir: Path
+    start_step: int
+    save_steps: tuple[int, ...]
+    max_steps: int
+    log_interval: int
+    eval_interval: int
+    eval_tokens: int
+    final_eval_tokens: int
+    eval_stride: int | None
+    eval_batch_size: int
+    no_eval: bool
+    dist_timeout_s: float
+
+    @property
+    def resume_state(self) -> RunState | None:
+        """The --resume checkpoint's RunState as read from its folder (None for a fresh run)."""
+        return self.resume.state if self.resume is not None else None
+
+
+def load_ds_config(path: str, max_steps: int) -> dict[str, Any]:
+    """The DeepSpeed config at ``path`` with ``"auto"`` scheduler step counts replaced by ``max_steps``.
+
+    Raises:
+        UsageError: no such file, not a JSON object, or fp16 and bf16 both enabled.
+    """
+    try:
+        cfg = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(
+            f"--ds_config {path}: no such file; pick one of {sorted(os.listdir(REPO / 'ds_configs'))}"
+        ) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"--ds_config {path} is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise UsageError(f"--ds_config {path} must hold a JSON object")
+    sched = cfg.get("scheduler", {}).get("params", {})
+    for key in ("total_num_steps", "warmup_num_steps"):
+        if sched.get(key) == "auto":
+            sched[key] = max_steps
+    if cfg.get("fp16", {}).get("enabled") and cfg.get("bf16", {}).get("enabled"):
+        raise UsageError(f"--ds_config {path} enables both fp16 and bf16; enable one")
+    return cfg
+
+
+def precision_of(ds_cfg: dict) -> str:
+    """'fp16', 'bf16' or 'fp32', as enabled in a DeepSpeed config."""
+    return (
+        "fp16" if ds_cfg.get("fp16", {}).get("enabled") else "bf16" if ds_cfg.get("bf16", {}).get("enabled") else "fp32"
+    )
+
+
+def model_config_from_args(args: argparse.Namespace, resume_state: RunState | None) -> GPTConfig:
+    """The model shape: the checkpoint's when resuming (flags must agree with it), else preset + overrides.
+
+    Raises:
+        UsageError: an unknown preset or an invalid shape (model.config's message).
+    """
+    overrides = {k: getattr(args, k) for k in (*SHAPE_FLAGS, "dropout")}
+    try:
+        if resume_state is None:
+            return from_preset(args.preset or DEFAULT_PRESET, **overrides)
+        saved = resume_state.model_config
+        given = {k: v for k, v in overrides.items() if v is not None}
+        requested = from_preset(args.preset, **given) if args.preset else replace(saved, **given)
+        if args.dropout is None:  # dropout is not part of the shape: keep the checkpoint's unless asked
+            requested = replace(requested, dropout=saved.dropout)
+        return requested
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def validate_data_dir(path: str | None) -> Path:
+    """The prepared token folder to train on (``path``, or the built-in corpus's when None).
+
+    Raises:
+        UsageError: the folder is missing, is a text file, has no valid meta.json, or its train split is empty.
+    """
+    from data.prepare import default_data_dir, load_meta
+
+    if path is None:
+        return default_data_dir()
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(
+            f"--data {p}: no such folder; prepare one with `growlm-prepare --train FILE... --val FILE... --out {p}`"
+        )
+    if p.is_file():
+        raise UsageError(
+            f"--data {p} is a file; train.py reads a prepared token folder: run `growlm-prepare "
+            f"--train {p} --val HELD_OUT_FILE --out DIR` and pass --data DIR"
+        )
+    try:
+        meta = load_meta(p)
+    except (ValueError, FileNotFoundError) as e:
+        raise UsageError(str(e)) from None
+    if meta["splits"]["train"]["n_tokens"] == 0:
+        raise UsageError(f"--data {p}: the train split is empty")
+    return p
+
+
+def planned_save_steps(start: int, max_steps: int, interval: int, final: bool) -> list[int]:
+    """Global steps in (start, max_steps] at which this run saves: every ``interval``, and the last if ``final``."""
+    steps = list(range(start + interval - start % interval, max_steps + 1, interval)) if interval > 0 else []
+    if final and max_steps > start and max_steps not in steps:
+        steps.append(max_steps)
+    return steps
+
+
+def load_growth_plan(path: str) -> StageList:
+    """The validated growth plan at ``path``.
+
+    Raises:
+        UsageError: the file is missing, does not parse, or its stages do not chain (growth.stages.parse_stages).
+    """
+    try:
+        return load_stages(path)
+    except FileNotFoundError:
+        raise UsageError(f"--growth_plan {path}: no such file; see growth/plans/ for examples") from None
+    except GrowthError as e:
+        raise UsageError(f"--growth_plan {path}: {e}") from None
+    except Exception as e:  # YAML syntax
+        raise UsageError(f"--growth_plan {path} does not parse: {e}") from None
+
+
+def shape_of(cfg: GPTConfig) -> dict:
+    """The config's fields that fix parameter shapes (all but dropout)."""
+    return {k: v for k, v in cfg.to_dict().items() if k != "dropout"}
+
+
+def plan_config(args, growth: StageList, cfg: GPTConfig, resume_state: RunState | None, stage_index: int):
+    """The model shape when a growth plan drives the run: the plan's start, or after ``stage_index`` stages.
+
+    Raises:
+        UsageError: shape flags given with a plan, or a checkpoint that is not a point of the plan.
+    """
+    shape_flags = [f"--{k}" for k in ("preset", *SHAPE_FLAGS) if getattr(args, k) is not None]
+    if resume_state is None:
+        if shape_flags:
+            raise UsageError(f"--growth_plan sets the starting shape (its 'start'); drop {', '.join(shape_flags)}")
+        start = growth.start
+        return replace(start, dropout=args.dropout) if args.dropout is not None else start
+    expected = growth.start if stage_index == 0 else growth.stages[stage_index - 1].target
+    if stage_index > len(growth.stages) or shape_of(expected) != shape_of(cfg):
+        raise UsageError(
+            f"the checkpoint ({cfg.shape_str()}, {stage_index} growth stage(s) done) is not a point of --growth_plan "
+            f"{args.growth_plan} (which expects {expected.shape_str()} there); resume with the plan it was trained with"
+        )
+    return cfg
+
+
+def check_plan_fits_run(growth: StageList, stage_index: int, args, ds_cfg: dict) -> None:
+    """Refuse, before any rank starts, a plan this run cannot carry out.
+
+    Raises:
+        UsageError: fp16 at ZeRO stage 0, a scheduler other than WarmupCosineLR, a growth before step 1, a slope
+            trigger without --eval_interval, or (ZeRO-3) a grown parameter above stage3_max_live_parameters.
+    """
+    zero = ds_cfg.get("zero_optimization", {})
+    stage = int(zero.get("stage", 0))
+    if precision_of(ds_cfg) == "fp16" and stage == 0:
+        raise UsageError(
+            "live growth supports fp16 at ZeRO stage 1-3, not 0 (its FP16_Optimizer keeps no per-"
+            "parameter Adam state that growth can read); use ds_configs/zero1_fp16.json or bf16"
+        )
+    if ds_cfg.get("scheduler", {}).get("type") != "WarmupCosineLR":
+        raise UsageError("live growth places a WarmupCosineLR schedule; use a ds_config with that scheduler type")
+    max_live = float(zero.get("stage3_max_live_parameters", 1e9))
+    for s in growth.stages[stage_index:]:
+        if s.when.kind == "step" and s.when.value < 1:
+            raise UsageError(
+                f"stage {s.name!r} grows at step {s.when.value:g}: DeepSpeed has no Adam state before "
+                "the first optimizer step; grow at step >= 1 or start the plan at the grown shape"
+            )
+        if s.when.kind == "slope" and not args.eval_interval:
+            raise UsageError(f"stage {s.name!r} grows on the validation-loss slope; set --eval_interval")
+        largest = max(s.target.vocab_size, s.target.ffn_dim, 3 * s.target.n_embd) * s.target.n_embd
+        if stage == 3 and largest > max_live:
+            raise UsageError(
+                f"stage {s.name!r}: the grown model has a parameter of {largest:,} elements, more than "
+                f"this ds_config's stage3_max_live_parameters={max_live:,.0f}; raise it"
+            )
+
+
+def open_resume(path: str | None, ds_cfg: dict) -> checkpoint.OpenCheckpoint | None:
+    """Open the --resume checkpoint (manifest, every pickle, RunState); None without --resume.
+
+    A growlm-grow (universal) checkpoint sets ``ds_cfg["checkpoint"]["load_universal"]``: DeepSpeed reshards it at
+    load, at any world size.
+
+    Raises:
+        CheckpointError: the checkpoint cannot be opened (message prefixed with ``--resume``).
+    """
+    if not path:
+        return None
+    try:
+        resume = checkpoint.open_checkpoint(path)
+    except checkpoint.CheckpointError as e:
+        raise checkpoint.CheckpointError(f"--resume {e}") from None
+    if resume.state.universal:
+        ds_cfg["checkpoint"] = {**ds_cfg.get("checkpoint", {}), "load_universal": True}
+    return resume
+
+
+def check_data_order(state: RunState, seq_len: int, seed: int) -> None:
+    """Refuse a resume that would read other samples: the data order is a function of (seed, seq_len, token file).
+
+    Raises:
+        UsageError: --seq_len or --seed differs from the checkpoint's.
+    """
+    for flag, value, saved in (("--seq_len", seq_len, state.seq_len), ("--seed", seed, state.seed)):
+        if value != saved:
+            raise UsageError(
+                f"{flag} {value} differs from the checkpoint's {saved}: the resumed run would read other "
+                f"samples than the interrupted one; drop {flag}"
+            )
+
+
+def check_save_steps(save_dir: Path, start: int, args: argparse.Namespace) -> list[int]:
+    """The global steps this run saves at, refusing any whose tag already exists in ``save_dir``.
+
+    Raises:
+        UsageError: --max_steps below ``start``, or a planned tag already in ``save_dir`` (never overwritten).
+    """
+    if args.max_steps < start:
+        raise UsageError(f"--max_steps {args.max_steps} is below the checkpoint's global step {start}")
+    planned = planned_save_steps(start, args.max_steps, args.save_interval, not args.no_final_save)
+    clash = sorted(set(checkpoint.existing_tags(save_dir)) & {checkpoint.tag_for(s) for s in planned})
+    if clash:
+        raise UsageError(
+            f"{save_dir} already holds {', '.join(clash)}, which this run would write; checkpoints are "
+            "never overwritten: choose another --out_dir (or --resume from the newest one)"
+        )
+    return planned
+
+
+def check_precision_supported(precision: str, ds_config_path: str, zero_stage: int) -> None:
+    """Refuse fp16 on a device DeepSpeed cannot train it on (imports deepspeed: call after the accelerator is set).
+
+    Raises:
+        UsageError: fp16 asked for and unsupported; the message names the precisions available.
+    """
+    from deepspeed.accelerator import get_accelerator
+
+    if precision == "fp16" and not get_accelerator().is_fp16_supported():
+        available = ["fp32"] + (["bf16"] if get_accelerator().is_bf16_supported() else [])
+        raise UsageError(
+            f"--ds_config {ds_config_path} asks for fp16, which this device "
+            f"({get_accelerator().device_name()}) does not support; available precisions: "
+            f"{', '.join(available)} (e.g. ds_configs/zero{zero_stage}_{available[-1]}.json)"
+        )
+
+
+def resolve(args: argparse.Namespace) -> RunConfig:
+    """Validate the command line against the files it names and return the run's configuration.
+
+    Checks, in this order: the DeepSpeed config, the --resume checkpoint, the model shape, the growth plan, the data
+    order (--seq_len/--seed against the checkpoint), --seq_len against n_positions, the checkpoint against the
+    launched world size and ZeRO stage, the token folder, the save steps against existing tags, and fp16 support.
+
+    Raises:
+        UsageError, CheckpointError: the first problem found (see the functions above).
+    """
+    ds_cfg = load_ds_config(args.ds_config, args.max_steps)
+    zero_stage = int(ds_cfg.get("zero_optimization", {}).get("stage", 0))
+    precision = precision_of(ds_cfg)
+    resume = open_resume(args.resume, ds_cfg)
+    state = resume.state if resume is not None else None
+    cfg = model_config_from_args(args, state)
+    stage_index = state.growth_stage if state else 0
+    growth = None
+    if args.growth_plan:
+        growth = load_growth_plan(args.growth_plan)
+        cfg = plan_config(args, growth, cfg, state, stage_index)
+        check_plan_fits_run(growth, stage_index, args, ds_cfg)
+    seq_len = args.seq_len or (state.seq_len if state else cfg.n_positions)
+    seed = args.seed if args.seed is not None else (state.seed if state else DEFAULT_SEED)
+    if state is not None:
+        check_data_order(state, seq_len, seed)
+    if not 1 <= seq_len <= cfg.n_positions:
+        raise UsageError(
+            f"--seq_len {seq_len} must be in [1, n_positions={cfg.n_positions}]; shorten it or raise --n_positions"
+        )
+    if resume is not None:
+        launched_world = int(os.environ.get("WORLD_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
+        checkpoint.check_compatible(
+            state, model_config=cfg.to_dict(), world_size=launched_world, zero_stage=zero_stage, path=resume.tag_dir
+        )
+    data_dir = validate_data_dir(args.data)
+    out_dir = Path(args.out_dir)
+    start_step = state.global_step if state else 0
+    save_steps = check_save_steps(out_dir / "checkpoints", start_step, args)
+    check_precision_supported(precision, args.ds_config, zero_stage)
+    return RunConfig(
+        ds_config_path=args.ds_config,
+        ds_config=ds_cfg,
+        zero_stage=zero_stage,
+        precision=precision,
+        model=cfg,
+        resume=resume,
+        growth=growth,
+        growth_plan=args.growth_plan,
+        stage_index=stage_index,
+        seq_len=seq_len,
+        seed=seed,
+        data_dir=data_dir,
+        builtin_data=args.data is None,
+        out_dir=out_dir,
+        save_dir=out_dir / "checkpoints",
+        start_step=start_step,
+        save_steps=tuple(save_steps),
+        max_steps=args.max_steps,
+        log_interval=args.log_interval,
+        eval_interval=args.eval_interval,
+        eval_tokens=args.eval_tokens,
+        final_eval_tokens=args.final_eval_tokens,
+        eval_stride=args.eval_stride,
+        eval_batch_size=args.eval_batch_size,
+        no_eval=args.no_eval,
+        dist_timeout_s=args.dist_timeout_s,
+    )

@@ -1,0 +1,132 @@
+"""Growth events of a run with --growth_plan: the trigger of the next stage (step, tokens or validation-loss slope),
+the live growth itself (growth.live.grow_engine, which makes its checks through growth.prepare.prepare_growth), and
+its record (metrics.jsonl "growth" event, TensorBoard, console, and the RunState growth history).
+
+When to grow is described in DESIGN.md, section "When to grow"; what a growth carries in section "What growth
+carries".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from growth.live import GrowthResult, grow_engine
+from growth.stages import Stage
+from growth.trigger import slope_trigger
+from model.config import GPTConfig, param_count
+from runtime.engine import build_engine
+from trainer.config import RunConfig
+from trainer.loop import Batches, Progress, fixed_batch_loss
+from trainer.metrics import MetricsLogger, max_rss_bytes
+
+GROWTH_SCALARS = ("loss_before", "loss_after", "seconds", "bytes_moved", "params_to")  # growth/<key> in TensorBoard
+
+
+def next_stage(p: Progress, run: RunConfig) -> Stage | None:
+    """The plan's next stage if it is due now, else None.
+
+    A stage is due when its trigger fires: ``{step: N}`` at step >= N, ``{tokens: N}`` once N training tokens are
+    consumed, ``{slope: X}`` when growth.trigger.slope_trigger fires on the validations since the last growth. A
+    due stage waits while the masks of an earlier growth still ramp (the model still has masks).
+    """
+    if run.growth is None or p.stage_index >= len(run.growth.stages):
+        return None
+    stage = run.growth.stages[p.stage_index]
+    if p.engine.module.growth_masks is not None:
+        return None
+    kind, value = stage.when.kind, stage.when.value
+    if kind == "step":
+        due = p.step >= value
+    elif kind == "tokens":
+        due = p.consumed * run.seq_len >= value
+    else:
+        due = kind == "slope" and slope_trigger([f for f, _ in p.slope_points], [v for _, v in p.slope_points], value)
+    return stage if due else None
+
+
+@dataclass(frozen=True)
+class GrowthEvent:
+    """One live growth: the shape grown from, grow_engine's result, the fixed-batch loss before and after (eval-mode
+    loss of the step's first micro batch averaged over ranks, on the old and on the grown model) and the peak memory
+    (bytes, metrics.max_rss_bytes) before it."""
+
+    old: GPTConfig
+    result: GrowthResult
+    loss_before: float
+    loss_after: float
+    rss_before: int
+
+
+def grow(p: Progress, stage: Stage, run: RunConfig, data: Batches) -> GrowthEvent:
+    """Grow the live engine of ``p`` into ``stage.target`` on every rank (a collective) and update ``p``: engine,
+    shape, stage index, placed schedule, slope history (cleared) and growth history.
+
+    Raises:
+        GrowthError: see growth.live.grow_engine.
+    """
+    x, y = data.micro_batch(p.consumed, 0)
+    loss_before = fixed_batch_loss(p.engine, x, y, data.info)
+    old, rss_before = p.model, max_rss_bytes()
+    result = grow_engine(
+        p.engine,
+        stage.plan(old, run.growth.seed),
+        lambda c, m: build_engine(c, m, run.ds_config, partitioned=run.zero_stage == 3),
+        policy=stage.optimizer,
+        schedule_rule=stage.schedule,
+        ramp_steps=stage.ramp_steps or None,
+        rewarm=p.schedule,
+    )
+    p.engine, p.model, p.schedule = result.engine, stage.target, result.schedule
+    p.stage_index += 1
+    p.slope_points.clear()
+    p.history.append(
+        {"step": p.step, "stage": stage.name, "family": stage.family, "live": True, "from": old.to_dict(),
+         "to": p.model.to_dict()}
+    )  # fmt: skip
+    loss_after = fixed_batch_loss(p.engine, x, y, data.info)
+    return GrowthEvent(old, result, loss_before, loss_after, rss_before)
+
+
+def growth_record(p: Progress, stage: Stage, event: GrowthEvent, seq_len: int) -> dict[str, Any]:
+    """The "growth" record of metrics.jsonl for ``event``, a growth into ``p.model`` at ``p.step``."""
+    old = event.old
+    return {
+        "event": "growth",
+        "step": p.step,
+        "stage": stage.name,
+        "family": stage.family,
+        "from": old.to_dict(),
+        "to": p.model.to_dict(),
+        "params_from": param_count(old),
+        "params_to": param_count(p.model),
+        "loss_before": event.loss_before,
+        "loss_after": event.loss_after,
+        "seconds": event.result.seconds,
+        "bytes_moved": event.result.bytes_moved,
+        "max_rss_bytes_before": event.rss_before,
+        "max_rss_bytes": max_rss_bytes(),
+        "lr": p.engine.get_lr()[0],
+        "tokens": p.consumed * seq_len,
+        "flops": p.consumed_flops,
+    }
+
+
+def maybe_grow(p: Progress, run: RunConfig, data: Batches, log: MetricsLogger) -> None:
+    """Before the next optimizer step: grow if the plan's next stage is due, and log the growth."""
+    stage = next_stage(p, run)
+    if stage is None:
+        return
+    event = grow(p, stage, run, data)
+    if not log.enabled:
+        return
+    old = event.old
+    rec = growth_record(p, stage, event, run.seq_len)
+    log.log(rec, {f"growth/{k}": rec[k] for k in GROWTH_SCALARS})
+    log.text(
+        "growth", f"step {p.step}: {stage.name} ({stage.family}) {old.shape_str()} -> {p.model.shape_str()}", p.step
+    )
+    log.console(
+        f"growlm: step {p.step}: grew {old.shape_str()} -> {p.model.shape_str()} ({stage.family}, {stage.name}) in "
+        f"{event.result.seconds:.1f} s; fixed-batch loss {event.loss_before:.6f} -> {event.loss_after:.6f}"
+    )

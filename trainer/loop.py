@@ -1,0 +1,146 @@
+"""The training step: micro batches, gradient accumulation, the optimizer step, and the fixed-batch loss.
+
+``Progress`` is the run's state in memory (engine, shape, step, data position, growth bookkeeping); ``train_step``
+advances it by one optimizer step. Every rank calls these functions with the same arguments (they are collectives).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from data.sampler import ResumableSampler, TokenWindows, micro_batch_start
+from growth.schedule import ScheduleState, apply_rewarm
+from model.config import GPTConfig, flops_per_token
+from runtime.dist import DistInfo
+
+
+@dataclass
+class Progress:
+    """Where the run stands; mutated by the step loop, growth events and restore.
+
+    Attributes:
+        engine: the DeepSpeed engine (replaced at each growth).
+        model: the model shape of ``engine``.
+        step: optimizer steps taken (DeepSpeed's global step).
+        consumed: training sequences consumed, all ranks (the data position).
+        consumed_flops: model FLOPs trained so far (model.config.flops_per_token per token; growth changes it).
+        stage_index: growth-plan stages done.
+        schedule: the LR schedule a growth placed (re-warm included), or None: the ds_config's own schedule.
+        slope_points: (cumulative FLOPs, validation loss) since the last growth: the slope trigger's history.
+        history: growths this model went through (RunState.growth), oldest first.
+        extra: keys of the resumed growlm_state.json this version does not know, written back unchanged.
+    """
+
+    engine: Any
+    model: GPTConfig
+    step: int
+    consumed: int = 0
+    consumed_flops: int = 0
+    stage_index: int = 0
+    schedule: ScheduleState | None = None
+    slope_points: list[tuple[float, float]] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Batches:
+    """This rank's training batches: sample windows in the resumable order, split into micro batches.
+
+    ``micro`` sequences per micro batch, ``gas`` micro batches per optimizer step (gradient accumulation), over
+    ``info.world_size`` ranks: a global batch of ``micro * gas * world_size`` sequences of ``seq_len`` tokens.
+    """
+
+    windows: TokenWindows
+    sampler: ResumableSampler
+    micro: int
+    gas: int
+    info: DistInfo
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step, all ranks."""
+        return self.micro * self.gas * self.info.world_size
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per training sequence T."""
+        return self.windows.seq_len
+
+    def micro_batch(self, consumed: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets, each [micro, seq_len] on this rank's device, of micro batch ``j`` of the step that
+        starts at ``consumed`` samples."""
+        start = micro_batch_start(consumed, self.micro, j, self.info.rank, self.info.world_size)
+        x, y = self.windows.batch(self.sampler.sample_ids(start, self.micro))
+        return x.to(self.info.device), y.to(self.info.device)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One optimizer step: mean loss over ranks and micro batches, the LR it used, the gradient norm (nan when
+    DeepSpeed reports none), and when it started (``time.perf_counter``)."""
+
+    loss: float
+    lr: float
+    grad_norm: float
+    started: float
+
+
+def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Sum of ``t`` over all ranks (a collective), returned on the CPU."""
+    t = t.to(info.device)
+    dist.all_reduce(t)
+    return t.cpu()
+
+
+def fixed_batch_loss(engine: Any, x: torch.Tensor, y: torch.Tensor, info: DistInfo) -> float:
+    """Eval-mode loss of one batch per rank, averaged over ranks (the loss-preservation check of a growth)."""
+    engine.eval()
+    with torch.no_grad():
+        loss = engine(x, y).detach().double().cpu()
+    engine.train()
+    return float(all_reduce_sum(loss, info)) / info.world_size
+
+
+def flops_per_step(cfg: GPTConfig, data: Batches) -> int:
+    """Model FLOPs of one optimizer step of a model of shape ``cfg`` (all ranks)."""
+    return flops_per_token(cfg, data.seq_len) * data.global_batch * data.seq_len
+
+
+def _stage0_grad_norm(engine: Any) -> float:
+    """The global gradient norm, computed here for ZeRO stage 0 in fp32 (where DeepSpeed reports none)."""
+    grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+
+
+def train_step(p: Progress, data: Batches, *, own_grad_norm: bool) -> StepResult:
+    """One optimizer step over ``data.gas`` micro batches; advances ``p`` (step, data position, FLOPs, mask ramp,
+    re-warm). ``own_grad_norm``: compute the gradient norm here (ZeRO stage 0 in fp32)."""
+    started = time.perf_counter()
+    engine = p.engine
+    lr = engine.get_lr()[0]  # the LR this step uses
+    loss_sum = torch.zeros((), dtype=torch.float64)
+    stage0_norm = math.nan
+    for j in range(data.gas):
+        x, y = data.micro_batch(p.consumed, j)
+        loss = engine(x, y)
+        engine.backward(loss)
+        if j == data.gas - 1 and own_grad_norm:
+            stage0_norm = _stage0_grad_norm(engine)
+        engine.step()
+        loss_sum += loss.detach().double().cpu()
+        del loss  # its graph holds the parameters (and, through them, a grown-away engine)
+    p.step, p.consumed = p.step + 1, p.consumed + data.global_batch
+    p.consumed_flops += flops_per_step(p.model, data)
+    engine.module.set_growth_step(p.step)  # mask ramp (no-op without masks; removes them at 1)
+    if p.schedule is not None:
+        apply_rewarm(engine, p.schedule, p.step)
+    mean_loss = float(all_reduce_sum(loss_sum / data.gas, data.info)) / data.info.world_size
+    grad_norm = engine.get_global_grad_norm()
+    return StepResult(mean_loss, lr, float(grad_norm) if grad_norm is not None else stage0_norm, started)
