@@ -11,7 +11,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEMO_ARGS ?= --preset cpu-small --seq_len 128 --max_steps 80 --eval_interval 20 --log_interval 5 \
 	--ds_config ds_configs/zero2_bf16.json --final_eval_tokens 65536 --out_dir runs/demo
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test test-unit lint clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,9 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q --durations=15
+
+test-unit: setup  # tests/unit only: no process started, under a minute
+	$(BIN)/python -m pytest -q -m "not dist"
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -42,6 +42,16 @@ class DataIdentity:
     train_sha256: str | None = None
 
 
+@dataclass(frozen=True)
+class InitSource:
+    """The transformers GPT-2 folder a run started from (``train.py --init_from``): its path (as given), the sha256
+    of its ``model.safetensors`` and the name of its tokenizer (None: the folder had none)."""
+
+    path: str
+    weights_sha256: str
+    tokenizer: str | None = None
+
+
 _REQUIRED = ("model_config", "global_step", "consumed_samples", "seq_len", "world_size", "zero_stage", "seed")
 
 
@@ -65,6 +75,8 @@ class RunState:
         schedule: the WarmupCosineLR state a growth placed (re-warm included), or None: the ds_config's schedule.
         data: the token folder trained on.
         ds_config: the DeepSpeed config of the run that saved it.
+        init_from: the transformers folder the run's first weights came from (``--init_from``), or None; kept by
+            every later save and resume, so a resume never needs the folder.
         universal: a DeepSpeed universal checkpoint (written by growlm-grow; loads at any world size).
         growth: history of the growths this model went through, oldest first, one JSON object each (growlm-grow's
             records; a live growth in train.py adds ``{step, stage, family, live: true, from, to}``).
@@ -87,6 +99,7 @@ class RunState:
     schedule: ScheduleState | None = None
     data: DataIdentity = field(default_factory=DataIdentity)
     ds_config: dict[str, Any] = field(default_factory=dict)
+    init_from: InitSource | None = None
     universal: bool = False
     growth: list[dict[str, Any]] = field(default_factory=list)
     version: int = VERSION
@@ -117,6 +130,7 @@ class RunState:
             schedule=asdict(self.schedule) if self.schedule is not None else None,
             data=asdict(self.data),
             ds_config=self.ds_config,
+            init_from=asdict(self.init_from) if self.init_from is not None else None,
             universal=self.universal,
             growth=list(self.growth),
         )
@@ -166,7 +180,7 @@ class RunState:
         except (TypeError, ValueError, AttributeError) as e:
             raise RunStateError(f"invalid model_config ({e})") from e
         known = {f.name for f in fields(cls)} | {"format", "consumed_tokens"}
-        masks, sched, data = d.get("growth_masks"), d.get("schedule"), d.get("data") or {}
+        masks, sched, data, init = d.get("growth_masks"), d.get("schedule"), d.get("data") or {}, d.get("init_from")
         return cls(
             model_config=cfg,
             global_step=int(d["global_step"]),
@@ -183,6 +197,7 @@ class RunState:
             schedule=ScheduleState(**sched) if sched else None,
             data=DataIdentity(dir=data.get("dir"), train_sha256=data.get("train_sha256")),
             ds_config=dict(d.get("ds_config") or {}),
+            init_from=InitSource(**init) if init else None,
             universal=bool(d.get("universal", False)),
             growth=[dict(g) for g in d.get("growth") or []],
             version=version,

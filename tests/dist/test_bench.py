@@ -16,54 +16,6 @@ from eval.bench.report import BenchError, growth_cost, markdown, summarize_train
 from model.config import flops_per_token, from_preset
 
 
-def train_records(times: list[float], tokens_per_step: int = 100, flops_per_tok: int = 10, skipped=None) -> list:
-    skipped = skipped or [0] * len(times)
-    return [
-        {"event": "train", "step": i + 1, "loss": 5.0 - i, "step_time_s": t, "tokens": (i + 1) * tokens_per_step,
-         "flops": (i + 1) * tokens_per_step * flops_per_tok, "skipped_steps": skipped[i], "max_rss_bytes": 7}
-        for i, t in enumerate(times)
-    ]  # fmt: skip
-
-
-def test_summarize_leaves_out_warmup_and_counts_skipped_steps():
-    recs = train_records([9.0, 5.0, 1.0, 2.0, 3.0], skipped=[1, 2, 2, 3, 3])
-    recs.insert(3, {"event": "val", "step": 3, "val_loss": 4.0})
-    s = summarize_train(recs, warmup_steps=2, world_size=2)
-    assert s["measured_steps"] == 3 and s["step_times_s"] == [1.0, 2.0, 3.0]
-    assert s["step_time_s_median"] == 2.0
-    assert s["measured_tokens"] == 300 and s["tokens_per_s"] == pytest.approx(300 / 6)
-    assert s["tokens_per_s_per_rank"] == pytest.approx(300 / 6 / 2)
-    assert s["model_flops_per_s"] == pytest.approx(3000 / 6)
-    assert s["skipped_steps"] == 3 and s["skipped_steps_measured"] == 1
-    assert s["growth"]["events"] == 0
-    with pytest.raises(BenchError, match="raise --steps or lower --warmup"):
-        summarize_train(recs, warmup_steps=5, world_size=2)
-
-
-def test_growth_cost_in_seconds_and_equivalent_steps():
-    recs = train_records([1.0, 2.0, 2.0, 2.0, 4.0])
-    recs.insert(2, {"event": "growth", "step": 2, "seconds": 3.0})
-    recs.append({"event": "growth", "step": 5, "seconds": 1.0})
-    s = summarize_train(recs, warmup_steps=1, world_size=1)
-    g = s["growth"]
-    assert g["events"] == 2 and g["seconds"] == 4.0
-    assert g["equivalent_steps"] == pytest.approx(4.0 / 2.0)  # median step time 2 s
-    assert [e["equivalent_steps"] for e in g["per_event"]] == [1.5, 0.5]
-    assert growth_cost(recs, 0.5)["equivalent_steps"] == 8.0
-    rec = {"name": "zero2-fp32", "kind": "deepspeed", "zero_stage": 2, "precision": "fp32", "world_size": 1,
-           "mfu": 0.1, "model_flops_per_s": 1e9, **s}  # fmt: skip
-    assert "| zero2-fp32 | 2 | 4.00 | 2.0 |" in markdown([rec], {"device": "test"})
-
-
-def test_gpu_peak_table_and_measured_cpu_peak():
-    assert gpu_table_peak("NVIDIA H200", "bf16").flops_per_s == 989e12
-    assert gpu_table_peak("NVIDIA H100 80GB HBM3", "fp16").flops_per_s == 989e12
-    assert gpu_table_peak("NVIDIA A100-SXM4-80GB", "bf16").flops_per_s == 312e12
-    assert gpu_table_peak("Tesla T4", "fp16") is None
-    peak = measure_matmul_peak("fp32", threads=1, n=128, repeats=2)
-    assert peak.flops_per_s > 0 and "1 thread" in peak.source and "fp32" in peak.source
-
-
 def test_fp16_on_a_cpu_is_refused_naming_the_available_precisions(capsys, tmp_path):
     device, avail = bench.available_precisions()
     assert ("fp16" in avail) == fp16_supported()

@@ -7,7 +7,7 @@ import pytest
 from growth.errors import GrowthError
 from growth.stages import load_stages, parse_stages
 
-PLANS = Path(__file__).resolve().parents[1] / "growth" / "plans"
+PLANS = Path(__file__).resolve().parents[2] / "growth" / "plans"
 
 
 @pytest.mark.parametrize("name", ["tiny_msg.yaml", "tiny_staged.yaml"])

@@ -12,7 +12,7 @@ import json
 import pytest
 from dist_utils import fp16_supported, read_metrics, run_ranks, tiny_ds_config
 
-CASES = [
+SCENARIOS = [
     ("zero0_fp32", "masked"),
     ("zero1_fp32", "duplicate"),
     ("zero2_fp32", "masked"),
@@ -33,7 +33,7 @@ def probe(tmp_path, template: str, family: str, *extra: str) -> dict:
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("template, family", CASES)
+@pytest.mark.parametrize("template, family", SCENARIOS)
 def test_live_growth_carries_the_whole_training_state(tmp_path, template, family):
     d = probe(tmp_path, template, family)
     fp32 = template.endswith("fp32")
@@ -48,11 +48,11 @@ def test_live_growth_carries_the_whole_training_state(tmp_path, template, family
     assert d["global_steps_after"] == d["step"] == 3
     assert d["first_lr"] == pytest.approx(d["expected_first_lr"], rel=1e-12)
     assert d["first_lr"] > 0
-    # the old engine is gone: no hook left on its module (CASES 11)
+    # the old engine is gone: no hook left on its module (DESIGN.md, "Checkpoint failure kinds: stale ZeRO-3 hooks")
     assert d["hooks_left_on_old_module"] == 0
-    # after steps on the grown engine, the fp32 master and the working copy agree (CASES 10) ...
+    # after steps on the grown engine, the fp32 master and the working copy agree (DESIGN.md, "Checkpoint failure kinds: stale fp32 master") ...
     assert max(d["master_vs_working"].values()) == 0.0, d["master_vs_working"]
-    # ... every parameter, new ones included, is in the optimizer and moves (CASES 3)
+    # ... every parameter, new ones included, is in the optimizer and moves (DESIGN.md, "Checkpoint failure kinds: parameters added mid-training")
     assert min(d["moved"].values()) > 0, [k for k, v in d["moved"].items() if v == 0]
     assert all(loss == loss and loss < 10 for loss in d["losses_after_growth"])
 

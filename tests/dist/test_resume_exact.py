@@ -100,23 +100,3 @@ def test_resharded_resume_matches_uninterrupted_and_keeps_one_adam_step(tmp_path
         assert m["lr"] == pytest.approx(ref[m["step"]]["lr"], rel=1e-12)
     steps = saved_adam_steps(resumed / "checkpoints" / "global_step6")
     assert len(steps) >= 2 and set(steps) == {6.0}, steps  # every group, every rank: the global step
-
-
-def test_repair_adam_steps_unshares_the_step_so_each_group_counts_once():
-    from runtime.engine import repair_adam_steps
-
-    class Engine:  # what repair_adam_steps reads: engine.optimizer (here the torch optimizer itself)
-        def __init__(self, opt):
-            self.optimizer = opt
-
-    a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
-    opt = torch.optim.AdamW([{"params": [a], "weight_decay": 0.1}, {"params": [b], "weight_decay": 0.0}], lr=1e-2)
-    shared = torch.tensor(3.0)  # what DeepSpeed's ZeRO-3 universal loader leaves: one tensor in every group
-    for p in (a, b):
-        opt.state[p].update(step=shared, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
-    assert repair_adam_steps(Engine(opt)) == 1
-    assert opt.state[a]["step"] is not opt.state[b]["step"]
-    a.grad, b.grad = torch.ones(3), torch.ones(2)
-    opt.step()
-    assert [float(opt.state[p]["step"]) for p in (a, b)] == [4.0, 4.0]  # shared, they would read 5.0 and 5.0
-    assert repair_adam_steps(Engine(opt)) == 0

@@ -34,7 +34,7 @@ GROW = {
     "masked": ["--family", "masked", "--n_layer", "3", "--n_embd", "96", "--n_head", "6", "--ramp_steps", "4"],
     "duplicate": ["--family", "duplicate", "--n_embd", "128", "--n_head", "8"],
 }
-CASES = {  # template: growth family
+TEMPLATES = {  # template: growth family
     "zero1_fp32": "masked",
     "zero2_fp32": "masked",
     "zero3_fp32": "masked",
@@ -96,14 +96,14 @@ def universal_model(tag_dir: Path) -> GPT:
     return model.eval()
 
 
-@pytest.mark.parametrize("template", list(CASES))
+@pytest.mark.parametrize("template", list(TEMPLATES))
 def test_grow_offline_keeps_loss_and_applies_adam_rule(tmp_path, sources, builtin_data, template):
     run, _ = sources(template)
     ckpt = run / "checkpoints"
     # reshard only: DeepSpeed's universal tensors of the saved (old) model, the reference for the rule; then grow
     # that universal checkpoint (native -> grown runs in the resume tests below; the rewrite is the same code)
     assert grow(ckpt, tmp_path / "old") == 0
-    family = CASES[template]
+    family = TEMPLATES[template]
     assert grow(tmp_path / "old", tmp_path / "new", *GROW[family]) == 0
     old_tag, new_tag = tmp_path / "old" / "global_step3", tmp_path / "new" / "global_step3"
     assert (tmp_path / "new" / "latest").read_text() == "global_step3"
@@ -145,7 +145,7 @@ def test_grow_offline_keeps_loss_and_applies_adam_rule(tmp_path, sources, builti
 def test_grown_checkpoint_resumes_at_any_world_size(tmp_path, sources, template, nprocs, tol):
     run, ref = sources(template)
     grown = tmp_path / "grown"
-    assert grow(run / "checkpoints", grown, *GROW[CASES[template]], "--rewarm_steps", "2") == 0
+    assert grow(run / "checkpoints", grown, *GROW[TEMPLATES[template]], "--rewarm_steps", "2") == 0
     state = json.loads((grown / "global_step3" / "growlm_state.json").read_text())
     sched = ScheduleState(**state["schedule"])
     # continue at the saved position: step 3 was trained at lbi 3 (a fresh schedule starts at FIRST_ITERATION 1)
@@ -165,7 +165,7 @@ def test_grown_checkpoint_resumes_at_any_world_size(tmp_path, sources, template,
         assert all(m["loss"] == m["loss"] and m["loss"] < 12 for m in b)  # training continues
         # grow -> train -> save: the growth history growlm-grow wrote is carried into the next checkpoint
         saved = RunState.from_json((out / "checkpoints" / "global_step5" / "growlm_state.json").read_text())
-        assert saved.growth == state["growth"] and [g["family"] for g in saved.growth] == [CASES[template]]
+        assert saved.growth == state["growth"] and [g["family"] for g in saved.growth] == [TEMPLATES[template]]
         assert saved.growth[0]["to"] == saved.model_config.to_dict() and not saved.universal
         assert saved.version == VERSION and saved.global_step == 5
 
@@ -261,7 +261,7 @@ def test_bad_input_is_refused_before_writing(tmp_path, sources, capsys):
     refused(ckpt, tmp_path / "exists", match="already exists")
     assert not list(tmp_path.glob("o*")) and not list(tmp_path.glob(".tmp-*"))
 
-    # stage 0 (CASES 12): refused with the supported stages named
+    # stage 0 (DESIGN.md, "Checkpoint failure kinds: no universal checkpoint at stage 0"): refused with the supported stages named
     z0 = tmp_path / "z0"
     shutil.copytree(ckpt / "global_step3", z0)
     (z0 / "growlm_manifest.json").unlink()

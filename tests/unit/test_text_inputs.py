@@ -8,8 +8,6 @@ answers a bad file with exit status 2 and one line ``PROG: error: FILE:LINE: pro
 
 import json
 import lzma
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +17,7 @@ from data import prepare
 from data.text import BOM, InputError, read_json_rows, read_lines, read_text
 from data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LATIN1 = "caf\u00e9 au lait\n".encode("latin-1")  # 0xe9 alone is not UTF-8
 
 
@@ -152,77 +150,6 @@ def test_prepare_accepts_a_bom_and_drops_it(tmp_path):
 # growlm-eval
 
 
-@pytest.fixture(scope="module")
-def tiny_export(tmp_path_factory) -> Path:
-    """A tiny transformers GPT-2 folder (random weights, GPT-2 vocabulary) that growlm-eval can load."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=1, n_embd=8, n_head=2, n_inner=16, n_positions=32, vocab_size=50257)
-    out = tmp_path_factory.mktemp("export")
-    GPT2LMHeadModel(cfg).save_pretrained(out)
-    return out
-
-
-def _eval(model: Path, capsys, *args: str) -> tuple[int, str, str]:
-    from eval.metrics import cli
-
-    rc = cli.main([str(model), "--sets", "", "--tokenizer", "gpt2", "--no_progress", *args])
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
-
-
-@pytest.mark.parametrize(
-    "content, expected",
-    [
-        (b'{"text": "a b c"}\n{"passage": "x y"}\n', ":2: the row has no field 'text' (fields: ['passage'])"),
-        (b'{"text": "a b c"}\n{"text": null}\n', ":2: field 'text' is null, not a string"),
-        (b'{"text": "a b c"}\n{"text": "caf\xe9 y"}\n', ":2: byte 0xe9 is not valid UTF-8 (invalid continuation byte)"),
-    ],
-)
-def test_eval_lambada_bad_rows_give_one_line(tiny_export, tmp_path, capsys, content, expected):
-    f = tmp_path / "lambada.jsonl"
-    f.write_bytes(content)
-    out = tmp_path / "res.json"
-    rc, _, err = _eval(tiny_export, capsys, "--lambada", str(f), "--out", str(out))
-    assert rc == 2
-    msg = _one_error_line(err, "growlm-eval")
-    assert msg.startswith(f"{f}{expected}; ")
-    assert not out.exists()
-
-
-def test_eval_wikitext_non_utf8_names_the_file(tiny_export, tmp_path, capsys):
-    f = tmp_path / "wiki.test.raw"
-    f.write_bytes(b" = Title = \n\n" + LATIN1)
-    rc, _, err = _eval(tiny_export, capsys, "--wikitext", str(f))
-    assert rc == 2
-    assert _one_error_line(err, "growlm-eval").startswith(f"{f}:3: byte 0xe9 is not valid UTF-8 (")
-
-
-def test_eval_accepts_a_bom_with_the_same_numbers(tiny_export, tmp_path, capsys):
-    text = " = Title = \n\nThe cat sat on the mat and the dog sat on the log .\n"
-    lam = '{"text": "the cat sat on the mat"}\n{"text": "the dog sat on the log"}\n'
-    results = []
-    for prefix in (b"", BOM):
-        (tmp_path / "w.raw").write_bytes(prefix + text.encode())
-        (tmp_path / "l.jsonl").write_bytes(prefix + lam.encode())
-        rc, out, err = _eval(tiny_export, capsys, "--wikitext", str(tmp_path / "w.raw"), "--lambada",
-                             str(tmp_path / "l.jsonl"))  # fmt: skip
-        assert rc == 0, err
-        results.append(json.loads(out)["results"])
-    assert results[0]["wikitext_file"]["tokens"] == len(gpt2_tokenizer().encode_ordinary(text))
-    assert results[0]["lambada_file"]["n_items"] == 2
-    for key in ("wikitext_file", "lambada_file"):
-        a, b = (dict(r[key]) for r in results)
-        a.pop("seconds", None), b.pop("seconds", None)
-        assert a == b
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# growth plan files
-
-
 PLAN = (REPO / "growth" / "plans" / "tiny_msg.yaml").read_bytes()
 
 
@@ -242,17 +169,3 @@ def test_plan_file_not_utf8_is_named_with_its_line(tmp_path):
     f.write_bytes(b"# caf\xe9\n" + PLAN)
     with pytest.raises(GrowthError, match=rf"^{f}:1: byte 0xe9 is not valid UTF-8 \(.*\); convert it to UTF-8"):
         load_stages(f)
-
-
-def test_train_py_refuses_a_non_utf8_plan_with_one_line(tmp_path):
-    f = tmp_path / "plan.yaml"
-    f.write_bytes(PLAN + b"# caf\xe9\n")
-    line = PLAN.count(b"\n") + 1
-    r = subprocess.run(
-        [sys.executable, str(REPO / "train.py"), "--growth_plan", str(f), "--out_dir", str(tmp_path / "run")],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert r.returncode == 2, r.stderr
-    msg = _one_error_line(r.stderr, "growlm-train")
-    assert f"{f}:{line}: byte 0xe9 is not valid UTF-8" in msg
-    assert not (tmp_path / "run").exists()

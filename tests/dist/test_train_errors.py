@@ -54,17 +54,6 @@ def one_rank_checkpoint(tmp_path_factory):
     return out
 
 
-def test_unknown_preset(capsys):
-    fails(capsys, ["--preset", "gpt5"], "unknown model preset 'gpt5'", "cpu-small")
-
-
-def test_missing_and_unparsable_ds_config(capsys, tmp_path):
-    fails(capsys, ["--ds_config", str(tmp_path / "nope.json")], "no such file", "zero2_bf16.json")
-    bad = tmp_path / "bad.json"
-    bad.write_text('{"zero_optimization": {"stage": 2,}')
-    fails(capsys, ["--ds_config", str(bad)], "is not valid JSON")
-
-
 def test_fp16_is_refused_or_trained_as_the_cpu_allows(capsys, tmp_path, builtin_data):
     if not fp16_supported():  # no AVX512-FP16 / AMX-FP16: refused before anything is built, naming the choices
         fails(
@@ -85,29 +74,6 @@ def test_fp16_is_refused_or_trained_as_the_cpu_allows(capsys, tmp_path, builtin_
     skipped = steps[-1]["skipped_steps"]
     assert steps[-1]["loss_scale"] == 2.0**16 / 2**skipped, (skipped, steps[-1]["loss_scale"])
     assert skipped < 6 and all(s["loss"] == s["loss"] for s in steps)
-
-
-def test_n_embd_not_divisible_by_n_head(capsys):
-    fails(capsys, ["--preset", "tiny", "--n_embd", "100", "--n_head", "3"], "n_embd=100 is not divisible by n_head=3")
-
-
-def test_seq_len_above_n_positions(capsys):
-    fails(capsys, ["--preset", "tiny", "--seq_len", "129"], "--seq_len 129", "n_positions=128")
-
-
-def test_corpus_path_missing_empty_or_a_text_file(capsys, tmp_path):
-    fails(capsys, ["--data", str(tmp_path / "nothing")], "no such folder", "growlm-prepare")
-    (tmp_path / "empty").mkdir()
-    fails(capsys, ["--data", str(tmp_path / "empty")], str(tmp_path / "empty"))
-    text = tmp_path / "book.txt"
-    text.write_text("Some text.")
-    fails(capsys, ["--data", str(text)], "is a file", "growlm-prepare")
-
-
-def test_resume_pointing_at_nothing(capsys, tmp_path):
-    fails(capsys, ["--resume", str(tmp_path / "missing")], "no such file or folder")
-    (tmp_path / "empty").mkdir()
-    fails(capsys, ["--resume", str(tmp_path / "empty")], "nothing to load")
 
 
 def test_resume_with_another_model_shape(capsys, one_rank_checkpoint):

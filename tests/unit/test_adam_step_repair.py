@@ -1,0 +1,33 @@
+"""Exactness of the optimizer across loads and of the first steps (real train.py runs, CPU, gloo).
+
+* The LR schedule starts at its first non-zero warm-up value: step 1 changes the weights (growth.schedule,
+  ``start_schedule``).
+* A checkpoint resharded by growlm-grow (a DeepSpeed universal checkpoint) resumes exactly like the uninterrupted run
+  at ZeRO 1, 2 and 3, and every parameter group's Adam step is the global step (runtime.engine.repair_adam_steps:
+  DeepSpeed's ZeRO-3 universal loader shares one step tensor between groups).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+# the reproduction of the shared-Adam-step report: 2 layers, n_embd 64, micro batch 4, lr 3e-3, 2 warm-up steps
+def test_repair_adam_steps_unshares_the_step_so_each_group_counts_once():
+    from runtime.engine import repair_adam_steps
+
+    class Engine:  # what repair_adam_steps reads: engine.optimizer (here the torch optimizer itself)
+        def __init__(self, opt):
+            self.optimizer = opt
+
+    a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.AdamW([{"params": [a], "weight_decay": 0.1}, {"params": [b], "weight_decay": 0.0}], lr=1e-2)
+    shared = torch.tensor(3.0)  # what DeepSpeed's ZeRO-3 universal loader leaves: one tensor in every group
+    for p in (a, b):
+        opt.state[p].update(step=shared, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+    assert repair_adam_steps(Engine(opt)) == 1
+    assert opt.state[a]["step"] is not opt.state[b]["step"]
+    a.grad, b.grad = torch.ones(3), torch.ones(2)
+    opt.step()
+    assert [float(opt.state[p]["step"]) for p in (a, b)] == [4.0, 4.0]  # shared, they would read 5.0 and 5.0
+    assert repair_adam_steps(Engine(opt)) == 0
