@@ -7,11 +7,12 @@ It imports deepspeed lazily, after choosing the accelerator, because DeepSpeed p
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
+
+from runtime.launch import free_port
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
     if "RANK" not in os.environ:  # plain `python train.py`: a world of one
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if accelerator == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
@@ -161,9 +162,3 @@ def close_distributed() -> None:
         else:
             os.environ[key] = value
     _ENV_BEFORE.clear()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
