@@ -7,6 +7,7 @@ It imports deepspeed lazily, after choosing the accelerator, because DeepSpeed p
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 

@@ -11,8 +11,6 @@ import pytest
 from dist_utils import fp16_supported
 
 from eval.bench import throughput as bench
-from eval.bench.peak import gpu_table_peak, measure_matmul_peak
-from eval.bench.report import BenchError, growth_cost, markdown, summarize_train
 from model.config import flops_per_token, from_preset
 
 

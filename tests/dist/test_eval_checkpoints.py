@@ -4,23 +4,17 @@ of every ZeRO stage (2 real ranks) against their exported transformers folder, a
 from __future__ import annotations
 
 import json
-import math
-import re
 import shutil
 
-import numpy as np
 import pytest
 import torch
 from dist_utils import run_ranks, write_ds_config
 
-from data.tokenizer import gpt2
 from eval.metrics import cli
-from eval.metrics.cloze import ClozeItem, build_cloze, read_lambada, score_cloze
+from eval.metrics.cloze import build_cloze, score_cloze
 from eval.metrics.errors import EvalInputError
 from eval.metrics.load import load, load_deepspeed, load_transformers
-from eval.metrics.perplexity import document_nll, word_count, word_perplexity
-from model.config import GPTConfig
-from model.gpt import GPT
+from eval.metrics.perplexity import word_count
 from model.hf import to_hf
 
 TEXT = (

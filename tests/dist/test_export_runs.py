@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from dist_utils import run_ranks, write_ds_config
 
 from data import tokenizer as tok
@@ -21,13 +20,10 @@ from data.small_vocab import EOT, train_tokenizer
 from data.text import read_text
 from data.tokens import TokenFolderWriter
 from eval.metrics import cli
-from eval.metrics.cloze import ClozeItem, build_cloze, score_cloze
+from eval.metrics.cloze import build_cloze
 from eval.metrics.errors import EvalInputError
 from eval.metrics.load import load
-from eval.metrics.perplexity import document_nll, token_nll
 from growth.grow_checkpoint import main as grow_main
-from model.config import GPTConfig
-from model.gpt import GPT
 
 SMALL_V = 320
 MISMATCH = "tokenizer/model mismatch"

@@ -261,7 +261,8 @@ def test_bad_input_is_refused_before_writing(tmp_path, sources, capsys):
     refused(ckpt, tmp_path / "exists", match="already exists")
     assert not list(tmp_path.glob("o*")) and not list(tmp_path.glob(".tmp-*"))
 
-    # stage 0 (DESIGN.md, "Checkpoint failure kinds: no universal checkpoint at stage 0"): refused with the supported stages named
+    # stage 0 (DESIGN.md, "Checkpoint failure kinds: no universal checkpoint at stage 0"): refused with the supported
+    # stages named
     z0 = tmp_path / "z0"
     shutil.copytree(ckpt / "global_step3", z0)
     (z0 / "growlm_manifest.json").unlink()

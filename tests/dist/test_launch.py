@@ -4,20 +4,11 @@ Single process, no DeepSpeed engine; about 20 s."""
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import sys
 import time
-from pathlib import Path
 
-import pytest
-import torch
-
-from runtime import atomic
-from runtime.checkpoint import CheckpointError, check_pickles, open_checkpoint, rng_state, safe_load, set_rng_state
 from runtime.launch import launch_ranks
-from runtime.run_state import STATE_FILE, VERSION, RunState, RunStateError
+
 
 def test_launch_ranks_sets_rendezvous_and_collects_output(tmp_path):
     code = "import os; print(os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['LOCAL_RANK'], " \

@@ -50,9 +50,11 @@ def test_live_growth_carries_the_whole_training_state(tmp_path, template, family
     assert d["first_lr"] > 0
     # the old engine is gone: no hook left on its module (DESIGN.md, "Checkpoint failure kinds: stale ZeRO-3 hooks")
     assert d["hooks_left_on_old_module"] == 0
-    # after steps on the grown engine, the fp32 master and the working copy agree (DESIGN.md, "Checkpoint failure kinds: stale fp32 master") ...
+    # after steps on the grown engine, the fp32 master and the working copy agree (DESIGN.md, "Checkpoint failure
+    # kinds: stale fp32 master") ...
     assert max(d["master_vs_working"].values()) == 0.0, d["master_vs_working"]
-    # ... every parameter, new ones included, is in the optimizer and moves (DESIGN.md, "Checkpoint failure kinds: parameters added mid-training")
+    # ... every parameter, new ones included, is in the optimizer and moves (DESIGN.md, "Checkpoint failure kinds:
+    # parameters added mid-training")
     assert min(d["moved"].values()) > 0, [k for k, v in d["moved"].items() if v == 0]
     assert all(loss == loss and loss < 10 for loss in d["losses_after_growth"])
 

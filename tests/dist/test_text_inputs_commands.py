@@ -7,17 +7,14 @@ answers a bad file with exit status 2 and one line ``PROG: error: FILE:LINE: pro
 """
 
 import json
-import lzma
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from data import prepare
-from data.text import BOM, InputError, read_json_rows, read_lines, read_text
-from data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer
+from data.text import BOM
+from data.tokenizer import gpt2_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 LATIN1 = "caf\u00e9 au lait\n".encode("latin-1")  # 0xe9 alone is not UTF-8

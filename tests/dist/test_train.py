@@ -68,7 +68,8 @@ def test_zero_trains_and_resume_matches_uninterrupted_run(tmp_path, builtin_data
     assert [m["step"] for m in b] == [5, 6, 7, 8]
     for x, y in zip(a[4:], b, strict=True):
         assert abs(x["loss"] - y["loss"]) <= tol, (x, y)
-        assert x["lr"] == pytest.approx(y["lr"], rel=1e-12)  # LR schedule position restored (DESIGN.md, "Checkpoint failure kinds: LR schedule not restored")
+        # LR schedule position restored (DESIGN.md, "Checkpoint failure kinds: LR schedule not restored")
+        assert x["lr"] == pytest.approx(y["lr"], rel=1e-12)
         assert x["consumed_samples"] == y["consumed_samples"]  # data position restored
         assert abs(x["grad_norm"] - y["grad_norm"]) <= max(tol, 1e-6) * 10
 
@@ -110,7 +111,8 @@ def test_resume_at_other_world_size_is_refused_with_the_reshard_command(tmp_path
         nproc=1,
     )
     assert r.returncode == 2
-    assert "saved by 2 ranks" in r.stdout and "ds_to_universal" in r.stdout  # names the reshard command (DESIGN.md, "Checkpoint failure kinds: world-size change")
+    # names the reshard command (DESIGN.md, "Checkpoint failure kinds: world-size change")
+    assert "saved by 2 ranks" in r.stdout and "ds_to_universal" in r.stdout
 
 
 def _launch(cmd: list[str], tmp_path, **env) -> subprocess.CompletedProcess:

@@ -10,7 +10,6 @@ import re
 import numpy as np
 import pytest
 import torch
-from dist_utils import run_ranks, write_ds_config
 
 from data.tokenizer import gpt2
 from eval.metrics.cloze import ClozeItem, build_cloze, read_lambada, score_cloze
@@ -112,28 +111,3 @@ def test_read_lambada_splits_on_the_last_space(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(EvalInputError, match="no passage"):
         read_lambada(tmp_path / "empty.jsonl")
-
-
-# ----- DeepSpeed checkpoints, 2 real ranks -------------------------------------------------------------------
-
-
-class _Checkpoints(dict):
-    """{ZeRO stage: tag folder} of a 2-rank, 3-step tiny run, trained on first use."""
-
-    def __init__(self, root):
-        super().__init__()
-        self.root = root
-
-    def __missing__(self, stage: int):
-        ds = write_ds_config(self.root / f"z{stage}.json", f"zero{stage}_fp32", train_micro_batch_size_per_gpu=2)
-        run = self.root / f"z{stage}"
-        r = run_ranks(["--preset", "tiny", "--seq_len", "32", "--no_eval", "--ds_config", str(ds), "--max_steps", "3",
-                       "--out_dir", str(run)])  # fmt: skip
-        assert r.returncode == 0, r.stdout[-3000:]
-        self[stage] = run / "checkpoints" / "global_step3"
-        return self[stage]
-
-
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory, builtin_data):
-    return _Checkpoints(tmp_path_factory.mktemp("eval_ckpt"))
