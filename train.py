@@ -12,18 +12,18 @@ This file is the command line only: the run itself is trainer/ (trainer.run.run)
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from runtime.dist import select_accelerator
+from runtime.dist import launch_rank, select_accelerator
 
 select_accelerator()  # before anything imports deepspeed
 
 from growth.errors import GrowthError  # noqa: E402
 from model.config import PRESETS  # noqa: E402
 from runtime.checkpoint import CheckpointError  # noqa: E402
-from trainer.config import DEFAULT_PRESET, RankError, UsageError  # noqa: E402
+from trainer.config import DEFAULT_PRESET  # noqa: E402
+from trainer.errors import RankError, UsageError  # noqa: E402
 from trainer.run import run  # noqa: E402
 
 REPO = Path(__file__).resolve().parent
@@ -61,7 +61,7 @@ def _model_and_data_flags(p: argparse.ArgumentParser) -> None:
         "--preset",
         default=None,
         help=f"model shape preset, one of: {', '.join(PRESETS)} "
-        f"(default {DEFAULT_PRESET}, or the checkpoint's shape with --resume)",
+        f"(default {DEFAULT_PRESET}, the checkpoint's shape with --resume, the folder's with --init_from)",
     )
     m.add_argument("--n_layer", type=int, help="override the preset's number of blocks L")
     m.add_argument("--n_embd", type=int, help="override the preset's width d (must be divisible by n_head)")
@@ -114,6 +114,15 @@ def _training_flags(t: argparse._ArgumentGroup) -> None:
         "consumed samples and RNG. DeepSpeed's loader unpickles the checkpoint's files: use checkpoints from a "
         "trusted source only (growlm refuses any file holding more than tensor data and a few known types)",
     )
+    t.add_argument(
+        "--init_from",
+        default=None,
+        help="transformers GPT-2 folder to start from (growlm-grow --export_hf output or any GPT2LMHeadModel saved "
+        "with save_pretrained): config.json gives the model shape (no --preset/--n_* that differ), model.safetensors "
+        "the weights (safetensors only; pytorch_model.bin is refused), tokenizer.json, if present, must match "
+        "--data's tokenizer. Fresh Adam state and LR schedule, any ZeRO stage and precision; with --growth_plan the "
+        "plan's start must be this shape. Not with --resume",
+    )
     t.add_argument("--save_interval", type=int, default=0, help="also save every N steps (0: only at the end)")
     t.add_argument("--no_final_save", action="store_true", help="do not save a checkpoint at the end")
     t.add_argument("--log_interval", type=int, default=10, help="steps between TensorBoard/console logs")
@@ -143,7 +152,7 @@ def _evaluation_flags(e: argparse._ArgumentGroup) -> None:
 def main(argv: list[str] | None = None) -> int:
     """growlm-train: run ``run`` and turn bad input into one message and exit status 2."""
     args = parse_args(argv)
-    rank_env = int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")))
+    rank_env = launch_rank()
     try:
         return run(args)
     except (UsageError, CheckpointError, GrowthError) as e:

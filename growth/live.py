@@ -41,6 +41,7 @@ from growth.prepare import prepare_growth
 from growth.schedule import ScheduleRule, ScheduleState, apply_schedule, engine_schedule
 from growth.stores import ParamState
 from model.masks import MaskSpec
+from runtime.crash_points import hold_point
 from runtime.engine import inner_optimizer, repair_adam_steps
 
 LOSS_SCALER_FIELDS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
@@ -266,6 +267,7 @@ def grow_engine(
     ensure_adam_state(new, adam_step_of(old))
     old_store, new_store = EngineStore(old), EngineStore(new)
     apply_plan(plan, old_store, new_store, policy)
+    hold_point("live.applied")  # test-only (runtime.crash_points): killed mid-growth, the last checkpoint resumes
     refresh_working_copies(new)
     new.global_steps, new.global_samples = old.global_steps, old.global_samples
     new.micro_steps, new.skipped_steps = old.micro_steps, old.skipped_steps

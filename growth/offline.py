@@ -43,6 +43,7 @@ from model.masks import MaskSpec, mask_values, new_unit_flags
 from runtime import checkpoint
 from runtime.atomic import atomic_dir
 from runtime.checkpoint import CheckpointError
+from runtime.crash_points import hold_point
 from runtime.manifest import write_manifest
 from runtime.run_state import RunState
 
@@ -281,6 +282,7 @@ def grow_checkpoint(
             conv = converted(src, tmp / ".convert" / src.tag, workers, log)
             new_state = write_grown(src, conv, new_tag, stage, prep, log)
             shutil.rmtree(tmp / ".convert", ignore_errors=True)
+        hold_point("grow.commit")  # test-only (runtime.crash_points): killed here, no output may appear
         (new_tag / checkpoint.STATE_FILE).write_text(new_state.dumps())  # inside the uncommitted folder
         write_manifest(new_tag)
         (tmp / LATEST_UNIVERSAL).write_text(src.tag)

@@ -29,6 +29,12 @@ TMP_PREFIX = ".tmp-"  # temporary siblings: loaders and manifests ignore names s
 OLD_PREFIX = ".old-"  # a replaced folder, kept until its successor is in place
 
 
+def unfinished(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a temporary sibling (``.tmp-<name>``: not yet renamed into place, perhaps half-written
+    by a killed process) or a replaced folder (``.old-<name>``): never something to read."""
+    return Path(path).name.startswith((TMP_PREFIX, OLD_PREFIX))
+
+
 def current_umask() -> int:
     """The process umask (e.g. 0o022), read without changing it where Linux allows (``/proc/self/status``)."""
     try:

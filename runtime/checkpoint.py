@@ -10,7 +10,8 @@ scheduler, loss scaler) plus growlm's files inside it:
 
 Nothing is ever overwritten or half-written: ranks write into ``.tmp-<tag>``, rank 0 renames it to ``<tag>`` once
 every rank has finished (runtime.atomic.commit_dir), and only then replaces the ``latest`` pointer. A crash leaves at
-most a ``.tmp-*`` folder, which loading ignores.
+most a ``.tmp-*`` folder, which is never listed as a tag nor opened (``resolve`` refuses it), and which the next
+save of that tag replaces; tests/dist/test_crash_safety.py kills saves with SIGKILL at runtime.crash_points.
 
 Every ``*.pt`` file growlm reads, and every one it hands to DeepSpeed's own loaders (``engine.load_checkpoint``,
 ``zero_to_fp32``, ``ds_to_universal``, which unpickle without restriction), is first unpickled here with
@@ -34,7 +35,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from runtime.atomic import TMP_PREFIX, atomic_path, commit_dir, fix_mode, fresh_dir, write_text
+from runtime.atomic import TMP_PREFIX, atomic_path, commit_dir, fix_mode, fresh_dir, unfinished, write_text
+from runtime.crash_points import hold_point
 from runtime.engine import repair_adam_steps
 from runtime.manifest import ManifestError, verify_manifest, write_manifest
 from runtime.run_state import STATE_FILE, STATE_FORMAT, RunState, RunStateError
@@ -54,9 +56,12 @@ def tag_for(global_step: int) -> str:
 
 
 def existing_tags(save_dir: str | os.PathLike) -> list[str]:
-    """Finished checkpoint tags in ``save_dir`` (folders holding growlm_state.json)."""
+    """Finished checkpoint tags in ``save_dir`` (folders holding growlm_state.json; not the ``.tmp-``/``.old-``
+    folders of an unfinished or interrupted save)."""
     p = Path(save_dir)
-    return sorted(q.name for q in p.iterdir() if (q / STATE_FILE).is_file()) if p.is_dir() else []
+    if not p.is_dir():
+        return []
+    return sorted(q.name for q in p.iterdir() if (q / STATE_FILE).is_file() and not unfinished(q))
 
 
 def resolve(path: str | os.PathLike) -> tuple[Path, str]:
@@ -65,11 +70,19 @@ def resolve(path: str | os.PathLike) -> tuple[Path, str]:
 
     Raises:
         CheckpointError: nothing there, no ``latest`` pointer, the tag it names is missing, or the tag folder has no
-            ``growlm_state.json`` (not a growlm checkpoint, or an unfinished save).
+            ``growlm_state.json`` (not a growlm checkpoint, or an unfinished save), or it is (inside) a ``.tmp-``
+            or ``.old-`` folder (``unfinished``).
     """
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"{p}: no such file or folder; give a checkpoint folder or one of its tags")
+    for q in (p, *p.resolve().parents[:2]):  # the tag, its checkpoint folder, the run folder
+        if unfinished(q):
+            raise CheckpointError(
+                f"{p}: {q.name} is the temporary folder of a save that did not finish (the process writing it "
+                "stopped before renaming it into place); it is never loaded: use the checkpoint's 'latest' or a "
+                "finished tag, or run the command that wrote it again"
+            )
     if (p / STATE_FILE).is_file():
         return p.parent, p.name
     if not (p / LATEST).is_file() and (p / "checkpoints").is_dir():
@@ -295,6 +308,7 @@ def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int
     if rank == 0:
         write_text(save_dir / tmp_tag / STATE_FILE, state.dumps(), overwrite=True)
         write_manifest(save_dir / tmp_tag)
+        hold_point(f"checkpoint.commit:{tag}")  # test-only (runtime.crash_points): a kill here must lose nothing
         try:
             commit_dir(save_dir / tmp_tag, final)
         except FileExistsError as e:

@@ -87,6 +87,72 @@ def discover_mpi() -> bool:
     return True
 
 
+def launch_rank() -> int:
+    """This process's global rank as its launcher gave it (RANK, else Open MPI's OMPI_COMM_WORLD_RANK), 0 when
+    neither is set or the value is not an integer (``check_launch_env`` then names the problem); for deciding who
+    prints before the process group exists."""
+    value = os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
+def _env_int(key: str, low: int, high: int | None = None) -> int | None:
+    """The integer in environment variable ``key`` (None when unset), checked to lie in [low, high).
+
+    Raises:
+        RuntimeError: not an integer, or outside the range; the message names the variable and the launchers.
+    """
+    raw = os.environ.get(key)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise RuntimeError(f"{key}={raw!r} is not an integer; {_LAUNCH_HINT}") from None
+    if value < low or (high is not None and value >= high):
+        bound = f"in [{low}, {high})" if high is not None else f">= {low}"
+        raise RuntimeError(f"{key}={value} must be {bound}; {_LAUNCH_HINT}")
+    return value
+
+
+_LAUNCH_HINT = "the launch environment is inconsistent: start the ranks with deepspeed, torchrun or mpirun"
+
+
+def check_launch_env(accelerator: str = "cpu") -> None:
+    """Refuse an inconsistent launch environment before any rank waits for another: RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE and MASTER_PORT must be integers with 0 <= RANK < WORLD_SIZE, 0 <= LOCAL_RANK <
+    LOCAL_WORLD_SIZE <= WORLD_SIZE and LOCAL_RANK <= RANK; with more than one rank RANK, LOCAL_RANK, MASTER_ADDR and
+    MASTER_PORT must be set; on CUDA LOCAL_RANK must name a visible device. (A rank numbered past the world size
+    would otherwise wait for the rendezvous until the timeout and blame the network.)
+
+    Raises:
+        RuntimeError: the first inconsistency, naming the variables and their values.
+    """
+    world = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    if world is None and rank is not None:
+        raise RuntimeError(f"RANK={rank} is set but WORLD_SIZE is not; {_LAUNCH_HINT}")
+    world = world or 1
+    rank = _env_int("RANK", 0, world)
+    local_world = _env_int("LOCAL_WORLD_SIZE", 1, world + 1)
+    local = _env_int("LOCAL_RANK", 0, local_world)
+    _env_int("MASTER_PORT", 1, 65536)
+    if world > 1:
+        missing = [k for k in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+        if missing:
+            verb = "is" if len(missing) == 1 else "are"
+            raise RuntimeError(f"WORLD_SIZE={world} but {', '.join(missing)} {verb} not set; {_LAUNCH_HINT}")
+    if local is not None and rank is not None and local > rank:
+        raise RuntimeError(f"LOCAL_RANK={local} is larger than RANK={rank}; {_LAUNCH_HINT}")
+    if accelerator == "cuda" and local is not None and local >= max(1, torch.cuda.device_count()):
+        raise RuntimeError(
+            f"LOCAL_RANK={local} but this node has {torch.cuda.device_count()} visible GPU(s); start at most that "
+            "many ranks per node (hostfile slots=N, --nproc_per_node N) or check CUDA_VISIBLE_DEVICES"
+        )
+
+
 def init_distributed(timeout_s: float = 300.0) -> DistInfo:
     """Initialise the default process group (NCCL on CUDA, gloo or oneCCL on CPU) and return where we are.
 
@@ -97,8 +163,9 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
         timeout_s: seconds to wait for the other ranks (rendezvous and every collective).
 
     Raises:
-        RuntimeError: the rendezvous at MASTER_ADDR:MASTER_PORT did not complete within timeout_s; the message
-            names the address so an unreachable or wrong master is obvious.
+        RuntimeError: the launch environment is inconsistent (``check_launch_env``), or the rendezvous at
+            MASTER_ADDR:MASTER_PORT did not complete within timeout_s; the message names the address so an
+            unreachable or wrong master is obvious.
     """
     accelerator = select_accelerator()
     _ENV_BEFORE.clear()
@@ -108,6 +175,7 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
+    check_launch_env(accelerator)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if accelerator == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))

@@ -16,6 +16,13 @@ from model.gpt import GPT
 from model.masks import MaskSpec
 
 
+def precision_of(ds_cfg: dict) -> str:
+    """'fp16', 'bf16' or 'fp32', as enabled in a DeepSpeed config."""
+    return (
+        "fp16" if ds_cfg.get("fp16", {}).get("enabled") else "bf16" if ds_cfg.get("bf16", {}).get("enabled") else "fp32"
+    )
+
+
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """AdamW groups: matrices and embeddings (2-D) decay, biases and LayerNorm gains do not (same order as
     ``named_parameters``). A parameter built under ZeRO-3's ``zero.Init`` is an empty 1-D placeholder; its true

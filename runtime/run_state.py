@@ -130,10 +130,11 @@ class RunState:
             schedule=asdict(self.schedule) if self.schedule is not None else None,
             data=asdict(self.data),
             ds_config=self.ds_config,
-            init_from=asdict(self.init_from) if self.init_from is not None else None,
             universal=self.universal,
             growth=list(self.growth),
         )
+        if self.init_from is not None:  # only then: a run not started from a folder writes the keys it always did
+            d["init_from"] = asdict(self.init_from)
         d.update({k: v for k, v in self.extra.items() if k not in d})
         return d
 

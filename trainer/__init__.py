@@ -4,6 +4,7 @@ config.py         the run configuration, validated before any rank talks to anot
 loop.py           the training step: micro batches, gradient accumulation, optimizer step, fixed-batch loss
 evaluation.py     periodic validation and the before/after sliding-window perplexity
 checkpointing.py  save/restore of the whole run through runtime.checkpoint and RunState
+init_from.py      --init_from: a transformers GPT-2 folder checked, then loaded into the fresh engine's masters
 growth_events.py  the growth trigger, the live growth (growth.live.grow_engine) and its record
 metrics.py        the one logger of metrics.jsonl, TensorBoard and the console
 run.py            wires them: validate, build, train, close (``run(args)``)

@@ -69,6 +69,9 @@ def run_state(p: Progress, run: RunConfig, info: DistInfo, train_sha256: str | N
     schedule = None
     if p.schedule is not None:
         schedule = engine_schedule(p.engine, p.schedule.rewarm_start, p.schedule.rewarm_steps)
+    init_from = run.init_from.identity if run.init_from is not None else None
+    if run.resume_state is not None:
+        init_from = run.resume_state.init_from  # a resumed run keeps where its first weights came from
     return RunState(
         model_config=p.model,
         global_step=p.step,
@@ -85,6 +88,7 @@ def run_state(p: Progress, run: RunConfig, info: DistInfo, train_sha256: str | N
         schedule=schedule,
         data=DataIdentity(dir=str(run.data_dir), train_sha256=train_sha256),
         ds_config=run.ds_config,
+        init_from=init_from,
         growth=p.history,
         extra=p.extra,
     )

@@ -15,24 +15,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from growth.errors import GrowthError
-from growth.stages import StageList, load_stages
+from growth.stages import StageList
 from model.config import GPTConfig, from_preset
 from runtime import checkpoint
+from runtime.engine import precision_of
 from runtime.run_state import RunState
+from trainer.errors import UsageError
+from trainer.stages import SHAPE_FLAGS, check_plan_fits_run, load_growth_plan, plan_config
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PRESET = "cpu-small"
 DEFAULT_SEED = 1234
-SHAPE_FLAGS = ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "vocab_size")  # GPTConfig overrides
-
-
-class UsageError(Exception):
-    """Bad input from the command line; printed as one message, exit status 2."""
-
-
-class RankError(UsageError):
-    """Bad input that only some ranks can see (e.g. ranks disagreeing); printed by every rank."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +40,7 @@ class RunConfig:
         precision: "fp32" | "bf16" | "fp16".
         model: the model shape to build (the plan's point, the checkpoint's, or preset + overrides).
         resume: the opened --resume checkpoint (manifest and pickles checked), or None for a fresh run.
+        init_from: the checked --init_from transformers folder (trainer.init_from.InitFolder), or None.
         growth: the --growth_plan stage list, or None.
         growth_plan: the --growth_plan path, or None.
         stage_index: growth stages already done (the checkpoint's; 0 for a fresh run).
@@ -86,6 +80,7 @@ class RunConfig:
     eval_batch_size: int
     no_eval: bool
     dist_timeout_s: float
+    init_from: Any = None
 
     @property
     def resume_state(self) -> RunState | None:
@@ -116,13 +111,6 @@ def load_ds_config(path: str, max_steps: int) -> dict[str, Any]:
     if cfg.get("fp16", {}).get("enabled") and cfg.get("bf16", {}).get("enabled"):
         raise UsageError(f"--ds_config {path} enables both fp16 and bf16; enable one")
     return cfg
-
-
-def precision_of(ds_cfg: dict) -> str:
-    """'fp16', 'bf16' or 'fp32', as enabled in a DeepSpeed config."""
-    return (
-        "fp16" if ds_cfg.get("fp16", {}).get("enabled") else "bf16" if ds_cfg.get("bf16", {}).get("enabled") else "fp32"
-    )
 
 
 def model_config_from_args(args: argparse.Namespace, resume_state: RunState | None) -> GPTConfig:
@@ -180,81 +168,6 @@ def planned_save_steps(start: int, max_steps: int, interval: int, final: bool) -
     if final and max_steps > start and max_steps not in steps:
         steps.append(max_steps)
     return steps
-
-
-def load_growth_plan(path: str) -> StageList:
-    """The validated growth plan at ``path``.
-
-    Raises:
-        UsageError: the file is missing, does not parse, or its stages do not chain (growth.stages.parse_stages).
-    """
-    try:
-        return load_stages(path)
-    except FileNotFoundError:
-        raise UsageError(f"--growth_plan {path}: no such file; see growth/plans/ for examples") from None
-    except GrowthError as e:
-        raise UsageError(f"--growth_plan {path}: {e}") from None
-    except Exception as e:  # YAML syntax
-        raise UsageError(f"--growth_plan {path} does not parse: {e}") from None
-
-
-def shape_of(cfg: GPTConfig) -> dict:
-    """The config's fields that fix parameter shapes (all but dropout)."""
-    return {k: v for k, v in cfg.to_dict().items() if k != "dropout"}
-
-
-def plan_config(args, growth: StageList, cfg: GPTConfig, resume_state: RunState | None, stage_index: int):
-    """The model shape when a growth plan drives the run: the plan's start, or after ``stage_index`` stages.
-
-    Raises:
-        UsageError: shape flags given with a plan, or a checkpoint that is not a point of the plan.
-    """
-    shape_flags = [f"--{k}" for k in ("preset", *SHAPE_FLAGS) if getattr(args, k) is not None]
-    if resume_state is None:
-        if shape_flags:
-            raise UsageError(f"--growth_plan sets the starting shape (its 'start'); drop {', '.join(shape_flags)}")
-        start = growth.start
-        return replace(start, dropout=args.dropout) if args.dropout is not None else start
-    expected = growth.start if stage_index == 0 else growth.stages[stage_index - 1].target
-    if stage_index > len(growth.stages) or shape_of(expected) != shape_of(cfg):
-        raise UsageError(
-            f"the checkpoint ({cfg.shape_str()}, {stage_index} growth stage(s) done) is not a point of --growth_plan "
-            f"{args.growth_plan} (which expects {expected.shape_str()} there); resume with the plan it was trained with"
-        )
-    return cfg
-
-
-def check_plan_fits_run(growth: StageList, stage_index: int, args, ds_cfg: dict) -> None:
-    """Refuse, before any rank starts, a plan this run cannot carry out.
-
-    Raises:
-        UsageError: fp16 at ZeRO stage 0, a scheduler other than WarmupCosineLR, a growth before step 1, a slope
-            trigger without --eval_interval, or (ZeRO-3) a grown parameter above stage3_max_live_parameters.
-    """
-    zero = ds_cfg.get("zero_optimization", {})
-    stage = int(zero.get("stage", 0))
-    if precision_of(ds_cfg) == "fp16" and stage == 0:
-        raise UsageError(
-            "live growth supports fp16 at ZeRO stage 1-3, not 0 (its FP16_Optimizer keeps no per-"
-            "parameter Adam state that growth can read); use ds_configs/zero1_fp16.json or bf16"
-        )
-    if ds_cfg.get("scheduler", {}).get("type") != "WarmupCosineLR":
-        raise UsageError("live growth places a WarmupCosineLR schedule; use a ds_config with that scheduler type")
-    max_live = float(zero.get("stage3_max_live_parameters", 1e9))
-    for s in growth.stages[stage_index:]:
-        if s.when.kind == "step" and s.when.value < 1:
-            raise UsageError(
-                f"stage {s.name!r} grows at step {s.when.value:g}: DeepSpeed has no Adam state before "
-                "the first optimizer step; grow at step >= 1 or start the plan at the grown shape"
-            )
-        if s.when.kind == "slope" and not args.eval_interval:
-            raise UsageError(f"stage {s.name!r} grows on the validation-loss slope; set --eval_interval")
-        largest = max(s.target.vocab_size, s.target.ffn_dim, 3 * s.target.n_embd) * s.target.n_embd
-        if stage == 3 and largest > max_live:
-            raise UsageError(
-                f"stage {s.name!r}: the grown model has a parameter of {largest:,} elements, more than "
-                f"this ds_config's stage3_max_live_parameters={max_live:,.0f}; raise it"
-            )
 
 
 def open_resume(path: str | None, ds_cfg: dict) -> checkpoint.OpenCheckpoint | None:
@@ -334,20 +247,24 @@ def resolve(args: argparse.Namespace) -> RunConfig:
     launched world size and ZeRO stage, the token folder, the save steps against existing tags, and fp16 support.
 
     Raises:
-        UsageError, CheckpointError: the first problem found (see the functions above).
+        UsageError, CheckpointError: the first problem found (see the functions above and trainer.init_from).
     """
+    from trainer import init_from  # here: it imports this module
+
     ds_cfg = load_ds_config(args.ds_config, args.max_steps)
     zero_stage = int(ds_cfg.get("zero_optimization", {}).get("stage", 0))
     precision = precision_of(ds_cfg)
+    init = init_from.open_init_from(args)  # None without --init_from; refuses --resume and other shapes
     resume = open_resume(args.resume, ds_cfg)
     state = resume.state if resume is not None else None
-    cfg = model_config_from_args(args, state)
+    cfg = model_config_from_args(args, state) if init is None else init.config
     stage_index = state.growth_stage if state else 0
     growth = None
     if args.growth_plan:
         growth = load_growth_plan(args.growth_plan)
-        cfg = plan_config(args, growth, cfg, state, stage_index)
-        check_plan_fits_run(growth, stage_index, args, ds_cfg)
+        start = init_from.check_plan_start(init, growth, args.growth_plan) if init is not None else None
+        cfg = start or plan_config(args, growth, cfg, state, stage_index)
+        check_plan_fits_run(growth, stage_index, args, ds_cfg, state.schedule if state else None)
     seq_len = args.seq_len or (state.seq_len if state else cfg.n_positions)
     seed = args.seed if args.seed is not None else (state.seed if state else DEFAULT_SEED)
     if state is not None:
@@ -362,6 +279,8 @@ def resolve(args: argparse.Namespace) -> RunConfig:
             state, model_config=cfg.to_dict(), world_size=launched_world, zero_stage=zero_stage, path=resume.tag_dir
         )
     data_dir = validate_data_dir(args.data)
+    if init is not None:
+        init_from.check_data_tokenizer(init, data_dir)
     out_dir = Path(args.out_dir)
     start_step = state.global_step if state else 0
     save_steps = check_save_steps(out_dir / "checkpoints", start_step, args)
@@ -393,4 +312,5 @@ def resolve(args: argparse.Namespace) -> RunConfig:
         eval_batch_size=args.eval_batch_size,
         no_eval=args.no_eval,
         dist_timeout_s=args.dist_timeout_s,
+        init_from=init,
     )

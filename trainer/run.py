@@ -24,7 +24,8 @@ from runtime import checkpoint
 from runtime.dist import DistInfo
 from runtime.engine import build_engine, loss_scale_of
 from trainer.checkpointing import restore, save
-from trainer.config import RankError, RunConfig, UsageError, resolve
+from trainer.config import RunConfig, resolve
+from trainer.errors import RankError, UsageError
 from trainer.evaluation import Evaluator, perplexity_after, perplexity_before, validate_periodically
 from trainer.growth_events import maybe_grow
 from trainer.loop import Batches, Progress, StepResult, flops_per_step, train_step
@@ -160,6 +161,23 @@ def train(p: Progress, run: RunConfig, data: Batches, ev: Evaluator, log: Metric
     return meter
 
 
+def build(run: RunConfig) -> Any:
+    """The run's freshly built engine (a collective): GPT-2's init seeded by --seed (identical on every rank), the
+    LR schedule at its start, and with --init_from the folder's weights loaded into it (built inside ``zero.Init`` at
+    ZeRO-3 then, as every value is overwritten). A --resume checkpoint is loaded into it next (restore).
+    """
+    from trainer.init_from import load_weights
+
+    torch.manual_seed(run.seed)  # identical init on every rank
+    masks = run.resume_state.growth_masks if run.resume_state else None
+    partitioned = run.init_from is not None and run.zero_stage == 3
+    engine = build_engine(run.model, masks, run.ds_config, partitioned=partitioned)
+    start_schedule(engine)  # step 1 trains at the warm-up's first non-zero LR (a resume then loads its position)
+    if run.init_from is not None:
+        load_weights(engine, run.init_from)
+    return engine
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate, build, train, close (see the module docstring). Returns the exit status.
 
@@ -170,9 +188,7 @@ def run(args: argparse.Namespace) -> int:
     info = join(cfg)
     run_data = open_data(cfg, info)
     check_same_plan(cfg, info)
-    torch.manual_seed(cfg.seed)  # identical init on every rank
-    engine = build_engine(cfg.model, cfg.resume_state.growth_masks if cfg.resume_state else None, cfg.ds_config)
-    start_schedule(engine)  # step 1 trains at the warm-up's first non-zero LR (a resume then loads its position)
+    engine = build(cfg)
     micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     data = Batches(run_data.windows, run_data.sampler, micro, gas, info)
     p = restore(engine, cfg, info)

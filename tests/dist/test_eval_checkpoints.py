@@ -82,6 +82,7 @@ def test_cli_writes_json_for_files(checkpoints, tmp_path, capsys):
     assert res["results"]["lambada_file"]["n_items"] == 1
 
 
+@pytest.mark.bad_input
 def test_bad_input_gives_clear_errors(checkpoints, tmp_path, capsys):
     ck = tmp_path / "ck" / "global_step3"
     shutil.copytree(checkpoints[2], ck)

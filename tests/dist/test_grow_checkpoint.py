@@ -242,6 +242,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.bad_input
 def test_bad_input_is_refused_before_writing(tmp_path, sources, capsys):
     run, _ = sources("zero2_fp32")
     ckpt = run / "checkpoints"
@@ -287,6 +288,7 @@ def test_bad_input_is_refused_before_writing(tmp_path, sources, capsys):
     assert snapshot(ckpt) == before  # the input is untouched
 
 
+@pytest.mark.bad_input
 def test_overwrite_mixed_file_and_masks_in_ramp(tmp_path, sources, capsys):
     run, _ = sources("zero2_fp32")
     out = tmp_path / "out"

@@ -160,6 +160,7 @@ def test_train_py_grows_and_a_checkpoint_in_the_ramp_resumes_exactly(tmp_path, p
     assert [g["step"] for g in read_metrics(resumed, "growth")] == [g["step"] for g in growths if g["step"] > 5]
 
 
+@pytest.mark.bad_input
 def test_ranks_with_different_plans_fail_on_every_rank_without_a_hang(tmp_path):
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     a.write_text(PLAN_MASKED)
@@ -183,6 +184,7 @@ def refused(tmp_path, plan_text: str, ds_cfg: dict) -> str:
     return r.stdout
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     "edit, template, message",
     [
@@ -202,6 +204,7 @@ def test_bad_plans_are_refused_before_training(tmp_path, edit, template, message
     assert message in out, out[-2000:]
 
 
+@pytest.mark.bad_input
 def test_plan_that_the_zero3_config_cannot_hold_is_refused(tmp_path):
     cfg = json.loads(tiny_ds_config(tmp_path, "zero3_fp32").read_text())
     cfg["zero_optimization"]["stage3_max_live_parameters"] = 1_000_000  # wte grows to 50257 x 64 = 3.2M

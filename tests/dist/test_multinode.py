@@ -149,6 +149,7 @@ def test_mpirun_two_nodes_with_mpi4py_discovery_match_one_node(tmp_path, single_
     assert_same_run(single_node, tmp_path / "out")
 
 
+@pytest.mark.bad_input
 def test_unreachable_master_times_out_with_a_clear_message(tmp_path):
     """Rank 1 of 2 waits for a master at a loopback port where nobody listens: exit 2 and a message, not a hang."""
     port = free_port()  # closed again: nothing listens there

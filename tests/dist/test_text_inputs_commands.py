@@ -54,6 +54,7 @@ def _eval(model: Path, capsys, *args: str) -> tuple[int, str, str]:
     return rc, cap.out, cap.err
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     "content, expected",
     [
@@ -73,6 +74,7 @@ def test_eval_lambada_bad_rows_give_one_line(tiny_export, tmp_path, capsys, cont
     assert not out.exists()
 
 
+@pytest.mark.bad_input
 def test_eval_wikitext_non_utf8_names_the_file(tiny_export, tmp_path, capsys):
     f = tmp_path / "wiki.test.raw"
     f.write_bytes(b" = Title = \n\n" + LATIN1)
@@ -107,6 +109,7 @@ def test_eval_accepts_a_bom_with_the_same_numbers(tiny_export, tmp_path, capsys)
 PLAN = (REPO / "growth" / "plans" / "tiny_msg.yaml").read_bytes()
 
 
+@pytest.mark.bad_input
 def test_train_py_refuses_a_non_utf8_plan_with_one_line(tmp_path):
     f = tmp_path / "plan.yaml"
     f.write_bytes(PLAN + b"# caf\xe9\n")

@@ -91,6 +91,7 @@ def test_checkpoint_layout_and_state(tmp_path, builtin_data):
     assert (tmp_path / "o" / "tb").is_dir() and any((tmp_path / "o" / "tb").iterdir())
 
 
+@pytest.mark.bad_input
 def test_resume_at_other_world_size_is_refused_with_the_reshard_command(tmp_path, builtin_data):
     ds = tiny_ds_config(tmp_path, "zero2_fp32")
     r = run_ranks([*TINY, "--no_eval", "--ds_config", str(ds), "--max_steps", "2", "--out_dir", str(tmp_path / "o")])

@@ -76,6 +76,7 @@ def test_fp16_is_refused_or_trained_as_the_cpu_allows(capsys, tmp_path, builtin_
     assert skipped < 6 and all(s["loss"] == s["loss"] for s in steps)
 
 
+@pytest.mark.bad_input
 def test_resume_with_another_model_shape(capsys, one_rank_checkpoint):
     fails(
         capsys,
@@ -94,6 +95,7 @@ def test_resume_with_another_model_shape(capsys, one_rank_checkpoint):
     )
 
 
+@pytest.mark.bad_input
 def test_resume_at_another_world_size_or_stage(capsys, one_rank_checkpoint, monkeypatch):
     ck = str(one_rank_checkpoint / "checkpoints")
     fails(
@@ -112,6 +114,7 @@ def test_resume_at_another_world_size_or_stage(capsys, one_rank_checkpoint, monk
     )
 
 
+@pytest.mark.bad_input
 def test_damaged_checkpoint_state(capsys, one_rank_checkpoint, tmp_path):
     import shutil
 
@@ -123,6 +126,7 @@ def test_damaged_checkpoint_state(capsys, one_rank_checkpoint, tmp_path):
     fails(capsys, ["--resume", str(copy), "--max_steps", "4"], "names tag 'global_step9'")
 
 
+@pytest.mark.bad_input
 def test_existing_checkpoints_are_never_overwritten(capsys, one_rank_checkpoint):
     ck = one_rank_checkpoint / "checkpoints" / "global_step2"
     before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in ck.iterdir()}
@@ -149,6 +153,7 @@ def test_existing_checkpoints_are_never_overwritten(capsys, one_rank_checkpoint)
     assert state["global_step"] == 2
 
 
+@pytest.mark.bad_input
 def test_max_steps_below_the_checkpoint(capsys, one_rank_checkpoint):
     fails(
         capsys,
@@ -181,6 +186,7 @@ def test_help_describes_every_flag():
         assert flag in r.stdout
 
 
+@pytest.mark.bad_input
 def test_resume_with_another_data_order_is_refused(capsys, one_rank_checkpoint):
     ck = str(one_rank_checkpoint / "checkpoints")
     common = ["--resume", ck, "--max_steps", "4", "--ds_config", "ds_configs/zero2_fp32.json"]

@@ -74,6 +74,7 @@ def test_tokenizer_matches_hf_tokenizers_on_corpus():
     assert ours == theirs
 
 
+@pytest.mark.bad_input
 def test_tokenizer_rejects_corrupted_or_missing_files(tmp_path):
     bpe = tmp_path / "bpe"
     shutil.copytree(GPT2_BPE_DIR, bpe)
@@ -160,6 +161,7 @@ def test_prepare_jsonl_text_field(tmp_path):
         prepare_dataset([src["c.jsonl"]], [src["a.txt"]], tmp_path / "tok2")
 
 
+@pytest.mark.bad_input
 def test_prepare_refuses_overwrite_then_replaces(tmp_path):
     src = _write_sources(tmp_path)
     out = prepare_dataset([src["a.txt"]], [src["a.txt"]], tmp_path / "tok")
@@ -173,6 +175,7 @@ def test_prepare_refuses_overwrite_then_replaces(tmp_path):
     assert open_tokens(out, "train").tolist() == _expected([DOCS[1]])
 
 
+@pytest.mark.bad_input
 def test_prepare_bad_inputs_name_the_path(tmp_path):
     src = _write_sources(tmp_path)
     good = src["a.txt"]
@@ -193,6 +196,7 @@ def test_prepare_bad_inputs_name_the_path(tmp_path):
         assert not (tmp_path / f"out{i}").exists()
 
 
+@pytest.mark.bad_input
 def test_load_meta_and_open_tokens_validate(tmp_path):
     with pytest.raises(FileNotFoundError, match="growlm-prepare"):
         load_meta(tmp_path / "nothing")

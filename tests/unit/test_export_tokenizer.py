@@ -71,6 +71,7 @@ def test_save_hf_is_loaded_by_autotokenizer_offline(tmp_path, kind, monkeypatch)
 # ----- every scorer checks ids against the model's vocabulary -----------------------------------------------------
 
 
+@pytest.mark.bad_input
 def test_every_scorer_refuses_ids_outside_the_vocabulary():
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=97)).eval()

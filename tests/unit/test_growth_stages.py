@@ -24,6 +24,7 @@ def stage(**kw):
     return {"target": {"n_layer": 3}, "family": "masked", "when": {"step": 10}} | kw
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("d", "match"),
     [

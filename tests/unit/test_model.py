@@ -94,6 +94,7 @@ def test_staged_training_presets():
     assert {c.head_dim for k, c in PRESETS.items() if k.startswith("GPT2_")} == {96}
 
 
+@pytest.mark.bad_input
 def test_config_errors_name_the_problem():
     with pytest.raises(ValueError, match="n_embd=100 is not divisible by n_head=3"):
         GPTConfig(n_embd=100, n_head=3)

@@ -99,6 +99,7 @@ def test_run_state_of_growlm_grow_keeps_masks_and_history():
     assert not plain.universal and plain.growth == [] and plain.growth_masks is None and plain.schedule is None
 
 
+@pytest.mark.bad_input
 def test_run_state_refuses_what_it_cannot_read():
     doc = json.loads(TRAIN_V1.read_text())
     with pytest.raises(RunStateError, match="no 'model_config'"):
@@ -172,6 +173,7 @@ def test_rng_state_file_is_tensors_only_and_restores(tmp_path):
     assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == want
 
 
+@pytest.mark.bad_input
 def test_a_crafted_pickle_is_refused_by_every_growlm_loader(tmp_path):
     """Where each loader reads: the checkpoint opener (resume, growlm-grow, growlm-eval: every .pt of the tag folder,
     RNG files included), a universal checkpoint's tensor file, growlm-eval's module weights, TrainingState.load, and a

@@ -47,6 +47,7 @@ def test_read_text_removes_a_bom_and_normalises_line_ends(tmp_path):
     assert read_text(mid) == "x\ufeff"
 
 
+@pytest.mark.bad_input
 def test_undecodable_bytes_name_the_file_and_line(tmp_path):
     f = tmp_path / "latin.txt"
     f.write_bytes(b"fine\nstill fine\n" + LATIN1)
@@ -59,6 +60,7 @@ def test_undecodable_bytes_name_the_file_and_line(tmp_path):
         read_text(tmp_path / "missing.txt")
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     "row, problem",
     [
@@ -102,6 +104,7 @@ def _prepare(tmp_path, train: Path, capsys) -> tuple[int, str]:
     return rc, capsys.readouterr().err
 
 
+@pytest.mark.bad_input
 @pytest.mark.parametrize(
     "name, content, expected",
     [
@@ -121,6 +124,7 @@ def test_prepare_refuses_a_bad_file_with_one_line(tmp_path, capsys, name, conten
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tok")] == []  # no staging left
 
 
+@pytest.mark.bad_input
 def test_prepare_null_text_in_parquet_names_file_and_row(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -161,6 +165,7 @@ def test_plan_file_with_a_bom_loads_like_without(tmp_path):
     assert load_stages(f) == load_stages(REPO / "growth" / "plans" / "tiny_msg.yaml")
 
 
+@pytest.mark.bad_input
 def test_plan_file_not_utf8_is_named_with_its_line(tmp_path):
     from growth.errors import GrowthError
     from growth.stages import load_stages

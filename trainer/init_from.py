@@ -1,0 +1,291 @@
+"""``train.py --init_from DIR``: start a fresh run from a ``transformers`` GPT-2 folder (a ``growlm-grow --export_hf``
+export or any GPT-2 saved with ``save_pretrained``).
+
+What is taken from the folder: the model shape (``config.json``, through model.hf.from_hf_config), the weights
+(``model.safetensors`` only: a ``pytorch_model.bin`` is a pickle, which growlm never unpickles from a foreign folder)
+and, when present, the tokenizer (``tokenizer.json``), which must encode text as the training data's tokenizer does.
+What is not: optimizer state (Adam starts at step 0, the LR schedule at its start), data position, RNG.
+
+Everything the folder can get wrong is checked by ``open_init_from`` before any rank starts (the safetensors header
+gives every tensor's name and shape without reading it). ``load_weights`` then writes the weights into the freshly
+built engine, at any ZeRO stage and precision: into the fp32 MASTER weights the optimizer steps (ZeRO-1/2/3 and
+DeepSpeed's bf16 optimizer through ``deepspeed.utils.safe_set_full_fp32_param``: each rank keeps only its own
+partition; ZeRO stage 0 through the fp16/bf16 wrapper's master tensors), then copies the masters into the working
+copies the forward pass uses (growth.live.refresh_working_copies). Loading into the module before
+``deepspeed.initialize`` would not do: the engine casts the module to bf16/fp16 first and builds its masters from the
+rounded values (DESIGN.md, "Checkpoint failure kinds: stale fp32 master").
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from growth.stages import StageList
+from model.config import GPTConfig, from_preset
+from runtime import run_state
+from trainer.errors import UsageError
+from trainer.stages import SHAPE_FLAGS, shape_of
+
+WEIGHTS_FILE = "model.safetensors"
+PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+UNUSED_TENSORS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers some transformers versions save
+TIED_HEAD = "lm_head.weight"  # tied to the token embedding (from_hf_config refuses an untied head)
+TOKENIZER_PROBE = "Hello world, it's 2024!\n\tÜnïcödé — “quotes” <|endoftext|> 12345 growlm"
+
+
+@dataclass(frozen=True)
+class InitFolder:
+    """A checked ``--init_from`` folder.
+
+    Attributes:
+        path: the folder.
+        config: the model shape of its config.json (dropout: ``--dropout`` if given, else the folder's).
+        weights: its model.safetensors; ``sha256`` that file's sha256 (hex).
+        keys: growlm parameter name -> tensor name in the file (``transformer.`` prefix present or not).
+        tokenizer: its tokenizer (data.tokenizer.Tokenizer), or None when the folder has no tokenizer.json.
+    """
+
+    path: Path
+    config: GPTConfig
+    weights: Path
+    sha256: str
+    keys: dict[str, str]
+    tokenizer: Any
+
+    @property
+    def identity(self) -> run_state.InitSource:
+        """What RunState records of the folder (path, weights sha256, tokenizer name)."""
+        name = self.tokenizer.name if self.tokenizer is not None else None
+        return run_state.InitSource(path=str(self.path), weights_sha256=self.sha256, tokenizer=name)
+
+
+def _fail(path: Path, problem: str) -> UsageError:
+    return UsageError(f"--init_from {path}: {problem}")
+
+
+def read_config(path: Path) -> GPTConfig:
+    """The GPTConfig of the GPT-2 ``config.json`` in ``path``.
+
+    Raises:
+        UsageError: no such folder, no config.json, not JSON, not a GPT-2 (``model_type``), or a GPT-2 variant
+            growlm's GPT does not implement.
+    """
+    from transformers import GPT2Config
+
+    from model.hf import from_hf_config
+
+    if not path.is_dir():
+        raise _fail(path, "no such folder; give a transformers GPT-2 folder (config.json + model.safetensors)")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise _fail(path, "has no config.json; give a transformers GPT-2 folder (e.g. growlm-grow CKPT --export_hf)")
+    try:
+        d = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _fail(path, f"config.json is not valid JSON ({e})") from None
+    if not isinstance(d, dict) or d.get("model_type") != "gpt2":
+        kind = d.get("model_type") if isinstance(d, dict) else None
+        raise _fail(path, f"config.json describes model_type {kind!r}, not 'gpt2'; growlm trains GPT-2 models only")
+    try:
+        return from_hf_config(GPT2Config.from_dict(d))
+    except (TypeError, ValueError) as e:
+        raise _fail(path, f"config.json: {e}") from None
+
+
+def map_tensors(path: Path, weights: Path, cfg: GPTConfig) -> dict[str, str]:
+    """Match the tensors of ``weights`` (read from its header only) to the parameters of GPT(cfg).
+
+    Returns:
+        growlm parameter name -> tensor name in the file.
+
+    Raises:
+        UsageError: the file is not safetensors, a parameter is missing or has another shape, or the file holds
+            tensors GPT-2 does not have.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    from growth.plan import param_shapes
+
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 (not a dict)
+    except (SafetensorError, OSError) as e:
+        raise _fail(path, f"{WEIGHTS_FILE} is not a readable safetensors file ({e})") from None
+    keys, missing, wrong = {}, [], []
+    for name, shape in param_shapes(cfg).items():
+        key = next((k for k in (name, name.removeprefix("transformer.")) if k in shapes), None)
+        if key is None:
+            missing.append(name)
+        elif shapes[key] != shape:
+            wrong.append(f"{key} {shapes[key]} (config.json says {shape})")
+        else:
+            keys[name] = key
+    used = set(keys.values())
+    extra = [k for k in shapes if k not in used and k != TIED_HEAD and not k.endswith(UNUSED_TENSORS)]
+    if missing or wrong or extra:
+        raise _fail(
+            path,
+            f"{WEIGHTS_FILE} does not hold the GPT-2 of its config.json ({cfg.shape_str()}): missing {missing[:3]}, "
+            f"wrong shapes {wrong[:3]}, unexpected {extra[:3]}",
+        )
+    return keys
+
+
+def check_flags(args: argparse.Namespace, path: Path, cfg: GPTConfig) -> None:
+    """Refuse --resume and shape flags that disagree with the folder's config.json (equal values are harmless).
+
+    Raises:
+        UsageError: --resume given, or --preset / --n_* naming another shape.
+    """
+    if args.resume:
+        raise UsageError(
+            "--init_from and --resume are mutually exclusive: --init_from starts a fresh run from a transformers "
+            "folder, --resume continues a growlm checkpoint (which records its --init_from); give one"
+        )
+    folder = {**shape_of(cfg), "n_inner": cfg.ffn_dim}
+    given = {k: getattr(args, k) for k in SHAPE_FLAGS if getattr(args, k) is not None}
+    conflicts = [f"--{k} {v}" for k, v in given.items() if v != folder[k]]
+    if args.preset is not None:
+        try:
+            preset = from_preset(args.preset)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if {**shape_of(preset), "n_inner": preset.ffn_dim} != folder:
+            conflicts.insert(0, f"--preset {args.preset} ({preset.shape_str()})")
+    if conflicts:
+        raise _fail(
+            path, f"the model shape comes from its config.json ({cfg.shape_str()}); drop {', '.join(conflicts)}"
+        )
+
+
+def open_init_from(args: argparse.Namespace) -> InitFolder | None:
+    """Check the ``--init_from`` folder and the flags given with it; None without --init_from. Reads config.json,
+    the safetensors header, the tokenizer files and (for its sha256) the weights file; builds no model.
+
+    Raises:
+        UsageError: see read_config, map_tensors and check_flags; weights only as a pickle (pytorch_model.bin) or
+            none at all; a tokenizer.json that does not load or has more tokens than vocab_size.
+    """
+    from data import tokenizer as tok
+
+    if not args.init_from:
+        return None
+    path = Path(args.init_from)
+    cfg = read_config(path)
+    check_flags(args, path, cfg)
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        pickles = [n for n in PICKLE_WEIGHTS if (path / n).is_file()]
+        why = (
+            f"holds its weights only as {pickles[0]}, a pickle, which growlm does not load from a foreign folder "
+            f"(it can run code); convert it to {WEIGHTS_FILE} where you trust it: "
+            f"GPT2LMHeadModel.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)"
+            if pickles
+            else f"has no {WEIGHTS_FILE} (sharded or other weight formats are not read)"
+        )
+        raise _fail(path, why)
+    keys = map_tensors(path, weights, cfg)
+    try:
+        tokenizer = tok.from_hf_dir(path)
+    except tok.TokenizerError as e:
+        raise _fail(path, str(e)) from None
+    if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
+        raise _fail(path, f"its tokenizer has {tokenizer.vocab_size} tokens, more than vocab_size {cfg.vocab_size}")
+    if args.dropout is not None:
+        cfg = replace(cfg, dropout=args.dropout)
+    return InitFolder(path, cfg, weights, _sha256(weights), keys, tokenizer)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_plan_start(src: InitFolder, growth: StageList, plan_path: str) -> GPTConfig:
+    """The run's starting shape with --growth_plan: the loaded model, which must be the plan's ``start``.
+
+    Raises:
+        UsageError: the shapes differ (both named).
+    """
+    if shape_of(growth.start) != shape_of(src.config):
+        raise UsageError(
+            f"--init_from {src.path} holds a {src.config.shape_str()} model but --growth_plan {plan_path} starts at "
+            f"{growth.start.shape_str()}; use a plan whose 'start' is the loaded model's shape"
+        )
+    return src.config
+
+
+def check_data_tokenizer(src: InitFolder, data_dir: Path) -> None:
+    """Refuse training data made with another tokenizer than the folder's (when the folder has one): the model
+    would read other tokens than it learned. Compared by encoding a probe text with both.
+
+    Raises:
+        UsageError: the two tokenizers encode the probe text differently, or the data's tokenizer is unknown.
+    """
+    from data import tokenizer as tok
+
+    if src.tokenizer is None:
+        return
+    try:
+        data_tok = tok.from_data_dir(data_dir)
+    except tok.TokenizerError as e:
+        raise UsageError(f"--data {data_dir}: {e}") from None
+    same = data_tok.encode(TOKENIZER_PROBE) == src.tokenizer.encode(TOKENIZER_PROBE)
+    if not same or data_tok.eot_token_id != src.tokenizer.eot_token_id:
+        raise UsageError(
+            f"--data {data_dir} was tokenized with {data_tok.name}, which encodes text differently from the "
+            f"tokenizer of --init_from {src.path}; train on data tokenized with the model's tokenizer"
+        )
+
+
+def stage0_masters(engine: Any) -> dict[int, torch.Tensor]:
+    """ZeRO stage 0 in fp16/bf16: module parameter id -> the fp32 master tensor the optimizer steps (a view into
+    FP16_Optimizer's flat master, or FP16_UnfusedOptimizer's per-parameter master). Empty for fp32."""
+    opt, masters = engine.optimizer, {}
+    if hasattr(opt, "fp16_groups") and hasattr(opt, "fp32_groups_flat"):  # fused: one flat master per group
+        for lp_group, flat in zip(opt.fp16_groups, opt.fp32_groups_flat, strict=True):
+            offset = 0
+            for lp in lp_group:
+                masters[id(lp)] = flat.data.narrow(0, offset, lp.numel()).view(lp.shape)
+                offset += lp.numel()
+    elif hasattr(opt, "fp16_groups") and hasattr(opt, "fp32_groups"):  # unfused: one master per parameter
+        for lp_group, master_group in zip(opt.fp16_groups, opt.fp32_groups, strict=True):
+            masters.update({id(lp): mp.data for lp, mp in zip(lp_group, master_group, strict=True)})
+    return masters
+
+
+def load_weights(engine: Any, src: InitFolder) -> None:
+    """Write the folder's weights (as fp32) into ``engine``'s fp32 master weights and working copies; a collective
+    (every rank, same order). Call on a freshly built engine, before its first step: Adam state stays unmade
+    (step 0) and the LR schedule untouched.
+
+    ZeRO-1/2/3 and DeepSpeed's bf16 optimizer: ``safe_set_full_fp32_param`` (each rank writes its own partition of
+    the master), then the masters are copied into the working parameters (growth.live.refresh_working_copies).
+    ZeRO stage 0: the module parameter is the master (fp32) or has one (fp16/bf16 wrappers); both are written.
+    """
+    import deepspeed.utils as dsu
+    from safetensors import safe_open
+
+    from growth.live import refresh_working_copies
+
+    masters = stage0_masters(engine)
+    with safe_open(str(src.weights), framework="pt") as f, torch.no_grad():
+        for name, p in engine.module.named_parameters():
+            w = f.get_tensor(src.keys[name]).float()
+            if hasattr(p, "ds_id") or hasattr(p, "_hp_mapping"):
+                dsu.safe_set_full_fp32_param(p, w.to(p.device))
+            else:
+                if id(p) in masters:
+                    masters[id(p)].copy_(w)
+                p.copy_(w)  # the working copy: the master rounded to the parameter's dtype
+    refresh_working_copies(engine)

@@ -1,0 +1,123 @@
+"""The growth stage list (``--growth_plan``) checked against the run before launch: it loads, its start is the
+model being built or resumed, and every stage fits the DeepSpeed config, the step budget and the LR schedule
+(growth.stages holds the stage list itself; this module only judges it against one run). Errors are
+``UsageError`` (one message, exit status 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from growth.errors import GrowthError
+from growth.stages import StageList, load_stages
+from model.config import GPTConfig
+from runtime.engine import precision_of
+from runtime.run_state import RunState
+from trainer.errors import UsageError
+
+SHAPE_FLAGS = ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "vocab_size")  # GPTConfig overrides
+
+
+def load_growth_plan(path: str) -> StageList:
+    """The validated growth plan at ``path``.
+
+    Raises:
+        UsageError: the file is missing, does not parse, or its stages do not chain (growth.stages.parse_stages).
+    """
+    try:
+        return load_stages(path)
+    except FileNotFoundError:
+        raise UsageError(f"--growth_plan {path}: no such file; see growth/plans/ for examples") from None
+    except GrowthError as e:
+        raise UsageError(f"--growth_plan {path}: {e}") from None
+    except Exception as e:  # YAML syntax
+        raise UsageError(f"--growth_plan {path} does not parse: {e}") from None
+
+
+def shape_of(cfg: GPTConfig) -> dict:
+    """The config's fields that fix parameter shapes (all but dropout)."""
+    return {k: v for k, v in cfg.to_dict().items() if k != "dropout"}
+
+
+def plan_config(args, growth: StageList, cfg: GPTConfig, resume_state: RunState | None, stage_index: int):
+    """The model shape when a growth plan drives the run: the plan's start, or after ``stage_index`` stages.
+
+    Raises:
+        UsageError: shape flags given with a plan, or a checkpoint that is not a point of the plan.
+    """
+    shape_flags = [f"--{k}" for k in ("preset", *SHAPE_FLAGS) if getattr(args, k) is not None]
+    if resume_state is None:
+        if shape_flags:
+            raise UsageError(f"--growth_plan sets the starting shape (its 'start'); drop {', '.join(shape_flags)}")
+        start = growth.start
+        return replace(start, dropout=args.dropout) if args.dropout is not None else start
+    expected = growth.start if stage_index == 0 else growth.stages[stage_index - 1].target
+    if stage_index > len(growth.stages) or shape_of(expected) != shape_of(cfg):
+        raise UsageError(
+            f"the checkpoint ({cfg.shape_str()}, {stage_index} growth stage(s) done) is not a point of --growth_plan "
+            f"{args.growth_plan} (which expects {expected.shape_str()} there); resume with the plan it was trained with"
+        )
+    return cfg
+
+
+def check_stage_schedules(growth: StageList, stage_index: int, ds_cfg: dict, saved: Any = None) -> None:
+    """Refuse a stage whose LR placement would be refused at its growth (growth.schedule.place_schedule: target
+    total_num_steps < warmup_num_steps), which would otherwise stop the run only when that stage is reached.
+
+    Each stage's schedule lengths are its rule's ``total_num_steps``/``warmup_num_steps`` when given, else the
+    previous stage's, starting from ``saved`` (the checkpoint's placed schedule, a ScheduleState) or the DeepSpeed
+    config's WarmupCosineLR (``"auto"`` already replaced by --max_steps; DeepSpeed's default warm-up is 1000).
+
+    Raises:
+        UsageError: the first such stage, named with both lengths and the fix.
+    """
+    params = ds_cfg.get("scheduler", {}).get("params", {})
+    total = saved.total_num_steps if saved is not None else params.get("total_num_steps")
+    warmup = saved.warmup_num_steps if saved is not None else params.get("warmup_num_steps", 1000)
+    for s in growth.stages[stage_index:]:
+        total = s.schedule.total_num_steps or total
+        warmup = s.schedule.warmup_num_steps or warmup
+        if isinstance(total, int) and isinstance(warmup, int) and total < warmup:
+            raise UsageError(
+                f"stage {s.name!r} (schedule kind {s.schedule.kind!r}) would place the LR schedule with target "
+                f"total_num_steps={total} < warmup_num_steps={warmup}, which growth refuses; lengthen the schedule "
+                "(--max_steps when the config's total_num_steps is \"auto\", or the stage's schedule.total_num_steps) "
+                "or shorten warmup_num_steps"
+            )
+
+
+def check_plan_fits_run(growth: StageList, stage_index: int, args, ds_cfg: dict, saved_schedule: Any = None) -> None:
+    """Refuse, before any rank starts, a plan this run cannot carry out.
+
+    Raises:
+        UsageError: fp16 at ZeRO stage 0, a scheduler other than WarmupCosineLR, a growth before step 1, a slope
+            trigger without --eval_interval, (ZeRO-3) a grown parameter above stage3_max_live_parameters, or a
+            stage's LR schedule shorter than its warm-up (``check_stage_schedules``; ``saved_schedule``: the
+            --resume checkpoint's placed schedule).
+    """
+    zero = ds_cfg.get("zero_optimization", {})
+    stage = int(zero.get("stage", 0))
+    if precision_of(ds_cfg) == "fp16" and stage == 0:
+        raise UsageError(
+            "live growth supports fp16 at ZeRO stage 1-3, not 0 (its FP16_Optimizer keeps no per-"
+            "parameter Adam state that growth can read); use ds_configs/zero1_fp16.json or bf16"
+        )
+    if ds_cfg.get("scheduler", {}).get("type") != "WarmupCosineLR":
+        raise UsageError("live growth places a WarmupCosineLR schedule; use a ds_config with that scheduler type")
+    max_live = float(zero.get("stage3_max_live_parameters", 1e9))
+    for s in growth.stages[stage_index:]:
+        if s.when.kind == "step" and s.when.value < 1:
+            raise UsageError(
+                f"stage {s.name!r} grows at step {s.when.value:g}: DeepSpeed has no Adam state before "
+                "the first optimizer step; grow at step >= 1 or start the plan at the grown shape"
+            )
+        if s.when.kind == "slope" and not args.eval_interval:
+            raise UsageError(f"stage {s.name!r} grows on the validation-loss slope; set --eval_interval")
+        largest = max(s.target.vocab_size, s.target.ffn_dim, 3 * s.target.n_embd) * s.target.n_embd
+        if stage == 3 and largest > max_live:
+            raise UsageError(
+                f"stage {s.name!r}: the grown model has a parameter of {largest:,} elements, more than "
+                f"this ds_config's stage3_max_live_parameters={max_live:,.0f}; raise it"
+            )
+    check_stage_schedules(growth, stage_index, ds_cfg, saved_schedule)
