@@ -12,21 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_utils import one_error_line
 
 from data.text import BOM
 from data.tokenizer import gpt2_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 LATIN1 = "caf\u00e9 au lait\n".encode("latin-1")  # 0xe9 alone is not UTF-8
-
-
-def _one_error_line(err: str, prog: str) -> str:
-    """The single stderr line of a refused command (no traceback), without the 'PROG: error: ' prefix."""
-    lines = [x for x in err.strip().splitlines() if x.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"{prog}: error: "), err
-    assert "Traceback" not in err
-    return lines[0].removeprefix(f"{prog}: error: ")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -69,7 +61,7 @@ def test_eval_lambada_bad_rows_give_one_line(tiny_export, tmp_path, capsys, cont
     out = tmp_path / "res.json"
     rc, _, err = _eval(tiny_export, capsys, "--lambada", str(f), "--out", str(out))
     assert rc == 2
-    msg = _one_error_line(err, "growlm-eval")
+    msg = one_error_line(err, "growlm-eval")
     assert msg.startswith(f"{f}{expected}; ")
     assert not out.exists()
 
@@ -80,7 +72,7 @@ def test_eval_wikitext_non_utf8_names_the_file(tiny_export, tmp_path, capsys):
     f.write_bytes(b" = Title = \n\n" + LATIN1)
     rc, _, err = _eval(tiny_export, capsys, "--wikitext", str(f))
     assert rc == 2
-    assert _one_error_line(err, "growlm-eval").startswith(f"{f}:3: byte 0xe9 is not valid UTF-8 (")
+    assert one_error_line(err, "growlm-eval").startswith(f"{f}:3: byte 0xe9 is not valid UTF-8 (")
 
 
 def test_eval_accepts_a_bom_with_the_same_numbers(tiny_export, tmp_path, capsys):
@@ -119,6 +111,6 @@ def test_train_py_refuses_a_non_utf8_plan_with_one_line(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert r.returncode == 2, r.stderr
-    msg = _one_error_line(r.stderr, "growlm-train")
+    msg = one_error_line(r.stderr, "growlm-train")
     assert f"{f}:{line}: byte 0xe9 is not valid UTF-8" in msg
     assert not (tmp_path / "run").exists()

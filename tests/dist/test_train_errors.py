@@ -8,20 +8,8 @@ import subprocess
 import sys
 
 import pytest
+from cli_utils import train_fails as fails
 from dist_utils import REPO, base_env, fp16_supported, read_metrics, run_ranks, write_ds_config
-
-import train
-
-
-def fails(capsys, argv: list[str], *needles: str) -> str:
-    rc = train.main(argv)
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    lines = [line for line in err.splitlines() if line.startswith("growlm-train: error:")]
-    assert len(lines) == 1, err
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")

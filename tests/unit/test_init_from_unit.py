@@ -10,9 +10,9 @@ from argparse import Namespace
 from pathlib import Path
 
 import pytest
+from cli_utils import train_fails
 from init_from_helpers import TINY, make_hf_folder
 
-import train
 from runtime.run_state import InitSource, RunState
 from trainer.init_from import check_flags, open_init_from
 
@@ -20,14 +20,7 @@ FLAGS = ["--seq_len", "32", "--no_eval", "--max_steps", "1", "--ds_config", "ds_
 
 
 def fails(capsys, argv: list[str], *needles: str) -> str:
-    rc = train.main([*FLAGS, *argv])
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    lines = [line for line in err.splitlines() if line.startswith("growlm-train: error:")]
-    assert len(lines) == 1, err
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
+    return train_fails(capsys, [*FLAGS, *argv], *needles)
 
 
 @pytest.fixture(scope="module")

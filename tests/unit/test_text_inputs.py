@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_utils import one_error_line
 
 from data import prepare
 from data.text import BOM, InputError, read_json_rows, read_lines, read_text
@@ -19,15 +20,6 @@ from data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 LATIN1 = "caf\u00e9 au lait\n".encode("latin-1")  # 0xe9 alone is not UTF-8
-
-
-def _one_error_line(err: str, prog: str) -> str:
-    """The single stderr line of a refused command (no traceback), without the 'PROG: error: ' prefix."""
-    lines = [x for x in err.strip().splitlines() if x.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith(f"{prog}: error: "), err
-    assert "Traceback" not in err
-    return lines[0].removeprefix(f"{prog}: error: ")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -119,7 +111,7 @@ def test_prepare_refuses_a_bad_file_with_one_line(tmp_path, capsys, name, conten
     bad.write_bytes(content)
     rc, err = _prepare(tmp_path, bad, capsys)
     assert rc == 2
-    assert _one_error_line(err, "growlm-prepare").startswith(f"{bad.resolve()}{expected}; ")
+    assert one_error_line(err, "growlm-prepare").startswith(f"{bad.resolve()}{expected}; ")
     assert not (tmp_path / "tok").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tok")] == []  # no staging left
 

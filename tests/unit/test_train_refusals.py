@@ -5,20 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from cli_utils import train_fails as fails
 
 import train
 from trainer.config import resolve
-
-
-def fails(capsys, argv: list[str], *needles: str) -> str:
-    rc = train.main(argv)
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    lines = [line for line in err.splitlines() if line.startswith("growlm-train: error:")]
-    assert len(lines) == 1, err
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.mark.bad_input
