@@ -97,8 +97,9 @@ def repair_adam_steps(engine: Any) -> int:
 
     DeepSpeed 0.19's ZeRO-3 universal loader (``load_hp_checkpoint_state_from_checkpoint_dir_stage3``) puts ONE
     ``state['step']`` tensor object into every parameter group. torch's AdamW increments each group's step in place,
-    so a shared tensor advances once per group per optimizer step: every group after the first then runs with a
-    step one too high (a wrong bias correction 1 - beta^t) and the inflated counter is saved again. The value right
+    so a shared tensor advances once per group per optimizer step: with G groups it gains G per step, every group
+    after the first runs with a step that is too high by a gap growing each step (a wrong bias correction
+    1 - beta^t), and the inflated counter is saved again. The value right
     after a load is the saved one and is kept; only the sharing is undone. (DeepSpeed's bf16 optimizer at ZeRO
     stage 0 legitimately counts one step more than the engine's global step, so the value is not reset to it.)
 

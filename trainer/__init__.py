@@ -1,6 +1,8 @@
 """The training loop behind train.py, one job per module:
 
-config.py         the run configuration, validated before any rank talks to another (RunConfig, UsageError)
+config.py         the run configuration, validated before any rank talks to another (RunConfig)
+stages.py         the growth stage list (--growth_plan) judged against the run before launch
+errors.py         UsageError / RankError: bad input, one message, exit status 2
 loop.py           the training step: micro batches, gradient accumulation, optimizer step, fixed-batch loss
 evaluation.py     periodic validation and the before/after sliding-window perplexity
 checkpointing.py  save/restore of the whole run through runtime.checkpoint and RunState

@@ -1,10 +1,6 @@
-"""Exactness of the optimizer across loads and of the first steps (real train.py runs, CPU, gloo).
-
-* The LR schedule starts at its first non-zero warm-up value: step 1 changes the weights (growth.schedule,
-  ``start_schedule``).
-* A checkpoint resharded by growlm-grow (a DeepSpeed universal checkpoint) resumes exactly like the uninterrupted run
-  at ZeRO 1, 2 and 3, and every parameter group's Adam step is the global step (runtime.engine.repair_adam_steps:
-  DeepSpeed's ZeRO-3 universal loader shares one step tensor between groups).
+"""``runtime.engine.repair_adam_steps`` in one process: DeepSpeed's ZeRO-3 universal loader puts one ``step`` tensor
+in every parameter group's Adam state; after the repair each entry has its own tensor with the loaded value, so each
+group counts its own steps. (The multi-rank resumes that need it: tests/dist/test_resume_exact.py.)
 """
 
 from __future__ import annotations
