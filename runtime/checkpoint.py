@@ -11,7 +11,7 @@ scheduler, loss scaler) plus growlm's files inside it:
 Nothing is ever overwritten or half-written: ranks write into ``.tmp-<tag>``, rank 0 renames it to ``<tag>`` once
 every rank has finished (runtime.atomic.commit_dir), and only then replaces the ``latest`` pointer. A crash leaves at
 most a ``.tmp-*`` folder, which is never listed as a tag nor opened (``resolve`` refuses it), and which the next
-save of that tag replaces; tests/dist/test_crash_safety.py kills saves with SIGKILL at runtime.crash_points.
+save of that tag replaces; tests/distributed/test_crash_safety.py kills saves with SIGKILL at runtime.crash_points.
 
 Every ``*.pt`` file growlm reads, and every one it hands to DeepSpeed's own loaders (``engine.load_checkpoint``,
 ``zero_to_fp32``, ``ds_to_universal``, which unpickle without restriction), is first unpickled here with

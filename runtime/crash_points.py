@@ -1,6 +1,6 @@
 """Test-only hold points: make "killed while it writes" deterministic for the crash-safety tests.
 
-A crash test (tests/dist/test_crash_safety.py) needs a process to be killed at an exact moment, e.g. after a
+A crash test (tests/distributed/test_crash_safety.py) needs a process to be killed at an exact moment, e.g. after a
 checkpoint's temporary folder is written and before it is renamed into place. The writers call ``hold_point(name)``
 at such moments. It does nothing unless the environment variable ``GROWLM_TEST_HOLD_AT`` equals ``name``; then it
 writes an empty marker file ``<name>.<pid>`` into the folder named by ``GROWLM_TEST_HOLD_DIR`` and sleeps until the

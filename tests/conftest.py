@@ -1,7 +1,8 @@
 """Shared fixtures and the test kinds.
 
 ``tests/unit/`` holds fast tests that start no process (``pytest -m "not dist"`` runs only these, in under a
-minute); ``tests/dist/`` holds tests that start real runs (train.py, growlm-grow, 2 ranks over gloo on loopback),
+minute); ``tests/distributed/`` holds tests that start real runs (train.py, growlm-grow, 2 ranks over gloo on
+loopback),
 marked ``dist`` here by folder. Tests import helpers from this folder (``dist_utils``, ``growth_helpers``) and the
 project from the repo root.
 """
@@ -28,8 +29,8 @@ def builtin_data() -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test under tests/dist/ with ``dist`` (multi-process or whole-run tests)."""
-    dist_dir = Path(__file__).resolve().parent / "dist"
+    """Mark every test under tests/distributed/ with ``dist`` (multi-process or whole-run tests)."""
+    dist_dir = Path(__file__).resolve().parent / "distributed"
     for item in items:
         if dist_dir in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.dist)

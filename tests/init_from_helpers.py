@@ -1,5 +1,5 @@
 """Transformers GPT-2 folders for the --init_from tests (tests/unit/test_init_from_unit.py and
-tests/dist/test_init_from.py)."""
+tests/distributed/test_init_from.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Run by tests/dist/test_init_from.py as every rank of a real job: resolve a train.py command line that has
+"""Run by tests/distributed/test_init_from.py as every rank of a real job: resolve a train.py command line that has
 --init_from, build the engine exactly as train.py does (trainer.run.build), and record, before and at the first
 optimizer step, what it holds against the folder's weights and against transformers' own forward pass.
 

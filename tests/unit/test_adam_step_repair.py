@@ -1,6 +1,6 @@
 """``runtime.engine.repair_adam_steps`` in one process: DeepSpeed's ZeRO-3 universal loader puts one ``step`` tensor
 in every parameter group's Adam state; after the repair each entry has its own tensor with the loaded value, so each
-group counts its own steps. (The multi-rank resumes that need it: tests/dist/test_resume_exact.py.)
+group counts its own steps. (The multi-rank resumes that need it: tests/distributed/test_resume_exact.py.)
 """
 
 from __future__ import annotations
