@@ -1,5 +1,5 @@
-"""Run by tests/distributed/test_live_growth.py as every rank of a real 2-rank job: train a tiny GPT with DeepSpeed, grow the
-live engine, and record what the new engine holds against what the growth plan says it must hold.
+"""Run by tests/distributed/test_live_growth.py as every rank of a real 2-rank job: train a tiny GPT with DeepSpeed,
+grow the live engine, and record what the new engine holds against what the growth plan says it must hold.
 
     python tests/live_growth_probe.py DS_CONFIG FAMILY OUT_JSON [--force-cpu-fp16]
 
