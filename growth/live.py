@@ -19,15 +19,21 @@ failure kinds: parameter count changed"). What DeepSpeed leaves undone is done h
   (DESIGN.md, "Checkpoint failure kinds: stale fp32 master");
 * global step, samples, skipped steps and the fp16 loss scaler are copied; the LR schedule is placed by the
   stage's rule (growth.schedule) before the first post-growth step;
-* the old engine is destroyed (its ZeRO-3 hooks removed) before training continues (DESIGN.md, "Checkpoint failure
-  kinds: stale ZeRO-3 hooks").
+* the old engine is released (runtime.engine.release_engine: destroyed, its ZeRO-3 hooks removed, its module taken
+  out of DeepSpeed's module stack) and collected before training continues, so its memory returns (DESIGN.md,
+  "Checkpoint failure kinds: stale ZeRO-3 hooks").
+
+``GrowthResult`` carries the cost of each phase (build, gather, expand, write, refresh, teardown: seconds and bytes)
+and the peak RSS over ranks; the trainer writes them into the growth record.
 """
 
 from __future__ import annotations
 
 import gc
+import resource
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import deepspeed.utils as dsu
@@ -42,7 +48,7 @@ from growth.schedule import ScheduleRule, ScheduleState, apply_schedule, engine_
 from growth.stores import ParamState
 from model.masks import MaskSpec
 from runtime.crash_points import hold_point
-from runtime.engine import inner_optimizer, repair_adam_steps
+from runtime.engine import inner_optimizer, release_engine, repair_adam_steps
 
 LOSS_SCALER_FIELDS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
 
@@ -73,6 +79,8 @@ class EngineStore:
                 self.masters.update({id(lp): mp for lp, mp in zip(lp_group, master_group, strict=True)})
         self.bytes_read = 0
         self.bytes_written = 0
+        self.seconds_read = 0.0  # wall time inside read() / write(): the gather and write phases of a growth
+        self.seconds_written = 0.0
 
     def names(self) -> list[str]:
         return list(self.params)
@@ -92,6 +100,7 @@ class EngineStore:
         return GrowthError("the engine has no Adam state yet (DeepSpeed creates it in step()); grow at step >= 1")
 
     def read(self, name: str) -> ParamState:
+        t0 = time.perf_counter()
         p = self.params[name]
         master = self._unpartitioned(p)
         if master is not None:
@@ -109,9 +118,11 @@ class EngineStore:
             )
         out = ParamState(*(t.detach().float().cpu().reshape(self._shape(name)).clone() for t in tensors))
         self.bytes_read += sum(t.numel() * t.element_size() for t in out)
+        self.seconds_read += time.perf_counter() - t0
         return out
 
     def write(self, name: str, state: ParamState) -> None:
+        t0 = time.perf_counter()
         p = self.params[name]
         shape = tuple(self._shape(name))
         if tuple(state.weight.shape) != shape:
@@ -130,6 +141,7 @@ class EngineStore:
             dsu.safe_set_full_optimizer_state(p, state.exp_avg.to(device), "exp_avg")
             dsu.safe_set_full_optimizer_state(p, state.exp_avg_sq.to(device), "exp_avg_sq")
         self.bytes_written += sum(t.numel() * t.element_size() for t in state)
+        self.seconds_written += time.perf_counter() - t0
 
     def release(self, name: str) -> None:
         pass
@@ -202,9 +214,46 @@ def copy_loss_scaler(old: Any, new: Any) -> dict[str, Any] | None:
     return carried
 
 
+GROWTH_PHASES = ("build", "gather", "expand", "write", "refresh", "teardown")
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process now (bytes; Linux ``/proc/self/status`` VmRSS, else the peak so far)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024  # reported in KiB
+    except OSError:
+        pass
+    return peak_rss_bytes()
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process so far (bytes; ``getrusage`` ru_maxrss, KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 @dataclass(frozen=True)
 class GrowthResult:
-    """What one live growth did: the new engine, its mask spec and schedule, and its cost."""
+    """What one live growth did: the new engine, its mask spec and schedule, and its cost.
+
+    ``phase_seconds`` and ``phase_bytes`` are keyed by ``GROWTH_PHASES`` (this rank's wall seconds; every phase is a
+    disjoint part of ``seconds``):
+
+    * build: ``build(config, masks)`` plus creating the new engine's Adam state; bytes: RSS growth (VmRSS after -
+      before, may be negative when freed memory is reused);
+    * gather: reading the old engine (``EngineStore.read``, one collective per tensor); bytes: full fp32 tensors
+      gathered (weights + both moments, = ``bytes_moved``);
+    * expand: the plan's rules computing the grown tensors; bytes: the grown fp32 tensors produced;
+    * write: writing them into the new engine (``EngineStore.write``); bytes: the same tensors, written;
+    * refresh: master -> working copies, counters, loss scaler, Adam steps and LR schedule; bytes: RSS growth;
+    * teardown: ``runtime.engine.release_engine`` of the old engine and the closing barrier, plus, once
+      ``collect_old_engine`` ran, the ``gc.collect()`` that frees it; bytes: RSS returned (VmRSS before - after;
+      the allocator may keep freed pages, so it can be 0 or negative).
+
+    ``peak_rss_bytes`` is the largest peak RSS (ru_maxrss) of any rank at the end of the growth.
+    """
 
     engine: Any
     masks: MaskSpec | None
@@ -212,6 +261,9 @@ class GrowthResult:
     loss_scaler: dict[str, Any] | None
     seconds: float
     bytes_moved: int  # full fp32 tensors gathered from the old engine (weights + both moments), bytes
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    phase_bytes: dict[str, int] = field(default_factory=dict)
+    peak_rss_bytes: int = 0
 
 
 def grow_engine(
@@ -237,13 +289,12 @@ def grow_engine(
             arguments are read from the old engine's scheduler).
 
     Returns:
-        GrowthResult; the old engine is destroyed and must not be used again.
+        GrowthResult; the old engine is released (runtime.engine.release_engine) and must not be used again. The
+        caller's own references keep it alive until it drops them: then ``collect_old_engine(result)`` frees it.
 
     Raises:
         GrowthError: before any new engine is built: no optimizer step yet, or a mask ramp still running.
     """
-    import time
-
     t0 = time.perf_counter()
     step = old.global_steps
     if step < 1 or adam_step_of(old) < 1:
@@ -263,28 +314,32 @@ def grow_engine(
         ramp_steps=ramp_steps,
     )
     masks, sched = prep.masks, prep.schedule
+    secs: dict[str, float] = {}
+    nbytes: dict[str, int] = {}
+    t, rss = time.perf_counter(), rss_bytes()
     new = build(plan.new, masks)
     ensure_adam_state(new, adam_step_of(old))
+    secs["build"], nbytes["build"] = time.perf_counter() - t, rss_bytes() - rss
     old_store, new_store = EngineStore(old), EngineStore(new)
+    t = time.perf_counter()
     apply_plan(plan, old_store, new_store, policy)
+    applied = time.perf_counter() - t
+    secs["gather"], nbytes["gather"] = old_store.seconds_read, old_store.bytes_read
+    secs["write"], nbytes["write"] = new_store.seconds_written, new_store.bytes_written
+    secs["expand"] = max(0.0, applied - old_store.seconds_read - new_store.seconds_written)
+    nbytes["expand"] = new_store.bytes_written
     hold_point("live.applied")  # test-only (runtime.crash_points): killed mid-growth, the last checkpoint resumes
-    refresh_working_copies(new)
-    new.global_steps, new.global_samples = old.global_steps, old.global_samples
-    new.micro_steps, new.skipped_steps = old.micro_steps, old.skipped_steps
-    scaler = copy_loss_scaler(old, new)
-    repair_adam_steps(new)  # every Adam state entry at the carried step, none shared
-    apply_schedule(new, sched, step)
-    if masks is not None:
-        new.module.set_growth_step(step)
+    t, rss = time.perf_counter(), rss_bytes()
+    scaler = carry_training_state(old, new, sched, step, masks is not None)
+    secs["refresh"], nbytes["refresh"] = time.perf_counter() - t, rss_bytes() - rss
     moved = old_store.bytes_read
-    old.destroy()
-    for m in module.modules():  # hooks DeepSpeed left would keep the old engine alive (and could fire)
-        m._forward_pre_hooks.clear()
-        m._forward_hooks.clear()
-        m._backward_hooks.clear()
-    del old, module, old_store
-    gc.collect()
+    t, rss = time.perf_counter(), rss_bytes()
+    release_engine(old)  # freed by collect_old_engine once the caller drops its reference (runtime.engine)
+    del old, module, old_store, new_store
     dist.barrier()
+    secs["teardown"], nbytes["teardown"] = time.perf_counter() - t, rss - rss_bytes()
+    peak = torch.tensor([peak_rss_bytes()], dtype=torch.float64)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
     return GrowthResult(
         engine=new,
         masks=masks,
@@ -292,4 +347,36 @@ def grow_engine(
         loss_scaler=scaler,
         seconds=time.perf_counter() - t0,
         bytes_moved=moved,
+        phase_seconds={k: secs[k] for k in GROWTH_PHASES},
+        phase_bytes={k: nbytes[k] for k in GROWTH_PHASES},
+        peak_rss_bytes=int(peak.item()),
     )
+
+
+def collect_old_engine(result: GrowthResult) -> GrowthResult:
+    """Free the engine a growth replaced, once the caller holds no reference to it (call it right after swapping
+    ``result.engine`` in): DeepSpeed's engine, optimizer and module reference each other in cycles that only
+    ``gc.collect()`` frees. Returns ``result`` with the collection's seconds added to ``seconds`` and to the teardown
+    phase, and the RSS it returned added to the teardown bytes."""
+    t, rss = time.perf_counter(), rss_bytes()
+    gc.collect()
+    dt = time.perf_counter() - t
+    secs = {**result.phase_seconds, "teardown": result.phase_seconds.get("teardown", 0.0) + dt}
+    nbytes = {**result.phase_bytes, "teardown": result.phase_bytes.get("teardown", 0) + rss - rss_bytes()}
+    return replace(result, seconds=result.seconds + dt, phase_seconds=secs, phase_bytes=nbytes)
+
+
+def carry_training_state(old: Any, new: Any, sched: ScheduleState, step: int, masked: bool) -> dict[str, Any] | None:
+    """After the grown tensors are written into ``new``: refresh its working copies from the fp32 masters, carry
+    the counters (global step, samples, micro steps, skipped steps) and the fp16 loss scaler from ``old``, give every
+    Adam state entry its own step counter, place the LR schedule ``sched`` at ``step`` and, for a ``masked`` growth,
+    the mask ramp. Returns what ``copy_loss_scaler`` carried (None without fp16)."""
+    refresh_working_copies(new)
+    new.global_steps, new.global_samples = old.global_steps, old.global_samples
+    new.micro_steps, new.skipped_steps = old.micro_steps, old.skipped_steps
+    scaler = copy_loss_scaler(old, new)
+    repair_adam_steps(new)  # every Adam state entry at the carried step, none shared
+    apply_schedule(new, sched, step)
+    if masked:
+        new.module.set_growth_step(step)
+    return scaler

@@ -120,3 +120,39 @@ def repair_adam_steps(engine: Any) -> int:
             repaired += 1
         seen.add(id(st["step"]))
     return repaired
+
+
+def release_engine(engine: Any) -> None:
+    """Tear down a DeepSpeed engine that will not be used again, so that it, its module and its optimizer are freed
+    as soon as the caller drops its own references (and, for the cycles DeepSpeed builds, at the next
+    ``gc.collect()``). Call it for the engine a live growth replaces and at the end of a run; not a collective.
+
+    What held a finished ZeRO-3 engine alive (DeepSpeed 0.19): ``DeepSpeedZeRoOffload.setup_zero_stage3_hooks``
+    appends the top module to the module-level list ``deepspeed.runtime.zero.parameter_offload.FWD_MODULE_STACK``
+    and nothing ever removes it. From that global the module reaches everything else: its ``pre_bwd_fn`` /
+    ``post_bwd_fn`` autograd Function classes, whose closures capture the ``DeepSpeedZeRoOffload``; its
+    parameters, whose ZeRO attributes reach the ZeRO-3 optimizer; the optimizer's backward-hook state, whose
+    ``_backward_post_hook`` is a bound method of the engine. Every other reference among these is a cycle that
+    ``gc.collect()`` frees, so removing the module (and any of its submodules a failed forward left there) from
+    that list is what frees the engine. ZeRO-0/1/2 never touch the list.
+
+    Steps: ``engine.destroy()`` (ZeRO-3 module hooks, gradient hooks), clear the forward/backward hooks DeepSpeed
+    left on every submodule (so none can fire again or hold a closure), drop the per-module backward Function
+    classes, and take the module's submodules out of ``FWD_MODULE_STACK``.
+
+    Args:
+        engine: a DeepSpeed engine of any ZeRO stage; it must not be used afterwards.
+    """
+    from deepspeed.runtime.zero import parameter_offload
+
+    module = engine.module
+    engine.destroy()
+    owned = set()
+    for m in module.modules():
+        owned.add(id(m))
+        for hooks in (m._forward_pre_hooks, m._forward_hooks, m._backward_hooks, m._backward_pre_hooks):
+            hooks.clear()
+        for attr in ("pre_bwd_fn", "post_bwd_fn"):
+            m.__dict__.pop(attr, None)
+    stack = parameter_offload.FWD_MODULE_STACK
+    stack[:] = [m for m in stack if id(m) not in owned]  # in place: DeepSpeed code holds this very list

@@ -29,6 +29,12 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def pythonpath_with(folder: str | os.PathLike) -> str:
+    """PYTHONPATH for a child process that must import from ``folder`` (the repository) first: ``folder`` put in
+    front of this process's own PYTHONPATH, which is kept (a site folder given there must stay importable)."""
+    return os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def rank_env(rank: int, world_size: int, port: int, base: Mapping[str, str] | None = None, **extra: str) -> dict:
     """The environment of rank ``rank`` of ``world_size`` on this machine: ``base`` (default ``os.environ``) plus
     RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=``port``; ``extra`` last."""

@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runtime.launch import free_port, launch_ranks  # free_port is re-exported: tests import it from here
+from runtime.launch import (  # free_port is re-exported: tests import it from here
+    free_port,
+    launch_ranks,
+    pythonpath_with,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,7 +26,7 @@ def base_env(**extra: str) -> dict[str, str]:
         MASTER_PORT=str(free_port()),
         OMP_NUM_THREADS="1",
         DS_ACCELERATOR="cpu",
-        PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+        PYTHONPATH=pythonpath_with(REPO),
     )
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         env.pop(key, None)

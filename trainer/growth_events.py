@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from growth.live import GrowthResult, grow_engine
+from growth.live import GROWTH_PHASES, GrowthResult, collect_old_engine, grow_engine
 from growth.stages import Stage
 from growth.trigger import slope_trigger
 from model.config import GPTConfig, param_count
@@ -20,7 +20,9 @@ from trainer.config import RunConfig
 from trainer.loop import Batches, Progress, fixed_batch_loss
 from trainer.metrics import MetricsLogger, max_rss_bytes
 
-GROWTH_SCALARS = ("loss_before", "loss_after", "seconds", "bytes_moved", "params_to")  # growth/<key> in TensorBoard
+# growth/<key> in TensorBoard: the growth, then its cost per phase (growth.live.GrowthResult) and the peak RSS
+GROWTH_SCALARS = ("loss_before", "loss_after", "seconds", "bytes_moved", "params_to", "peak_rss_bytes_all_ranks")
+GROWTH_SCALARS += tuple(f"{phase}_{unit}" for phase in GROWTH_PHASES for unit in ("s", "bytes"))
 
 
 def next_stage(p: Progress, run: RunConfig) -> Stage | None:
@@ -78,6 +80,7 @@ def grow(p: Progress, stage: Stage, run: RunConfig, data: Batches) -> GrowthEven
         rewarm=p.schedule,
     )
     p.engine, p.model, p.schedule = result.engine, stage.target, result.schedule
+    result = collect_old_engine(result)  # p.engine was the last reference to the old engine
     p.stage_index += 1
     p.slope_points.clear()
     p.history.append(
@@ -89,7 +92,10 @@ def grow(p: Progress, stage: Stage, run: RunConfig, data: Batches) -> GrowthEven
 
 
 def growth_record(p: Progress, stage: Stage, event: GrowthEvent, seq_len: int) -> dict[str, Any]:
-    """The "growth" record of metrics.jsonl for ``event``, a growth into ``p.model`` at ``p.step``."""
+    """The "growth" record of metrics.jsonl for ``event``, a growth into ``p.model`` at ``p.step``: shapes, losses,
+    cost (``seconds``, ``bytes_moved``; per phase of growth.live.GROWTH_PHASES ``<phase>_s`` and ``<phase>_bytes``,
+    as growth.live.GrowthResult defines them) and memory (``peak_rss_bytes_all_ranks``: the largest host peak RSS of
+    any rank)."""
     old = event.old
     return {
         "event": "growth",
@@ -106,6 +112,9 @@ def growth_record(p: Progress, stage: Stage, event: GrowthEvent, seq_len: int) -
         "bytes_moved": event.result.bytes_moved,
         "max_rss_bytes_before": event.rss_before,
         "max_rss_bytes": max_rss_bytes(),
+        "peak_rss_bytes_all_ranks": event.result.peak_rss_bytes,  # host RSS peak, max over ranks
+        **{f"{k}_s": v for k, v in event.result.phase_seconds.items()},  # rank 0's seconds per phase
+        **{f"{k}_bytes": v for k, v in event.result.phase_bytes.items()},
         "lr": p.engine.get_lr()[0],
         "tokens": p.consumed * seq_len,
         "flops": p.consumed_flops,

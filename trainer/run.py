@@ -22,7 +22,7 @@ from growth.schedule import start_schedule
 from model.config import param_count
 from runtime import checkpoint
 from runtime.dist import DistInfo
-from runtime.engine import build_engine, loss_scale_of
+from runtime.engine import build_engine, loss_scale_of, release_engine
 from trainer.checkpointing import restore, save
 from trainer.config import RunConfig, resolve
 from trainer.errors import RankError, UsageError
@@ -203,5 +203,6 @@ def run(args: argparse.Namespace) -> int:
     if log.enabled and (cfg.save_dir / checkpoint.LATEST).exists():
         log.console(f"growlm: checkpoint: {cfg.save_dir / (cfg.save_dir / checkpoint.LATEST).read_text().strip()}")
     log.close()
+    release_engine(p.engine)  # its memory returns (a ZeRO-3 engine is otherwise never freed)
     dist.barrier()
     return 0

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from runtime.launch import pythonpath_with
+
 REPO = Path(__file__).resolve().parents[2]
 MODEL = ["--preset", "cpu-medium", "--n_layer", "8", "--n_embd", "512", "--n_head", "8"]
 
@@ -41,7 +43,7 @@ print(json.dumps({"rc": rc, "seconds": dt, "self_rss_bytes": self_kib * 1024, "c
 def env() -> dict[str, str]:
     """The environment of the measured subprocesses: loopback master, 1 thread, DeepSpeed's CPU accelerator."""
     e = dict(os.environ)
-    e.update(MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO))
+    e.update(MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONPATH=pythonpath_with(REPO))
     return e
 
 

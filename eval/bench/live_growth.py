@@ -14,12 +14,15 @@ writes JSON. Run ``python -m eval.bench.live_growth --help``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from runtime.launch import pythonpath_with
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = {
@@ -45,11 +48,11 @@ def worker(case: str, out: str, seq_len: int) -> None:
     import torch.distributed as dist
 
     from growth.apply import OptimizerPolicy
-    from growth.live import grow_engine
+    from growth.live import collect_old_engine, grow_engine
     from growth.ops import make_plan
     from growth.schedule import ScheduleRule
     from model.config import GPTConfig, param_count
-    from runtime.engine import build_engine
+    from runtime.engine import build_engine, release_engine
 
     ds_cfg = json.loads((REPO / "ds_configs" / "zero3_fp32.json").read_text())
     ds_cfg["train_micro_batch_size_per_gpu"] = 1
@@ -80,19 +83,23 @@ def worker(case: str, out: str, seq_len: int) -> None:
         policy=OptimizerPolicy(),
         schedule_rule=ScheduleRule(),
     )
-    rec["live_seconds"] = time.perf_counter() - t0
-    rec["live_bytes_moved"] = result.bytes_moved
-    rec["rss_after_live_bytes"] = _rss()
     new = result.engine
     del engine
+    result = collect_old_engine(result)  # the replaced engine is freed here (growth.live)
+    rec["live_seconds"] = time.perf_counter() - t0
+    rec["live_bytes_moved"] = result.bytes_moved
+    rec["live_phase_seconds"], rec["live_phase_bytes"] = result.phase_seconds, result.phase_bytes
+    rec["live_peak_rss_bytes"] = result.peak_rss_bytes  # max over ranks
+    rec["rss_after_live_bytes"] = _rss()
     ckpt = Path(out).with_suffix(f".ckpt-{case.replace(' ', '')}")
     dist.barrier()
     t0 = time.perf_counter()
     new.save_checkpoint(str(ckpt), tag="grown")
     dist.barrier()
     rec["save_seconds"] = time.perf_counter() - t0
-    new.destroy()
+    release_engine(new)
     del new, result
+    gc.collect()  # the grown engine is freed before the fresh one is built (runtime.engine.release_engine)
     t0 = time.perf_counter()
     fresh = build_engine(new_cfg, None, ds_cfg, partitioned=True)
     path, _ = fresh.load_checkpoint(str(ckpt), tag="grown")
@@ -117,7 +124,7 @@ def run_case(case: str, seq_len: int, world_size: int) -> list[dict]:
         out = Path(tmp) / "rec.json"
         cmd = [sys.executable, "-m", "eval.bench.live_growth", "--worker", case, "--out", str(out),
                "--seq_len", str(seq_len)]  # fmt: skip
-        res = launch_ranks(cmd, world_size, envs=[{"PYTHONPATH": str(REPO)}] * world_size, cwd=REPO,
+        res = launch_ranks(cmd, world_size, envs=[{"PYTHONPATH": pythonpath_with(REPO)}] * world_size, cwd=REPO,
                            timeout_s=3600)  # fmt: skip
         if res.returncode or res.timed_out:
             raise SystemExit(f"benchmark ranks failed for {case!r}: exit codes {res.returncodes}\n{res.output[-3000:]}")

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 from eval.bench.report import BenchError, summarize_train, write_reports
-from runtime.launch import launch_ranks
+from runtime.launch import launch_ranks, pythonpath_with
 
 REPO = Path(__file__).resolve().parents[2]
 STAGES = (0, 1, 2, 3)
@@ -153,7 +153,7 @@ def bench_deepspeed(args: argparse.Namespace, stage: int, precision: str, work: 
     cmd += ["--growth_plan", args.growth_plan] if args.growth_plan else []
     cmd += args.train_extra
     ws = args.world_size
-    env = {"PYTHONPATH": str(REPO)}
+    env = {"PYTHONPATH": pythonpath_with(REPO)}
     if base["device_type"] == "cpu":
         env.update(OMP_NUM_THREADS=str(args.threads_per_rank), DS_ACCELERATOR="cpu")
     print(f"growlm-bench: {name}: {ws} rank(s), {args.steps} steps ...", flush=True)
@@ -187,7 +187,7 @@ def bench_pytorch(args: argparse.Namespace, precision: str, work: Path, base: di
     cmd = [sys.executable, "-m", "eval.bench.baseline", "--config_json", json.dumps(common["model"])]
     cmd += ["--batch", str(common["global_batch"]), "--grad_accum", str(args.grad_accum)]
     cmd += ["--seq_len", str(args.seq_len), "--precision", precision, "--steps", str(args.steps)]
-    env = {"PYTHONPATH": str(REPO)}
+    env = {"PYTHONPATH": pythonpath_with(REPO)}
     if base["device_type"] == "cpu":
         cmd += ["--threads", str(threads)]
         env.update(OMP_NUM_THREADS=str(threads))

@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from eval.experiments import staged_report as rep
-from runtime.launch import free_port
+from runtime.launch import free_port, pythonpath_with
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = {"n_layer": 4, "n_embd": 128, "n_head": 4}
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         if (out / "metrics.jsonl").exists():
             (out / "metrics.jsonl").rename(out / f"metrics.jsonl.incomplete-{int(time.time())}")
         env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(args.threads), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(free_port()), PYTHONPATH=str(REPO))  # fmt: skip
+                   MASTER_PORT=str(free_port()), PYTHONPATH=pythonpath_with(REPO))  # fmt: skip
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
             env.pop(k, None)
         print(f"growlm-experiment: run {spec.name} -> {out}", flush=True)
