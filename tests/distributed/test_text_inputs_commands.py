@@ -1,9 +1,7 @@
-"""One reader of user text files (data/text.py) behind growlm-prepare, growlm-eval and growth plan files.
-
-Regression tests for issue 10 item 3: a row without the text field (was KeyError 'text' in growlm-eval), a null
-text (was AttributeError), a leading UTF-8 BOM (refused by growlm-eval, accepted by growlm-prepare), a non-UTF-8
-file (not named by growlm-eval, a traceback in growlm-prepare). Every command now accepts and removes a BOM, and
-answers a bad file with exit status 2 and one line ``PROG: error: FILE:LINE: problem; fix``, writing nothing.
+"""The text-reading rules of data/text.py seen through whole commands that need a model: growlm-eval on an
+exported tiny model (--lambada rows, --wikitext bytes, a BOM) and train.py given a non-UTF-8 --growth_plan. Each bad
+file gives exit status 2 and one line naming FILE:LINE; a BOM gives the same numbers as without it. (The reader
+itself and growlm-prepare: tests/unit/test_text_inputs.py.)
 """
 
 import json
