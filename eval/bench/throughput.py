@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import sys
@@ -139,6 +140,15 @@ def ds_config(stage: int, precision: str, micro_batch: int, grad_accum: int, ste
     return path
 
 
+def recorded_command(cmd: list[str], work: Path) -> str:
+    """``cmd`` as the results record it: relative to the repository (``python train.py ...``), with the benchmark's
+    temporary folder written as WORK, so that no path of the measuring machine is committed."""
+    words = [
+        "python" if a == sys.executable else a.replace(f"{REPO}{os.sep}", "").replace(str(work), "WORK") for a in cmd
+    ]
+    return shlex.join(words)
+
+
 def bench_deepspeed(args: argparse.Namespace, stage: int, precision: str, work: Path, base: dict) -> dict:
     """One train.py run at ``stage`` and ``precision`` with ``args.world_size`` ranks; its JSON record."""
     name = f"zero{stage}-{precision}"
@@ -174,7 +184,7 @@ def bench_deepspeed(args: argparse.Namespace, stage: int, precision: str, work: 
         "mfu": s["model_flops_per_s_per_rank"] / peak.flops_per_s,
         "peak_rss_bytes_per_rank": rss,
         "peak_device_bytes_rank0": s["max_rss_bytes_rank0"] if base["device_type"] == "cuda" else None,
-        "train_cmd": " ".join(cmd),
+        "train_cmd": recorded_command(cmd, work),
     }
     return rec
 

@@ -5,6 +5,8 @@ Nothing here asserts a speed: the checks are on the arithmetic that turns metric
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from eval.bench.peak import gpu_table_peak, measure_matmul_peak
@@ -57,3 +59,10 @@ def test_gpu_peak_table_and_measured_cpu_peak():
     assert gpu_table_peak("Tesla T4", "fp16") is None
     peak = measure_matmul_peak("fp32", threads=1, n=128, repeats=2)
     assert peak.flops_per_s > 0 and "1 thread" in peak.source and "fp32" in peak.source
+
+
+def test_recorded_command_is_relative_to_the_repository(tmp_path):
+    from eval.bench.throughput import REPO, recorded_command
+
+    cmd = [sys.executable, str(REPO / "train.py"), "--ds_config", str(tmp_path / "z2.json"), "--out_dir", "runs/a b"]
+    assert recorded_command(cmd, tmp_path) == "python train.py --ds_config WORK/z2.json --out_dir 'runs/a b'"
