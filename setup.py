@@ -53,6 +53,7 @@ setup(
             "growlm-prepare = data.prepare:main",
             "growlm-build-corpus = data.build_corpus:main",
             "growlm-grow = growth.grow_checkpoint:main",
+            "growlm-run = trainer.driver:main",
             "growlm-eval = eval.metrics.cli:main",
             "growlm-experiment = eval.experiments.staged:main",
             "growlm-bench = eval.bench.throughput:main",

@@ -23,6 +23,7 @@ from growth.errors import GrowthError  # noqa: E402
 from model.config import PRESETS  # noqa: E402
 from runtime.checkpoint import CheckpointError  # noqa: E402
 from trainer.config import DEFAULT_PRESET  # noqa: E402
+from trainer.driver.procs import watch_driver  # noqa: E402
 from trainer.errors import RankError, UsageError  # noqa: E402
 from trainer.run import run  # noqa: E402
 
@@ -123,6 +124,12 @@ def _training_flags(t: argparse._ArgumentGroup) -> None:
         "--data's tokenizer. Fresh Adam state and LR schedule, any ZeRO stage and precision; with --growth_plan the "
         "plan's start must be this shape. Not with --resume",
     )
+    t.add_argument(
+        "--stop_before_stage",
+        metavar="NAME",
+        help="with --growth_plan: when stage NAME is due, save a checkpoint and exit 0 instead of growing live "
+        "(growlm-run then grows it offline and relaunches on the stage's resources)",
+    )
     t.add_argument("--save_interval", type=int, default=0, help="also save every N steps (0: only at the end)")
     t.add_argument("--no_final_save", action="store_true", help="do not save a checkpoint at the end")
     t.add_argument("--log_interval", type=int, default=10, help="steps between TensorBoard/console logs")
@@ -152,6 +159,7 @@ def _evaluation_flags(e: argparse._ArgumentGroup) -> None:
 def main(argv: list[str] | None = None) -> int:
     """growlm-train: run ``run`` and turn bad input into one message and exit status 2."""
     args = parse_args(argv)
+    watch_driver()  # under growlm-run: die with the driver (no-op otherwise)
     rank_env = launch_rank()
     try:
         return run(args)

@@ -8,12 +8,11 @@ meta.json says GPT-2 BPE or names a trained tokenizer.json), or the ``--tokenize
 say (no folder recorded, the folder gone or rebuilt), the export is refused with a message naming ``--tokenizer``.
 
 The weights are the fp32 masters of any ZeRO stage 1-3 checkpoint at any world size, read through its universal
-form (growth.universal); the HF naming and Conv1D layout are model.hf's.
+form or straight from the native ZeRO shards (growth.zero_shards); the HF naming and Conv1D layout are model.hf's.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,8 @@ import torch
 from data import tokenizer as tok
 from growth.offline import Source, check_output
 from growth.plan import param_shapes
-from growth.universal import UniversalStore, convert
+from growth.universal import UniversalStore
+from growth.zero_shards import ZeroShardStore
 from runtime.atomic import atomic_dir
 from runtime.checkpoint import CheckpointError
 
@@ -58,7 +58,6 @@ def export_hf(
     *,
     tokenizer: str | None = None,
     overwrite: bool = False,
-    workers: int = 1,
     log: Any = print,
 ) -> Path:
     """Write ``config.json`` + ``model.safetensors`` of ``src``'s fp32 weights and the model's tokenizer files
@@ -80,17 +79,16 @@ def export_hf(
     t = model_tokenizer(src, tokenizer)  # before any work: an unknown tokenizer is refused at once
     check_output(out, src, overwrite)
     with atomic_dir(out, overwrite=overwrite) as tmp:
-        conv = src.tag_dir
-        if not src.universal:
-            conv = tmp / ".convert" / src.tag
-            convert(src.tag_dir, conv, workers)
-        store = UniversalStore(conv / "zero", param_shapes(src.config), flat=src.zero_stage == 3)
+        shapes, flat = param_shapes(src.config), src.zero_stage == 3
+        if src.universal:
+            store = UniversalStore(src.tag_dir / "zero", shapes, flat=flat)
+        else:  # the native shards, read directly (growth.zero_shards)
+            store = ZeroShardStore(src.tag_dir, shapes, zero_stage=src.zero_stage, world=src.state.world_size)
         model = GPT(src.config)
         with torch.no_grad():
             for name, p in model.named_parameters():
                 p.copy_(store.read_tensor(name, "fp32"))
         hf = to_hf(model, t.eot_token_id)
-        shutil.rmtree(tmp / ".convert", ignore_errors=True)
         hf.save_pretrained(str(tmp), safe_serialization=True)
         t.save_hf(tmp, model_max_length=src.config.n_positions)
     log(

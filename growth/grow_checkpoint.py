@@ -105,9 +105,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="growlm-grow",
         description="Grow a saved growlm/DeepSpeed ZeRO-1/2/3 checkpoint offline into one that train.py --resume "
         "loads at any world size (optimizer state included), reshard it only (no growth flags), or export its "
-        "weights to a transformers GPT-2 folder (--export_hf). DeepSpeed's ds_to_universal unpickles the "
-        "checkpoint's files: use checkpoints from a trusted source only (growlm first refuses any file holding more "
-        "than tensor data and a few known types).",
+        "weights to a transformers GPT-2 folder (--export_hf). Files are read with weights-only unpickling, but "
+        "DeepSpeed's own loaders (train.py --resume) unpickle them fully: use checkpoints from a trusted source only "
+        "(growlm first refuses any file holding more than tensor data and a few known types).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("checkpoint", help="checkpoint folder (its 'latest' tag) or a tag folder")
@@ -120,7 +120,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--overwrite", action="store_true", help="replace the output if it exists (only once complete)")
     p.add_argument("--zero_stage", type=int, help="ZeRO stage the resuming job will use: refuse impossible crossings")
-    p.add_argument("--workers", type=int, default=1, help="ds_to_universal extract/merge worker processes")
     g = p.add_argument_group("growth stage from a plan file")
     g.add_argument("--plan", help="YAML growth plan (growth/stages.py)")
     g.add_argument("--stage", help="stage name (default: the stage that starts from the checkpoint's shape)")
@@ -152,9 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.export_hf:
             if args.plan or any(getattr(args, k) is not None for k in _SHAPE_FLAGS):
                 raise GrowthError("--export_hf exports the checkpoint as it is; grow it first, then export the result")
-            export_hf(
-                src, Path(args.export_hf), tokenizer=args.tokenizer, overwrite=args.overwrite, workers=args.workers
-            )
+            export_hf(src, Path(args.export_hf), tokenizer=args.tokenizer, overwrite=args.overwrite)
             return 0
         step = src.state.global_step
         if args.plan:
@@ -172,7 +169,6 @@ def main(argv: list[str] | None = None) -> int:
             seed=seed,
             overwrite=args.overwrite,
             target_zero_stage=args.zero_stage,
-            workers=args.workers,
         )
         return 0
     except (CheckpointError, GrowthError, ManifestError) as e:

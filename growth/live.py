@@ -1,15 +1,19 @@
-"""Live growth of a ZeRO-sharded run: gather each parameter, expand it, write it into a new DeepSpeed engine.
+"""Live growth of a ZeRO-sharded run: gather the old engine's shards, expand them, write them into a new engine.
 
-The old engine is read one parameter at a time through ``EngineStore`` (``deepspeed.utils.safe_get_full_*``: full
-fp32 weight, exp_avg and exp_avg_sq, each call a collective that every rank makes in the same order); the growth
-plan's rule computes the grown tensors (identically on every rank: new random entries are seeded by parameter name,
-not by the global RNG); ``EngineStore`` over the *new* engine writes them (``safe_set_full_*``: each rank keeps
-only its own partition). So a rank holds its old shard, its new shard and a few full tensors at once, never a
-whole model (DESIGN.md, "DeepSpeed facts"; for ZeRO-1/2 the module itself is unpartitioned, as always in those stages).
+``growth.live_transfer.transfer`` moves the training state: every rank contributes its own fragments of the fp32
+masters and Adam moments, gathered in buckets of consecutive parameters (one collective per bucket, weight and both
+moments together); the growth plan's rule computes the grown tensors (identically on every rank: new random
+entries are seeded by parameter name, not by the global RNG); each rank writes only its own fragment of the new
+engine. Rules that only keep or zero a tensor of unchanged shape (depth growth) are applied at ZeRO-3 from the
+rank's own old partition, without communication. A rank holds its old shard, its new shard and a bounded working
+set (live_transfer.BUCKET_BYTES), never a whole model (DESIGN.md, "DeepSpeed facts"; for ZeRO-1/2 the module
+itself is unpartitioned, as always in those stages).
 
 The new engine is built for the grown config by ``deepspeed.initialize`` (ZeRO-3: inside ``zero.Init``, so it is
-partitioned as it is built); growlm never asks DeepSpeed to load old-shape buffers into it (DESIGN.md, "Checkpoint
-failure kinds: parameter count changed"). What DeepSpeed leaves undone is done here, each beside its DeepSpeed call:
+partitioned as it is built), without the random weight init its parameters would get only to be overwritten
+(runtime.engine.weights_uninitialised); growlm never asks DeepSpeed to load old-shape buffers into it (DESIGN.md,
+"Checkpoint failure kinds: parameter count changed"). What DeepSpeed leaves undone is done here, each beside its
+DeepSpeed call:
 
 * optimizer state is created lazily by the first ``step()``: ``ensure_adam_state`` creates exp_avg, exp_avg_sq and
   the Adam step in the inner torch optimizer first, so the moments can be written and the step carried;
@@ -29,6 +33,7 @@ and the peak RSS over ranks; the trainer writes them into the growth record.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import resource
 import time
@@ -36,115 +41,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import deepspeed.utils as dsu
 import torch
 import torch.distributed as dist
 
-from growth.apply import OptimizerPolicy, apply_plan
+from growth.apply import OptimizerPolicy
 from growth.errors import GrowthError
+from growth.live_transfer import EngineStore, link_optimizer_state, transfer
 from growth.plan import GrowthPlan
 from growth.prepare import prepare_growth
 from growth.schedule import ScheduleRule, ScheduleState, apply_schedule, engine_schedule
-from growth.stores import ParamState
 from model.masks import MaskSpec
 from runtime.crash_points import hold_point
-from runtime.engine import inner_optimizer, release_engine, repair_adam_steps
+from runtime.engine import inner_optimizer, release_engine, repair_adam_steps, weights_uninitialised
+
+__all__ = ["EngineStore", "GrowthResult", "collect_old_engine", "ensure_adam_state", "grow_engine"]
 
 LOSS_SCALER_FIELDS = ("cur_scale", "cur_iter", "last_overflow_iter", "cur_hysteresis")
-
-
-class EngineStore:
-    """ParamStore over a live DeepSpeed engine, ZeRO stage 0-3, fp32/bf16/fp16. Reads and writes full fp32 tensors
-    of the parameter's shape, on CPU. Every call is a collective: all ranks call it, in the same order.
-
-    Args:
-        engine: the DeepSpeed engine (its module holds the HF-named parameters).
-
-    Raises:
-        GrowthError: (read) the engine has no Adam state yet: DeepSpeed creates it at the first ``step()``, so
-            growth before the first optimizer step is refused.
-    """
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-        self.params = dict(engine.module.named_parameters())
-        self.optimizer = inner_optimizer(engine)
-        if self.optimizer.state:
-            link_optimizer_state(engine)
-        # ZeRO stage 0 in bf16 (DeepSpeed's FP16_UnfusedOptimizer) keeps an fp32 master tensor per module parameter
-        self.masters: dict[int, torch.Tensor] = {}
-        opt = engine.optimizer
-        if hasattr(opt, "fp16_groups") and hasattr(opt, "fp32_groups"):
-            for lp_group, master_group in zip(opt.fp16_groups, opt.fp32_groups, strict=True):
-                self.masters.update({id(lp): mp for lp, mp in zip(lp_group, master_group, strict=True)})
-        self.bytes_read = 0
-        self.bytes_written = 0
-        self.seconds_read = 0.0  # wall time inside read() / write(): the gather and write phases of a growth
-        self.seconds_written = 0.0
-
-    def names(self) -> list[str]:
-        return list(self.params)
-
-    def _shape(self, name: str) -> torch.Size:
-        p = self.params[name]
-        return p.ds_shape if hasattr(p, "ds_shape") else p.shape
-
-    def _unpartitioned(self, p: torch.nn.Parameter) -> torch.Tensor | None:
-        """ZeRO stage 0: the tensor Adam steps for module parameter ``p`` (``p`` itself in fp32, its fp32 master
-        in bf16); None when ZeRO partitions it (stages 1-3, reached through ``safe_*``)."""
-        if hasattr(p, "ds_id") or hasattr(p, "_hp_mapping"):
-            return None
-        return self.masters.get(id(p), p)
-
-    def _no_state(self) -> GrowthError:
-        return GrowthError("the engine has no Adam state yet (DeepSpeed creates it in step()); grow at step >= 1")
-
-    def read(self, name: str) -> ParamState:
-        t0 = time.perf_counter()
-        p = self.params[name]
-        master = self._unpartitioned(p)
-        if master is not None:
-            st = self.optimizer.state.get(master, {})
-            if "exp_avg" not in st:
-                raise self._no_state()
-            tensors = (master.detach(), st["exp_avg"], st["exp_avg_sq"])
-        else:
-            if not self.optimizer.state:
-                raise self._no_state()
-            tensors = (
-                dsu.safe_get_full_fp32_param(p),
-                dsu.safe_get_full_optimizer_state(p, "exp_avg"),
-                dsu.safe_get_full_optimizer_state(p, "exp_avg_sq"),
-            )
-        out = ParamState(*(t.detach().float().cpu().reshape(self._shape(name)).clone() for t in tensors))
-        self.bytes_read += sum(t.numel() * t.element_size() for t in out)
-        self.seconds_read += time.perf_counter() - t0
-        return out
-
-    def write(self, name: str, state: ParamState) -> None:
-        t0 = time.perf_counter()
-        p = self.params[name]
-        shape = tuple(self._shape(name))
-        if tuple(state.weight.shape) != shape:
-            raise GrowthError(f"{name}: writing shape {tuple(state.weight.shape)} into a parameter of {shape}")
-        master = self._unpartitioned(p)
-        if master is not None:
-            st = self.optimizer.state[master]
-            with torch.no_grad():
-                master.copy_(state.weight)
-                p.copy_(state.weight)  # the working copy (the same tensor in fp32)
-                st["exp_avg"].copy_(state.exp_avg)
-                st["exp_avg_sq"].copy_(state.exp_avg_sq)
-        else:
-            device = p.device
-            dsu.safe_set_full_fp32_param(p, state.weight.to(device))
-            dsu.safe_set_full_optimizer_state(p, state.exp_avg.to(device), "exp_avg")
-            dsu.safe_set_full_optimizer_state(p, state.exp_avg_sq.to(device), "exp_avg_sq")
-        self.bytes_written += sum(t.numel() * t.element_size() for t in state)
-        self.seconds_written += time.perf_counter() - t0
-
-    def release(self, name: str) -> None:
-        pass
 
 
 def ensure_adam_state(engine: Any, adam_step: int) -> None:
@@ -167,19 +79,6 @@ def ensure_adam_state(engine: Any, adam_step: int) -> None:
     link_optimizer_state(engine)
 
 
-def link_optimizer_state(engine: Any) -> None:
-    """(Re)link each parameter's fp32 fragment to its Adam state, so ``safe_get/set_full_optimizer_state`` find it.
-
-    DeepSpeed's ZeRO-1/2 and bf16 optimizers link once, right after the *first param group's* first step, when the
-    other groups have no state yet; with two groups (weight decay and none) the second group's parameters then
-    report "exp_avg not found in optimizer state fragment" forever. Linking again once every group has state fixes
-    it (ZeRO-3 reads the state directly and needs nothing)."""
-    opt = engine.optimizer
-    if hasattr(opt, "_lazy_init_hp_params_optimizer_state") and hasattr(opt, "_hp_optimizer_states_linked"):
-        opt._hp_optimizer_states_linked = False
-        opt._lazy_init_hp_params_optimizer_state()
-
-
 def adam_step_of(engine: Any) -> int:
     """The Adam step counter (optimizer steps taken) of an engine; 0 before the first step."""
     for st in inner_optimizer(engine).state.values():
@@ -188,14 +87,15 @@ def adam_step_of(engine: Any) -> int:
     return 0
 
 
-def refresh_working_copies(engine: Any) -> None:
+def refresh_working_copies(engine: Any, *, replicated_done: bool = False) -> None:
     """Copy the fp32 master partitions into the parameters the forward pass uses (after ``safe_set_full_fp32_param``,
-    which only writes the master)."""
+    which only writes the master). ``replicated_done``: ZeRO-1/2's whole working model was already written on every
+    rank (growth.live_transfer.TransferStats.working_copies_written), so its all-gather is skipped."""
     opt = engine.optimizer
     if hasattr(opt, "_reassign_or_swap_out_partitioned_parameters"):  # ZeRO-3
         for i in range(len(opt.fp16_groups)):
             opt._reassign_or_swap_out_partitioned_parameters(i)
-    elif hasattr(opt, "update_lp_params"):  # ZeRO-1/2, bf16 optimizer
+    elif hasattr(opt, "update_lp_params") and not replicated_done:  # ZeRO-1/2, bf16 optimizer
         opt.update_lp_params()
 
 
@@ -242,15 +142,18 @@ class GrowthResult:
     disjoint part of ``seconds``):
 
     * build: ``build(config, masks)`` plus creating the new engine's Adam state; bytes: RSS growth (VmRSS after -
-      before, may be negative when freed memory is reused);
-    * gather: reading the old engine (``EngineStore.read``, one collective per tensor); bytes: full fp32 tensors
-      gathered (weights + both moments, = ``bytes_moved``);
-    * expand: the plan's rules computing the grown tensors; bytes: the grown fp32 tensors produced;
-    * write: writing them into the new engine (``EngineStore.write``); bytes: the same tensors, written;
+      before, may be negative when freed memory is reused); split in ``build_seconds`` (runtime.engine.BUILD_SPLIT
+      plus ``adam_state``);
+    * gather: reading the old engine's shards (live_transfer.gather_bucket, ``collectives`` in all); bytes: full
+      fp32 tensors assembled (weights + both moments, = ``bytes_moved``; 0 for locally applied rules);
+    * expand: the plan's rules computing grown full tensors; bytes: the grown full fp32 tensors produced (locally
+      applied rules excluded);
+    * write: each rank's fragments written into the new engine, locally applied rules included; bytes: the grown
+      model's fp32 weights and moments, 12 x its parameters, however computed;
     * refresh: master -> working copies, counters, loss scaler, Adam steps and LR schedule; bytes: RSS growth;
     * teardown: ``runtime.engine.release_engine`` of the old engine and the closing barrier, plus, once
-      ``collect_old_engine`` ran, the ``gc.collect()`` that frees it; bytes: RSS returned (VmRSS before - after;
-      the allocator may keep freed pages, so it can be 0 or negative).
+      ``collect_old_engine`` ran, the ``gc.collect()`` that frees it and the ``malloc_trim`` that returns the freed
+      heap to the OS; bytes: RSS returned (VmRSS before - after; can be 0 or negative).
 
     ``peak_rss_bytes`` is the largest peak RSS (ru_maxrss) of any rank at the end of the growth.
     """
@@ -264,6 +167,8 @@ class GrowthResult:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     phase_bytes: dict[str, int] = field(default_factory=dict)
     peak_rss_bytes: int = 0
+    build_seconds: dict[str, float] = field(default_factory=dict)
+    collectives: int = 0
 
 
 def grow_engine(
@@ -317,25 +222,23 @@ def grow_engine(
     secs: dict[str, float] = {}
     nbytes: dict[str, int] = {}
     t, rss = time.perf_counter(), rss_bytes()
-    new = build(plan.new, masks)
+    with weights_uninitialised():  # every parameter is written by transfer() below: no throwaway random init
+        new = build(plan.new, masks)
+    t_adam = time.perf_counter()
     ensure_adam_state(new, adam_step_of(old))
+    split = {**getattr(new, "growlm_build_seconds", {}), "adam_state": time.perf_counter() - t_adam}
     secs["build"], nbytes["build"] = time.perf_counter() - t, rss_bytes() - rss
-    old_store, new_store = EngineStore(old), EngineStore(new)
-    t = time.perf_counter()
-    apply_plan(plan, old_store, new_store, policy)
-    applied = time.perf_counter() - t
-    secs["gather"], nbytes["gather"] = old_store.seconds_read, old_store.bytes_read
-    secs["write"], nbytes["write"] = new_store.seconds_written, new_store.bytes_written
-    secs["expand"] = max(0.0, applied - old_store.seconds_read - new_store.seconds_written)
-    nbytes["expand"] = new_store.bytes_written
+    moved = transfer(plan, old, new, policy)
+    secs["gather"], nbytes["gather"] = moved.gather_s, moved.gathered_bytes
+    secs["expand"], nbytes["expand"] = moved.expand_s, moved.expanded_bytes
+    secs["write"], nbytes["write"] = moved.write_s, moved.written_bytes
     hold_point("live.applied")  # test-only (runtime.crash_points): killed mid-growth, the last checkpoint resumes
     t, rss = time.perf_counter(), rss_bytes()
-    scaler = carry_training_state(old, new, sched, step, masks is not None)
+    scaler = carry_training_state(old, new, sched, step, masks is not None, moved.working_copies_written)
     secs["refresh"], nbytes["refresh"] = time.perf_counter() - t, rss_bytes() - rss
-    moved = old_store.bytes_read
     t, rss = time.perf_counter(), rss_bytes()
     release_engine(old)  # freed by collect_old_engine once the caller drops its reference (runtime.engine)
-    del old, module, old_store, new_store
+    del old, module
     dist.barrier()
     secs["teardown"], nbytes["teardown"] = time.perf_counter() - t, rss - rss_bytes()
     peak = torch.tensor([peak_rss_bytes()], dtype=torch.float64)
@@ -346,32 +249,50 @@ def grow_engine(
         schedule=sched,
         loss_scaler=scaler,
         seconds=time.perf_counter() - t0,
-        bytes_moved=moved,
+        bytes_moved=moved.gathered_bytes,
         phase_seconds={k: secs[k] for k in GROWTH_PHASES},
         phase_bytes={k: nbytes[k] for k in GROWTH_PHASES},
         peak_rss_bytes=int(peak.item()),
+        build_seconds=split,
+        collectives=moved.collectives,
     )
 
 
 def collect_old_engine(result: GrowthResult) -> GrowthResult:
     """Free the engine a growth replaced, once the caller holds no reference to it (call it right after swapping
     ``result.engine`` in): DeepSpeed's engine, optimizer and module reference each other in cycles that only
-    ``gc.collect()`` frees. Returns ``result`` with the collection's seconds added to ``seconds`` and to the teardown
-    phase, and the RSS it returned added to the teardown bytes."""
+    ``gc.collect()`` frees; then ``release_heap`` gives the freed memory back to the OS. Returns ``result`` with the
+    seconds added to ``seconds`` and to the teardown phase, and the RSS returned added to the teardown bytes."""
     t, rss = time.perf_counter(), rss_bytes()
     gc.collect()
+    release_heap()
     dt = time.perf_counter() - t
     secs = {**result.phase_seconds, "teardown": result.phase_seconds.get("teardown", 0.0) + dt}
     nbytes = {**result.phase_bytes, "teardown": result.phase_bytes.get("teardown", 0) + rss - rss_bytes()}
     return replace(result, seconds=result.seconds + dt, phase_seconds=secs, phase_bytes=nbytes)
 
 
-def carry_training_state(old: Any, new: Any, sched: ScheduleState, step: int, masked: bool) -> dict[str, Any] | None:
+def release_heap() -> bool:
+    """Return freed heap memory to the OS (glibc ``malloc_trim(0)``); False where there is no glibc.
+
+    glibc serves tensors above its mmap threshold with mmap and unmaps them on free, but the threshold rises to the
+    size of each large block freed (up to 32 MiB), after which such tensors come from the heap and their pages stay
+    resident after ``free``: without a trim a rank keeps much of the old engine's memory after a growth."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
+def carry_training_state(
+    old: Any, new: Any, sched: ScheduleState, step: int, masked: bool, working_done: bool = False
+) -> dict[str, Any] | None:
     """After the grown tensors are written into ``new``: refresh its working copies from the fp32 masters, carry
     the counters (global step, samples, micro steps, skipped steps) and the fp16 loss scaler from ``old``, give every
     Adam state entry its own step counter, place the LR schedule ``sched`` at ``step`` and, for a ``masked`` growth,
     the mask ramp. Returns what ``copy_loss_scaler`` carried (None without fp16)."""
-    refresh_working_copies(new)
+    refresh_working_copies(new, replicated_done=working_done)
     new.global_steps, new.global_samples = old.global_steps, old.global_samples
     new.micro_steps, new.skipped_steps = old.micro_steps, old.skipped_steps
     scaler = copy_loss_scaler(old, new)

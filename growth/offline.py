@@ -1,13 +1,16 @@
 """Offline growth: grow a saved ZeRO-1/2/3 checkpoint into one that resumes at any world size, or only reshard it.
 
-How (DESIGN.md, "Architecture"): DeepSpeed's ``ds_to_universal`` turns the native shards into one folder per
-parameter (growth.universal.convert); the stage's growth plan then rewrites them one parameter at a time
-(growth.apply.apply_plan over growth.universal.UniversalStore: memory about two full tensors of the largest
-parameter, never the model); the small metadata files are rewritten for the grown model (LR placement, Adam step,
-loss scaler, param shapes) and growlm_state.json records the grown config, masks, consumed samples, the schedule and
-the growth history. Every check runs before anything is written (growth.prepare.prepare_growth, the same checks as a
-live growth); the output is built in a temporary sibling folder with a sha256 manifest and renamed into place only
-when complete (runtime.atomic); the input is never modified. The command line is growth/grow_checkpoint.py.
+How (DESIGN.md, "Architecture"): one pass over the parameters. Each old parameter is read whole, straight out of the
+native ZeRO shards (growth.zero_shards.ZeroShardStore: the merge DeepSpeed's ``ds_to_universal`` performs, without
+its temporary files) or out of a universal checkpoint's per-parameter files; the stage's growth plan expands it
+(growth.apply.apply_plan; an identity copy when only resharding) and it is written as the universal checkpoint's
+per-parameter files (growth.universal.UniversalStore), hashed while written for the manifest. Memory: a few full
+tensors of the largest parameter, never the model. The small metadata files are written for the grown model (LR
+placement, Adam step, loss scaler, param shapes) and growlm_state.json records the grown config, masks, consumed
+samples, the schedule and the growth history. Every check runs before anything is written (growth.prepare.
+prepare_growth, the same checks as a live growth); the output is built in a temporary sibling folder with a sha256
+manifest and renamed into place only when complete (runtime.atomic); the input is never modified. The command line
+is growth/grow_checkpoint.py.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,14 +35,17 @@ from growth.stages import Stage
 from growth.universal import (
     LATEST_UNIVERSAL,
     UniversalStore,
+    Written,
     adam_step,
     check_numel,
-    convert,
     copy_rng_files,
     lr_scheduler_state,
+    model_states_files,
+    read_optimizer_state,
     write_model_states,
     write_optimizer_state,
 )
+from growth.zero_shards import ZeroShardStore
 from model.config import GPTConfig
 from model.masks import MaskSpec, mask_values, new_unit_flags
 from runtime import checkpoint
@@ -171,26 +179,38 @@ def mask_buffers(masks: MaskSpec | None, cfg: GPTConfig, step: int) -> dict[str,
     return {name: mask_values(is_new, masks.value(step)) for name, is_new in new_unit_flags(masks, cfg).items()}
 
 
-def converted(src: Source, dest: Path, workers: int, log: Any) -> Path:
-    """The universal tag folder of ``src``: ``src`` itself when it is universal, else ``dest`` after DeepSpeed's
-    ``ds_to_universal``. Every tensor file is checked against ``src``'s config (element counts, read memory-mapped).
+@dataclass
+class OldState:
+    """What the rewrite reads from the input: its parameters (a ParamStore), the Adam step, and the global optimizer
+    state (loss scaler, clip_grad, param_groups) of ``zero/optimizer_state.pt``."""
+
+    store: Any
+    step: torch.Tensor
+    optimizer: dict[str, Any]
+
+
+@contextmanager
+def open_old(src: Source) -> Iterator[OldState]:
+    """The parameters and optimizer state of ``src``: its native ZeRO shards read directly (memory-mapped), or its
+    universal files. Every tensor's element count is checked against ``src``'s config before anything is written.
 
     Raises:
-        CheckpointError: the conversion failed, or a file is missing, damaged or of another model.
+        CheckpointError: a shard or file is missing, damaged, of another model, or holds no Adam state.
     """
-    if src.universal:
-        conv = src.tag_dir
-    else:
-        t = time.perf_counter()
-        convert(src.tag_dir, dest, workers)
-        log(f"growlm-grow: ds_to_universal {src.tag_dir} ({time.perf_counter() - t:.1f} s)")
-        conv = dest
-    shapes = param_shapes(src.config)
-    adam_step(conv / "zero", list(shapes), src.zero_stage == 3)  # raises when no Adam state was saved
+    shapes, flat = param_shapes(src.config), src.zero_stage == 3
+    if not src.universal:
+        store = ZeroShardStore(src.tag_dir, shapes, zero_stage=src.zero_stage, world=src.state.world_size)
+        try:
+            yield OldState(store, store.adam_step(), store.optimizer_state())
+        finally:
+            store.close()
+        return
+    zero = src.tag_dir / "zero"
+    step = adam_step(zero, list(shapes), flat)  # raises when no Adam state was saved
     for name, shape in shapes.items():
         for key in ("fp32", "exp_avg", "exp_avg_sq"):
-            check_numel(conv / "zero" / name / f"{key}.pt", math.prod(shape), name)
-    return conv
+            check_numel(zero / name / f"{key}.pt", math.prod(shape), name)
+    yield OldState(UniversalStore(zero, shapes, flat=flat), step, read_optimizer_state(zero))
 
 
 def growth_record(src: Source, stage: Stage, prep: GrowthPrep, first_lr: float | None) -> dict[str, Any]:
@@ -208,41 +228,91 @@ def growth_record(src: Source, stage: Stage, prep: GrowthPrep, first_lr: float |
     }
 
 
-def write_grown(src: Source, conv: Path, new_tag: Path, stage: Stage, prep: GrowthPrep, log: Any) -> RunState:
-    """Write the grown universal tag folder ``new_tag`` from the converted ``conv``; returns its run state."""
-    state, step, flat = src.state, prep.step, src.zero_stage == 3
-    step_t = adam_step(conv / "zero", list(param_shapes(src.config)), flat)
-    old_store = UniversalStore(conv / "zero", param_shapes(src.config), flat=flat)
-    new_shapes = param_shapes(prep.plan.new)
-    new_store = UniversalStore(new_tag / "zero", new_shapes, flat=flat, step=step_t)
+def tied_aliases(src: Source) -> dict[str, str]:
+    """alias -> parameter of the tied weights (``lm_head.weight`` -> ``transformer.wte.weight``) that get a
+    weights-only folder, as ds_to_universal writes them: ZeRO-1/2 only."""
+    if src.zero_stage == 3:
+        return {}
+    if src.universal:
+        has = (src.tag_dir / "zero" / "lm_head.weight").is_dir()
+        return {"lm_head.weight": "transformer.wte.weight"} if has else {}
+    shared = checkpoint.safe_load(model_states_files(src.tag_dir)[0], "model states", mmap=True).get("shared_params")
+    return dict(shared or {})
+
+
+def first_lr(src: Source, prep: GrowthPrep | None) -> float | None:
+    """The LR of the first post-growth step when the growth places or re-warms the schedule; None leaves it to the
+    resuming run's config."""
+    if prep is None or not prep.schedule_changed:
+        return None
+    return float(src.state.ds_config["optimizer"]["params"]["lr"]) * prep.schedule.ratio(prep.step)
+
+
+def write_params(
+    src: Source, old: OldState, new_tag: Path, stage: Stage | None, prep: GrowthPrep | None, written: Written, log: Any
+) -> None:
+    """The per-parameter files of ``new_tag/zero`` (grown by ``prep``'s plan, or copied when ``prep`` is None), the
+    tied ``lm_head.weight`` alias ds_to_universal writes for ZeRO-1/2, and ``zero/optimizer_state.pt``."""
+    cfg = prep.plan.new if prep is not None else src.config
+    flat = src.zero_stage == 3
+    new_store = UniversalStore(new_tag / "zero", param_shapes(cfg), flat=flat, step=old.step, written=written)
     t = time.perf_counter()
-    apply_plan(prep.plan, old_store, new_store, stage.optimizer)
-    if (conv / "zero" / "lm_head.weight").is_dir():  # the tied alias ds_to_universal writes
-        new_store.write_tied("lm_head.weight", new_store.read_tensor("transformer.wte.weight", "fp32"))
-    log(f"growlm-grow: grew {len(prep.plan.rules)} parameters ({time.perf_counter() - t:.1f} s)")
-    lr, schedule = None, state.schedule
-    if prep.schedule_changed:  # else the resuming run's config decides the LR
-        lr = float(state.ds_config["optimizer"]["params"]["lr"]) * prep.schedule.ratio(step)
-        schedule = prep.schedule
-    write_optimizer_state(conv / "zero", new_tag / "zero", lr=lr, flat=flat, step=step_t)
-    new_state = replace(
+    if prep is not None:
+        apply_plan(prep.plan, old.store, new_store, stage.optimizer)
+    else:
+        for name in new_store.names():
+            new_store.write(name, old.store.read(name))
+    for alias, target in tied_aliases(src).items():  # what ds_to_universal writes for them (weights only)
+        new_store.write_tied(alias, new_store.read_tensor(target, "fp32"))
+    log(f"growlm-grow: wrote {len(new_store.names())} parameters ({time.perf_counter() - t:.1f} s)")
+    lr = first_lr(src, prep)
+    write_optimizer_state(old.optimizer, new_tag / "zero", lr=lr, flat=flat, step=old.step, written=written)
+
+
+def new_run_state(src: Source, stage: Stage | None, prep: GrowthPrep | None, stages_done: int | None) -> RunState:
+    """growlm_state.json of the output: universal, and when grown the new config, masks, schedule, history and
+    (``stages_done`` not None) the plan stages done (``growth_stage``)."""
+    state = replace(src.state, universal=True, zero_stage=src.zero_stage)
+    if prep is None:
+        return state
+    if stages_done is not None:
+        state = replace(state, growth_stage=stages_done)
+    return replace(
         state,
-        universal=True,
-        zero_stage=src.zero_stage,
-        schedule=schedule,
+        schedule=prep.schedule if prep.schedule_changed else state.schedule,
         model_config=prep.plan.new,
         growth_masks=prep.masks,
-        growth=[*state.growth, growth_record(src, stage, prep, lr)],
+        growth=[*state.growth, growth_record(src, stage, prep, first_lr(src, prep))],
     )
-    write_model_states(
-        conv,
-        new_tag,
-        shapes=new_shapes,
-        buffers=mask_buffers(prep.masks, prep.plan.new, step),
-        last_batch_iteration=prep.schedule.last_batch_iteration if prep.schedule is not None else None,
-        client_state=new_state.to_json(),
-    )
+
+
+def write_tag(
+    src: Source, new_tag: Path, stage: Stage | None, prep: GrowthPrep | None, log: Any, stages_done: int | None = None
+) -> RunState:
+    """Write the whole universal tag folder ``new_tag`` (parameters, metadata, RNG files, growlm_state.json and the
+    manifest) in one pass over the input; returns its run state."""
+    new_tag.mkdir(parents=True)
+    written = Written(new_tag)
+    cfg = prep.plan.new if prep is not None else src.config
+    new_state = new_run_state(src, stage, prep, stages_done)
+    try:
+        with open_old(src) as old:
+            write_params(src, old, new_tag, stage, prep, written, log)
+        write_model_states(
+            src.tag_dir,
+            new_tag,
+            shapes=param_shapes(cfg),
+            buffers=mask_buffers(prep.masks, cfg, prep.step) if prep is not None else None,
+            last_batch_iteration=prep.schedule.last_batch_iteration if prep and prep.schedule is not None else None,
+            client_state=new_state.to_json(),
+            written=written,
+        )
+    finally:
+        written.close()
     copy_rng_files(src.tag_dir, new_tag)
+    hold_point("grow.commit")  # test-only (runtime.crash_points): killed here, no output may appear
+    (new_tag / checkpoint.STATE_FILE).write_text(new_state.dumps())  # inside the uncommitted folder
+    write_manifest(new_tag, known=written.hashes)
     return new_state
 
 
@@ -254,13 +324,15 @@ def grow_checkpoint(
     seed: int = 0,
     overwrite: bool = False,
     target_zero_stage: int | None = None,
-    workers: int = 1,
     log: Any = print,
+    stages_done: int | None = None,
 ) -> Path:
     """Write the grown (``stage``) or only resharded (``stage`` None) checkpoint of ``src`` to ``out``.
 
     Returns:
         ``out`` (a checkpoint folder with ``latest``), loadable by ``train.py --resume out`` at any world size.
+        With ``stages_done`` (the plan's stages done once ``stage`` is, as growlm-run passes) the grown
+        growlm_state.json records it as ``growth_stage``, so ``train.py --growth_plan`` resumes at the next stage.
 
     Raises:
         CheckpointError, GrowthError, ManifestError: bad input, found before anything is written to ``out``.
@@ -271,20 +343,12 @@ def grow_checkpoint(
     check_output(out, src, overwrite)
     with atomic_dir(out, overwrite=overwrite) as tmp:
         new_tag = tmp / src.tag
-        if prep is None:  # reshard only: DeepSpeed's conversion (or a copy of a universal input) is the result
-            conv = converted(src, new_tag, workers, log)
-            if src.universal:
-                shutil.copytree(src.tag_dir, new_tag, ignore=shutil.ignore_patterns("growlm_manifest.json", ".tmp-*"))
-            else:
-                copy_rng_files(src.tag_dir, new_tag)
-            new_state = replace(src.state, universal=True, zero_stage=src.zero_stage)
+        if prep is None and src.universal:  # reshard of a universal checkpoint: a copy
+            shutil.copytree(src.tag_dir, new_tag, ignore=shutil.ignore_patterns("growlm_manifest.json", ".tmp-*"))
+            hold_point("grow.commit")  # test-only (runtime.crash_points): killed here, no output may appear
+            write_manifest(new_tag)
         else:
-            conv = converted(src, tmp / ".convert" / src.tag, workers, log)
-            new_state = write_grown(src, conv, new_tag, stage, prep, log)
-            shutil.rmtree(tmp / ".convert", ignore_errors=True)
-        hold_point("grow.commit")  # test-only (runtime.crash_points): killed here, no output may appear
-        (new_tag / checkpoint.STATE_FILE).write_text(new_state.dumps())  # inside the uncommitted folder
-        write_manifest(new_tag)
+            write_tag(src, new_tag, stage, prep, log, stages_done)
         (tmp / LATEST_UNIVERSAL).write_text(src.tag)
         (tmp / checkpoint.LATEST).write_text(src.tag)  # the pointer, last
     what = f"grown to {prep.plan.new.shape_str()}" if prep is not None else "resharded"

@@ -54,7 +54,9 @@ class Rule:
 class GrowthPlan:
     """An operator applied to one config: the grown config, a rule for every grown parameter, and (masked family)
     the masks the grown model needs. ``family`` is 'masked' or 'duplicate'; ``exact`` says whether the grown model
-    computes the same function (eval mode) as the old one."""
+    computes the same function (eval mode) as the old one. ``ramp_frac`` (masked family): the mask ramp's length as
+    a fraction of the run left at growth, resolved by ``ramp_length`` when the growth happens (None: the ramp is
+    ``masks.ramp_steps`` steps long)."""
 
     old: GPTConfig
     new: GPTConfig
@@ -63,6 +65,19 @@ class GrowthPlan:
     exact: bool = True
     masks: MaskSpec | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    ramp_frac: float | None = None
+
+
+def ramp_length(plan: GrowthPlan, remaining_steps: int | None) -> int:
+    """The mask ramp length in optimizer steps of a masked growth: ``plan.ramp_frac`` x ``remaining_steps`` (the
+    optimizer steps left in the run at growth, e.g. from its LR schedule), at least 1; the plan's fixed
+    ``masks.ramp_steps`` when it has no ramp_frac or the remaining run is unknown (None). 0 for a plan without
+    masks."""
+    if plan.masks is None:
+        return 0
+    if plan.ramp_frac is None or remaining_steps is None:
+        return plan.masks.ramp_steps
+    return max(1, round(plan.ramp_frac * remaining_steps))
 
 
 # ----- maps --------------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from growth.errors import GrowthError
-from growth.plan import GrowthPlan, check_plan
+from growth.plan import GrowthPlan, check_plan, ramp_length
 from growth.schedule import ScheduleRule, ScheduleState, place_schedule
 from model.config import GPTConfig
 from model.masks import MaskSpec
@@ -80,7 +80,8 @@ def prepare_growth(
         masks: the current model's masks (None when it has none or their ramp has ended).
         schedule: the current LR schedule (a WarmupCosineLR with its position and re-warm), or None without one.
         rule: where the LR schedule goes (growth.schedule.ScheduleRule).
-        ramp_steps: the new masks' ramp length in optimizer steps (default: the plan's).
+        ramp_steps: the new masks' ramp length in optimizer steps (default: the plan's, ``ramp_length``: its
+            ramp_frac of the steps the LR schedule has left, or its fixed ramp_steps without a schedule).
 
     Returns:
         GrowthPrep.
@@ -99,7 +100,9 @@ def prepare_growth(
     check_plan(plan)  # every grown parameter gets the grown config's shape (meta tensors, no memory)
     new_masks = None
     if plan.masks is not None:
-        new_masks = replace(plan.masks, start_step=step, ramp_steps=ramp_steps or plan.masks.ramp_steps)
+        placed = place_schedule(schedule, step, rule) if schedule is not None else None
+        remaining = None if placed is None else max(1, placed.total_num_steps - placed.last_batch_iteration)
+        new_masks = replace(plan.masks, start_step=step, ramp_steps=ramp_steps or ramp_length(plan, remaining))
         try:
             new_masks.check(plan.new)
         except ValueError as e:

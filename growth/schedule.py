@@ -27,8 +27,12 @@ from typing import Any
 from growth.errors import GrowthError
 
 SCHEDULE_RULES = ("target", "continue", "rewind")
+REWARM_FROM = ("zero", "current")
 # the position of a fresh schedule before optimizer step 1, and the lowest position a growth places it at
 FIRST_ITERATION = 1
+
+# attribute of a live WarmupCosineLR holding growlm's re-warm floor (DeepSpeed's scheduler has no such field)
+REWARM_FLOOR_ATTR = "growlm_rewarm_floor"
 
 # S' = S_small / constant_op (Shen et al. 2022's measured constants; DESIGN.md, "What growth carries")
 CONSTANT_OP = {"depth": 1.4, "width": 1.8, "both": 2.5}
@@ -54,18 +58,20 @@ def warmup_cosine_ratio(
     return max(0.0, cos_min_ratio + (1.0 - cos_min_ratio) * (1 + math.cos(math.pi * progress)) / 2)
 
 
-def rewarm_factor(steps_since_growth: int, rewarm_steps: int) -> float:
-    """Linear re-warm multiplier (j+1)/R for the j-th optimizer step after growth (j = 0 is the first post-growth
-    step, which must already use it), 1 from j = R - 1 on, and 1 when R = 0 or before the growth (j < 0)."""
+def rewarm_factor(steps_since_growth: int, rewarm_steps: int, floor: float = 0.0) -> float:
+    """Linear re-warm multiplier f + (1 - f) (j+1)/R for the j-th optimizer step after growth (j = 0 is the first
+    post-growth step, which must already use it; f = ``floor``, 0: from (1/R)), 1 from j = R - 1 on, and 1 when
+    R = 0 or before the growth (j < 0)."""
     if rewarm_steps <= 0 or steps_since_growth < 0:
         return 1.0
-    return min(1.0, (steps_since_growth + 1) / rewarm_steps)
+    return min(1.0, floor + (1.0 - floor) * (steps_since_growth + 1) / rewarm_steps)
 
 
 @dataclass(frozen=True)
 class ScheduleState:
     """A WarmupCosineLR schedule (its constructor arguments) at position ``last_batch_iteration``, plus growlm's
-    re-warm: ``rewarm_steps`` steps counted from Adam step ``rewarm_start`` (the growth's step; -1: none)."""
+    re-warm: ``rewarm_steps`` steps counted from Adam step ``rewarm_start`` (the growth's step; -1: none), starting
+    at ``rewarm_floor`` of the schedule's LR (``rewarm_factor``)."""
 
     total_num_steps: int
     warmup_num_steps: int
@@ -75,6 +81,7 @@ class ScheduleState:
     warmup_type: str = "log"
     rewarm_start: int = -1
     rewarm_steps: int = 0
+    rewarm_floor: float = 0.0
 
     def ratio(self, adam_step: int) -> float:
         """LR / peak LR for the next optimizer step, when ``adam_step`` steps have been taken."""
@@ -86,7 +93,12 @@ class ScheduleState:
             self.cos_min_ratio,
             self.warmup_type,
         )
-        return base * rewarm_factor(adam_step - self.rewarm_start, self.rewarm_steps if self.rewarm_start >= 0 else 0)
+        return base * self.rewarm(adam_step)
+
+    def rewarm(self, adam_step: int) -> float:
+        """The re-warm multiplier of the next optimizer step when ``adam_step`` steps have been taken (1: none)."""
+        steps = self.rewarm_steps if self.rewarm_start >= 0 else 0
+        return rewarm_factor(adam_step - self.rewarm_start, steps, self.rewarm_floor)
 
     @classmethod
     def of_scheduler(cls, s: object, rewarm_start: int = -1, rewarm_steps: int = 0) -> ScheduleState:
@@ -94,7 +106,8 @@ class ScheduleState:
         ``scheduler_kwargs``, with the given re-warm."""
         kwargs = {k: getattr(s, k) for k in ("total_num_steps", "warmup_num_steps", "last_batch_iteration",
                                               "warmup_min_ratio", "cos_min_ratio", "warmup_type")}  # fmt: skip
-        return cls(**kwargs, rewarm_start=rewarm_start, rewarm_steps=rewarm_steps)
+        floor = getattr(s, REWARM_FLOOR_ATTR, 0.0) if rewarm_start >= 0 else 0.0  # set by apply_schedule
+        return cls(**kwargs, rewarm_start=rewarm_start, rewarm_steps=rewarm_steps, rewarm_floor=floor)
 
     def scheduler_kwargs(self) -> dict[str, object]:
         """Arguments for ``deepspeed.runtime.lr_schedules.WarmupCosineLR`` (except the optimizer)."""
@@ -115,7 +128,11 @@ class ScheduleRule:
     'target' (staged training, Shen et al. 2022 section 3.3): the grown model joins the *target* model's schedule
     (``total_num_steps`` / ``warmup_num_steps`` when given, else the current ones) at lbi' = round(lbi /
     constant_op), and re-warms linearly over ``rewarm_steps``. 'continue' (MSG): same schedule, same position.
-    'rewind': back to the peak (lbi' = warmup_num_steps). Any rule may re-warm.
+    'rewind': back to the peak (lbi' = warmup_num_steps). Any rule may re-warm: ``rewarm_from`` 'zero' ramps the
+    LR linearly from 1/R of the placed schedule's LR ((j+1)/R); 'current' from the LR the run had before the growth
+    (never above the placed LR), so the first post-growth step trains at the LR the old schedule gave instead of
+    collapsing to 1/R of it (DESIGN.md, "Growth dynamics": the duplication operators preserve the training dynamics,
+    a ratio of 1.0-1.1, so they need no re-warm from zero).
     """
 
     kind: str = "continue"
@@ -123,6 +140,7 @@ class ScheduleRule:
     rewarm_steps: int = 0
     total_num_steps: int | None = None
     warmup_num_steps: int | None = None
+    rewarm_from: str = "zero"
 
     def __post_init__(self) -> None:
         if self.kind not in SCHEDULE_RULES:
@@ -131,6 +149,8 @@ class ScheduleRule:
             raise GrowthError(f"constant_op={self.constant_op} must be > 0 (e.g. 1.4 depth, 1.8 width, 2.5 both)")
         if self.rewarm_steps < 0:
             raise GrowthError(f"rewarm_steps={self.rewarm_steps} must be >= 0")
+        if self.rewarm_from not in REWARM_FROM:
+            raise GrowthError(f"unknown rewarm_from {self.rewarm_from!r}; use one of {REWARM_FROM}")
 
 
 def place_schedule(sched: ScheduleState, adam_step: int, rule: ScheduleRule) -> ScheduleState:
@@ -151,14 +171,20 @@ def place_schedule(sched: ScheduleState, adam_step: int, rule: ScheduleRule) -> 
     elif rule.kind == "rewind":
         lbi = warmup
     lbi = max(lbi, FIRST_ITERATION)  # never back to a position of LR 0 (lbi -1, or 0 with warmup_min_ratio 0)
-    return replace(
+    placed = replace(
         sched,
         total_num_steps=total,
         warmup_num_steps=warmup,
         last_batch_iteration=lbi,
         rewarm_start=adam_step if rule.rewarm_steps > 0 else -1,
         rewarm_steps=rule.rewarm_steps,
+        rewarm_floor=0.0,
     )
+    if rule.rewarm_steps > 0 and rule.rewarm_from == "current":
+        new_base = replace(placed, rewarm_start=-1).ratio(adam_step)
+        floor = 1.0 if new_base <= 0 else min(1.0, sched.ratio(adam_step) / new_base)
+        placed = replace(placed, rewarm_floor=floor)
+    return placed
 
 
 def checkpoint_schedule(saved: dict | None, ds_config: dict | None, lbi: int) -> ScheduleState | None:
@@ -212,7 +238,8 @@ def apply_schedule(engine: Any, sched: ScheduleState, adam_step: int) -> float:
     s.inverse_log_warm_up = 1.0 / math.log(s.warmup_num_steps)  # DeepSpeed derives it once, in its constructor
     s.warmup_type, s.warmup_min_ratio, s.cos_min_ratio = sched.warmup_type, sched.warmup_min_ratio, sched.cos_min_ratio
     s.last_batch_iteration = sched.last_batch_iteration
-    factor = rewarm_factor(adam_step - sched.rewarm_start, sched.rewarm_steps if sched.rewarm_start >= 0 else 0)
+    setattr(s, REWARM_FLOOR_ATTR, sched.rewarm_floor)  # so that engine_schedule reads the floor back
+    factor = sched.rewarm(adam_step)
     lrs = [lr * factor for lr in s.get_lr()] if s.last_batch_iteration >= 0 else [0.0 for _ in s.get_lr()]
     for group, lr in zip(s.optimizer.param_groups, lrs, strict=True):
         group["lr"] = lr
@@ -239,7 +266,7 @@ def apply_rewarm(engine: Any, sched: ScheduleState, adam_step: int) -> None:
     Call after every optimizer step; ``adam_step`` is the number of steps taken."""
     if sched.rewarm_start < 0 or adam_step - sched.rewarm_start >= sched.rewarm_steps:
         return
-    factor = rewarm_factor(adam_step - sched.rewarm_start, sched.rewarm_steps)
+    factor = sched.rewarm(adam_step)
     s = engine.lr_scheduler  # set, not multiply: an fp16 overflow skips scheduler.step() but not this call
     for group, lr in zip(s.optimizer.param_groups, s.get_lr(), strict=True):
         group["lr"] = lr * factor

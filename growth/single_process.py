@@ -7,12 +7,13 @@ without.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from growth.errors import GrowthError
-from growth.schedule import ScheduleState
+from growth.schedule import REWARM_FLOOR_ATTR, ScheduleState
 from growth.state import TrainingState
 from growth.stores import DictStore, ModuleStore
 from model.gpt import GPT
@@ -33,6 +34,7 @@ def make_scheduler(optimizer: torch.optim.Optimizer, sched: ScheduleState, adam_
 
     peaks = [g["lr"] for g in optimizer.param_groups]
     scheduler = WarmupCosineLR(optimizer, **sched.scheduler_kwargs())
+    setattr(scheduler, REWARM_FLOOR_ATTR, sched.rewarm_floor)
     ratio = sched.ratio(adam_step)
     for g, peak in zip(optimizer.param_groups, peaks, strict=True):
         g["lr"] = peak * ratio
@@ -68,7 +70,8 @@ def from_modules(
     hp["weight_decay"] = max(g["weight_decay"] for g in optimizer.param_groups)
     if scheduler is not None:
         rewarm = (schedule.rewarm_start, schedule.rewarm_steps) if schedule is not None else (-1, 0)
-        schedule = ScheduleState.of_scheduler(scheduler, *rewarm)
+        floor = schedule.rewarm_floor if schedule is not None else 0.0
+        schedule = replace(ScheduleState.of_scheduler(scheduler, *rewarm), rewarm_floor=floor)
     return TrainingState(
         config=model.config,
         params=params.params,

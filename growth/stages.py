@@ -9,9 +9,11 @@ chain when loaded (``load_stages`` -> ``StageList``). Each stage builds its per-
         family: masked                              # masked | duplicate
         options: {layer_order: stack}               # operator options (growth.ops.make_plan)
         when: {step: 2000}                          # or {tokens: 4.0e7}, or {slope: auto} / {slope: -0.05}
-        ramp_steps: 500                             # masked family: mask ramp length (optimizer steps)
+        ramp_steps: 500                             # masked family: mask ramp length (optimizer steps), or
+        ramp_frac: 0.25                             #   a fraction of the run left at growth (the default)
         optimizer: {moments: carry, fresh_exp_avg_sq: mean}
         schedule: {kind: continue, rewarm_steps: 0} # growth.schedule.ScheduleRule fields
+        resources: {ranks_per_node: 2, grad_accum: 1}  # optional, also in start: where it runs (growth.resources)
 
 Every stage's operator plan is built when the file is loaded, so a target the family cannot reach fails here, with
 the stage named, before any training starts.
@@ -30,6 +32,7 @@ from growth.apply import OptimizerPolicy
 from growth.errors import GrowthError
 from growth.ops import make_plan
 from growth.plan import GrowthPlan
+from growth.resources import Resources, parse_resources
 from growth.schedule import CONSTANT_OP, ScheduleRule
 from growth.trigger import SLOPE_THRESHOLDS
 from model.config import GPTConfig, from_preset
@@ -57,16 +60,21 @@ class Stage:
     when: Trigger
     options: dict[str, Any] = field(default_factory=dict)
     ramp_steps: int = 0
+    ramp_frac: float | None = None
     optimizer: OptimizerPolicy = field(default_factory=OptimizerPolicy)
     schedule: ScheduleRule = field(default_factory=ScheduleRule)
+    resources: Resources = field(default_factory=Resources)  # where it runs (growth.resources)
 
     def plan(self, current: GPTConfig, seed: int = 0) -> GrowthPlan:
         """The operator plan of this stage from ``current`` (the previous stage's shape)."""
         opts = dict(self.options)
-        if self.family == "masked":
+        if self.family == "masked" or opts.get("symmetry") == "noise":
             opts.setdefault("seed", seed)
+        if self.family == "masked":
             if self.ramp_steps:
                 opts["ramp_steps"] = self.ramp_steps
+            if self.ramp_frac is not None:
+                opts["ramp_frac"] = self.ramp_frac
         return make_plan(current, self.target, self.family, **opts)
 
 
@@ -78,6 +86,7 @@ class StageList:
     start: GPTConfig
     stages: tuple[Stage, ...]
     seed: int = 0
+    resources: Resources = field(default_factory=Resources)  # where the start shape runs (growth.resources)
 
 
 def _config(base: GPTConfig | None, d: dict[str, Any], where: str) -> GPTConfig:
@@ -114,20 +123,28 @@ def parse_stages(doc: dict[str, Any]) -> StageList:
     Raises:
         GrowthError: a missing or unknown key, a shape that is invalid (e.g. n_embd not divisible by n_head) or that
             the stage's family cannot reach from the previous stage (shrinking, head-dim change, ...), triggers that
-            do not increase, or a stage that starts while the previous stage's mask ramp is still running.
+            do not increase, a stage that starts while the previous stage's mask ramp is still running, or a stage
+            name that repeats one or holds '/' or '..'.
     """
     unknown = set(doc) - {"seed", "start", "stages"}
     if unknown or "start" not in doc or not doc.get("stages"):
         raise GrowthError(f"a plan needs 'start' and a non-empty 'stages' (optional 'seed'); unknown keys {unknown}")
     seed = int(doc.get("seed", 0))
-    current = _config(None, doc["start"], "start")
+    start_doc = dict(doc["start"]) if isinstance(doc["start"], dict) else doc["start"]
+    start_raw = start_doc.pop("resources", None) if isinstance(start_doc, dict) else None
+    res = start_res = parse_resources(start_raw, None, "start")  # where each stage runs: growth.resources
+    current = _config(None, start_doc, "start")
     start, stages = current, []
     last: dict[str, float] = {}
     ramp_end_step = None
     for i, raw in enumerate(doc["stages"]):
         name = raw.get("name", f"stage {i}")
         where = f"stage {name!r}"
-        extra = set(raw) - {"name", "target", "family", "options", "when", "ramp_steps", "optimizer", "schedule"}
+        if not isinstance(name, str) or not name or "/" in name or ".." in name or name in (s.name for s in stages):
+            raise GrowthError(f"{where}: stage names must be unique non-empty strings without '/' or '..'; rename it")
+        extra = set(raw) - {"name", "target", "family", "options", "when", "ramp_steps", "ramp_frac", "optimizer",
+                            "schedule"}  # fmt: skip
+        extra -= {"resources"}
         if extra or "target" not in raw or "family" not in raw or "when" not in raw:
             raise GrowthError(f"{where} needs target, family and when; unknown keys {sorted(extra)}")
         target = _config(current, raw["target"], where)
@@ -155,18 +172,22 @@ def parse_stages(doc: dict[str, Any]) -> StageList:
             when=Trigger(kind, value),
             options=dict(raw.get("options") or {}),
             ramp_steps=int(raw.get("ramp_steps", 0)),
+            ramp_frac=None if raw.get("ramp_frac") is None else float(raw["ramp_frac"]),
             optimizer=_sub(OptimizerPolicy, raw.get("optimizer"), where),
             schedule=_sub(ScheduleRule, sched, where),
+            resources=parse_resources(raw.get("resources"), res, where),
         )
+        res = stage.resources
         try:
             plan = stage.plan(current, seed)
         except GrowthError as e:
             raise GrowthError(f"{where}: {e}") from e
         last[kind] = value
-        ramp_end_step = int(value) + plan.masks.ramp_steps if (plan.masks is not None and kind == "step") else None
+        fixed_ramp = plan.masks is not None and plan.ramp_frac is None and kind == "step"  # ramp_frac: known later
+        ramp_end_step = int(value) + plan.masks.ramp_steps if fixed_ramp else None
         stages.append(stage)
         current = target
-    return StageList(start=start, stages=tuple(stages), seed=seed)
+    return StageList(start=start, stages=tuple(stages), seed=seed, resources=start_res)
 
 
 def load_stages(path: str | Path) -> StageList:

@@ -68,3 +68,54 @@ def first_trigger_index(
         if slope_trigger(compute_flops[:i], losses[:i], threshold, window, beta):
             return i - 1
     return None
+
+
+def _rate(compute_flops: Sequence[float], losses: Sequence[float], i: int, window: int, beta: float) -> float | None:
+    """-dL/dC (nats per FLOP) of the smoothed curve at evaluation i: -slope * L / C from the log-log slope over the
+    last min(window, i + 1) points (None with fewer than 3)."""
+    w = min(window, i + 1)
+    if w < 3:
+        return None
+    slope = loglog_slope(compute_flops[: i + 1], losses[: i + 1], w, beta)
+    return -slope * smooth(losses[: i + 1], beta)[-1] / compute_flops[i]
+
+
+def equal_rate_threshold(
+    small_flops: Sequence[float],
+    small_losses: Sequence[float],
+    target_flops: Sequence[float],
+    target_losses: Sequence[float],
+    window: int = 10,
+    beta: float = 0.9,
+) -> tuple[float, int]:
+    """A slope-trigger threshold derived from a run's own curves instead of GPT-2 constants (Shen et al. 2022,
+    section 4: grow once the small model's loss falls more slowly per FLOP than the target model's does at the same
+    loss). The small model's rate at evaluation i is -dL/dC of its smoothed curve; the target's is taken at the
+    first of its evaluations whose smoothed loss is at or below the small model's. The threshold is the small curve's
+    smoothed log-log slope (``loglog_slope``, same window and beta as the live trigger) at the first i where its rate
+    is at most the target's, so ``slope_trigger`` fed the same evaluations fires there.
+
+    Args:
+        small_flops, small_losses: the small model's evaluations before any growth (FLOPs, nats/token), at the
+            evaluation cadence the live trigger will see.
+        target_flops, target_losses: the scratch target run's evaluations.
+
+    Returns:
+        (threshold, i): i is the equal-rate evaluation, or the last one when the rates never meet (grow at the end
+        of the curve given).
+
+    Raises:
+        GrowthError: fewer than ``window`` small-model evaluations.
+    """
+    if len(small_losses) < max(window, 2):
+        raise GrowthError(f"need at least window={window} small-model evaluations, have {len(small_losses)}")
+    target_s = smooth(target_losses, beta)
+    small_s = smooth(small_losses, beta)
+    for i in range(window - 1, len(small_losses)):
+        j = next((k for k, v in enumerate(target_s) if v <= small_s[i]), None)
+        r_small = _rate(small_flops, small_losses, i, window, beta)
+        r_target = None if j is None else _rate(target_flops, target_losses, j, window, beta)
+        if r_small is not None and r_target is not None and r_small <= r_target:
+            return loglog_slope(small_flops[: i + 1], small_losses[: i + 1], window, beta), i
+    i = len(small_losses) - 1
+    return loglog_slope(small_flops, small_losses, window, beta), i

@@ -13,18 +13,23 @@ ZeRO-1/2 store ``{"param": tensor of the parameter's shape, "cat_dim": 0}`` per 
 loaders never read the module weights of ``*model_states.pt`` (weights come from ``fp32.pt``), and the ZeRO-3 loader
 does not check sizes, so this module checks every tensor's element count against the config itself.
 
-Only this module and runtime/checkpoint.py know DeepSpeed's file layout; ``ds_to_universal`` runs as a
-subprocess (its worker pools and memory stay out of the caller).
+Only this module, growth/zero_shards.py (the native ZeRO shards) and runtime/checkpoint.py know DeepSpeed's file
+layout. growlm-grow writes universal checkpoints itself (growth/offline.py); ``convert`` runs DeepSpeed's own
+``ds_to_universal`` as a subprocess (its worker pools and memory stay out of the caller) for the tests and the
+benchmark that compare against it. Every file written here can be hashed while it is written (``Written``), so the
+checkpoint's manifest (runtime.manifest) does not read the files a second time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import shutil
 import subprocess
 import sys
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +54,104 @@ def load_file(path: Path, what: str) -> Any:
     return safe_load(path, what, mmap=True)
 
 
+_MAX_OPEN = 64  # files written but not yet fsynced (open descriptors) at most
+_MAX_QUEUED = 3  # files handed to the writer thread and not yet written (one parameter's fp32, exp_avg, exp_avg_sq)
+
+
+class Written:
+    """The files written into one tag folder, off the caller's thread: a writer thread saves each object (while the
+    caller computes the next parameter; torch ops, file writes and hashing release the GIL) and records the file's
+    size and sha256, computed while it is written (for runtime.manifest.write_manifest(known=...), which then does
+    not read the files again); a second thread fsyncs each written file, so the final sync of
+    runtime.atomic.commit_dir finds them already on disk. At most ``_MAX_QUEUED`` objects wait for the writer
+    (memory: a few tensors of the largest parameter). ``wait()`` before reading a written file or writing the
+    manifest; it re-raises an error of either thread.
+
+    Args:
+        tag_dir: the tag folder the recorded paths are relative to.
+    """
+
+    def __init__(self, tag_dir: Path) -> None:
+        self.tag_dir = Path(tag_dir)
+        self.hashes: dict[str, tuple[int, str]] = {}
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="growlm-write")
+        self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="growlm-fsync")
+        self._queued: list[Future] = []
+        self._syncing: list[Future] = []
+
+    def save(self, obj: Any, path: Path) -> None:
+        """Queue ``torch.save(obj, path)`` (hashed while written, then fsynced); ``obj`` must not change after."""
+        self._queued.append(self._writer.submit(self._save_now, obj, Path(path)))
+        while len(self._queued) > _MAX_QUEUED:
+            self._queued.pop(0).result()
+
+    def _save_now(self, obj: Any, path: Path) -> None:
+        """Writer thread: save, hash and flush one file, then hand it to the fsync thread."""
+        f = open(path, "wb")  # noqa: SIM115 (closed by the fsync thread)
+        try:
+            h = _HashingFile(f)
+            torch.save(obj, h)
+            f.flush()
+        except BaseException:
+            f.close()
+            raise
+        self.hashes[path.relative_to(self.tag_dir).as_posix()] = (h.nbytes, h.sha.hexdigest())
+        self._syncing.append(self._syncer.submit(_fsync_close, f))
+        while len(self._syncing) > _MAX_OPEN:  # each pending fsync holds a file descriptor open
+            self._syncing.pop(0).result()
+
+    def wait(self) -> None:
+        """Wait until every queued file is written and fsynced; raises the first error of the threads."""
+        try:
+            for fut in self._queued:
+                fut.result()
+        finally:
+            self._queued.clear()
+        try:
+            for fut in list(self._syncing):
+                fut.result()
+        finally:
+            self._syncing.clear()
+
+    def close(self) -> None:
+        """Wait for the writes and fsyncs and stop both threads."""
+        try:
+            self.wait()
+        finally:
+            self._writer.shutdown()
+            self._syncer.shutdown()
+
+
+def _fsync_close(f: Any) -> None:
+    try:
+        os.fsync(f.fileno())
+    finally:
+        f.close()
+
+
+class _HashingFile:
+    """A binary file object that hashes (sha256) and counts the bytes written through it."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.sha, self.nbytes = f, hashlib.sha256(), 0
+
+    def write(self, data: Any) -> int:
+        self.sha.update(data)
+        self.nbytes += len(memoryview(data).cast("B"))
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def save(obj: Any, path: Path, written: Written | None = None) -> None:
+    """``torch.save(obj, path)``, through ``written`` (hashed while written, fsynced in the background) if given."""
+    if written is None:
+        torch.save(obj, path)
+    else:
+        written.save(obj, path)
+
+
 def _owned(t: Tensor) -> Tensor:
     """``t`` detached, contiguous, and owning exactly its storage (torch.save writes a view's whole storage)."""
     t = t.detach().contiguous()
@@ -65,18 +168,26 @@ class UniversalStore:
         shapes: name -> shape of every parameter (growth.plan.param_shapes of the config), in the model's order.
         flat: ZeRO-3 layout (bare flat tensors, no step.pt) instead of ZeRO-1/2 (dicts, step.pt).
         step: the Adam step tensor written as ``step.pt`` (ZeRO-1/2 writes).
+        written: the output's ``Written`` (hash while writing, background fsync); None: plain torch.save.
 
     Reads return fp32 tensors of ``shapes[name]``; writes refuse another shape. Reading raises CheckpointError for
     a missing, unreadable or wrongly sized file (a checkpoint of another model, a truncated file).
     """
 
     def __init__(
-        self, zero_dir: str | os.PathLike, shapes: dict[str, tuple[int, ...]], *, flat: bool, step: Tensor | None = None
+        self,
+        zero_dir: str | os.PathLike,
+        shapes: dict[str, tuple[int, ...]],
+        *,
+        flat: bool,
+        step: Tensor | None = None,
+        written: Written | None = None,
     ) -> None:
         self.zero_dir = Path(zero_dir)
         self.shapes = dict(shapes)
         self.flat = flat
         self.step = step
+        self.written = written
 
     def names(self) -> list[str]:
         return list(self.shapes)
@@ -85,6 +196,8 @@ class UniversalStore:
         """One of fp32 / exp_avg / exp_avg_sq of ``name``, as an fp32 tensor of the parameter's shape."""
         shape = self.shapes[name]
         path = self.zero_dir / name / f"{key}.pt"
+        if self.written is not None:
+            self.written.wait()  # the file may still be queued for writing
         obj = load_file(path, f"{key} of {name}")
         t = obj.get("param") if isinstance(obj, dict) else obj
         if not isinstance(t, Tensor):
@@ -110,17 +223,20 @@ class UniversalStore:
         folder.mkdir(parents=True, exist_ok=True)
         for key, t in zip(MOMENT_KEYS, state, strict=True):
             t = _owned(t.to(torch.float32))
-            torch.save(t.reshape(-1) if self.flat else {"cat_dim": 0, "param": t}, folder / f"{key}.pt")
+            self._save(t.reshape(-1) if self.flat else {"cat_dim": 0, "param": t}, folder / f"{key}.pt")
         if not self.flat:
             step = self.step if self.step is not None else torch.tensor(0.0)
-            torch.save(step.clone(), folder / "step.pt")
+            self._save(step.clone(), folder / "step.pt")
+
+    def _save(self, obj: Any, path: Path) -> None:
+        save(obj, path, self.written)
 
     def write_tied(self, name: str, weight: Tensor) -> None:
         """A weights-only folder for a tied alias (``lm_head.weight``), as ds_to_universal writes it."""
         folder = self.zero_dir / name
         folder.mkdir(parents=True, exist_ok=True)
         w = _owned(weight.to(torch.float32))
-        torch.save(w.reshape(-1) if self.flat else {"param": w}, folder / "fp32.pt")
+        self._save(w.reshape(-1) if self.flat else {"param": w}, folder / "fp32.pt")
 
     def release(self, name: str) -> None:
         pass
@@ -226,31 +342,46 @@ def write_model_states(
     dst_tag: Path,
     *,
     shapes: dict[str, tuple[int, ...]],
-    buffers: dict[str, Tensor],
+    buffers: dict[str, Tensor] | None,
     last_batch_iteration: int | None,
     client_state: dict[str, Any],
+    written: Written | None = None,
 ) -> None:
-    """Copy every ``*model_states.pt`` of ``src_tag`` into ``dst_tag`` for the grown model: ``module`` holds only the
-    grown model's buffers (growth masks; universal loading takes weights from zero/), ``param_shapes`` the grown
-    shapes, ``lr_scheduler`` the placed position, ``growlm`` the new training state. Read memory-mapped, so the old
-    module weights of ZeRO-1/2 files are never brought into memory."""
+    """Copy every ``*model_states.pt`` of ``src_tag`` into ``dst_tag`` for the grown (or resharded) model: ``module``
+    holds only the model's buffers (``buffers``, the growth masks; None keeps each file's own buffers): universal
+    loading takes the weights from zero/; ``param_shapes`` the new shapes, ``lr_scheduler`` the placed position,
+    ``growlm`` the new training state. Read memory-mapped, so the old module weights of ZeRO-1/2 files are never
+    brought into memory (nor copied: a 51M-parameter fp32 model's 204 MB). ``written``: see ``save``."""
     for src in model_states_files(src_tag):
         sd = load_file(src, "model states")
+        if buffers is None:
+            own = {k: v for k, v in (sd.get("module") or {}).items() if k in set(sd.get("buffer_names") or [])}
         sd = {k: v for k, v in sd.items() if k != "module"}
-        sd["module"] = OrderedDict((k, _owned(v)) for k, v in buffers.items())
-        sd["buffer_names"] = list(buffers)
+        keep = own if buffers is None else buffers
+        sd["module"] = OrderedDict((k, _owned(v)) for k, v in keep.items())
+        sd["buffer_names"] = list(keep)
         sd["param_shapes"] = param_shape_groups(shapes)
         if last_batch_iteration is not None and isinstance(sd.get("lr_scheduler"), dict):
             sd["lr_scheduler"] = {**sd["lr_scheduler"], "last_batch_iteration": last_batch_iteration}
         sd["growlm"] = client_state
-        torch.save(sd, dst_tag / src.name)
+        save(sd, dst_tag / src.name, written)
 
 
-def write_optimizer_state(src_zero: Path, dst_zero: Path, *, lr: float | None, flat: bool, step: Tensor) -> None:
-    """``zero/optimizer_state.pt`` for the grown model: the loss scaler and hyperparameters carried, the LR of the
-    first post-growth step set (``lr``; None keeps the saved one). For ZeRO-3 the old rank-0 partition tensors that
-    ds_to_universal leaves in this file (old shapes) are dropped; only the Adam step the loader reads is kept."""
-    sd = load_file(src_zero / OPTIMIZER_STATE, "optimizer global state")
+def read_optimizer_state(zero_dir: Path) -> dict[str, Any]:
+    """``zero/optimizer_state.pt`` of a universal checkpoint (loss scaler, clip_grad, param_groups, ...).
+
+    Raises:
+        CheckpointError: the file is missing or damaged."""
+    return dict(load_file(Path(zero_dir) / OPTIMIZER_STATE, "optimizer global state"))
+
+
+def write_optimizer_state(
+    sd: dict[str, Any], dst_zero: Path, *, lr: float | None, flat: bool, step: Tensor, written: Written | None = None
+) -> None:
+    """``zero/optimizer_state.pt`` from the saved global optimizer state ``sd`` (``read_optimizer_state``, or
+    growth.zero_shards.ZeroShardStore.optimizer_state): the loss scaler and hyperparameters carried, the LR of the
+    first post-growth step set (``lr``; None keeps the saved one). For ZeRO-3 any old rank-0 partition tensors (old
+    shapes) are dropped; only the Adam step the loader reads is kept. ``written``: see ``save``."""
     sd = dict(sd)
 
     def set_lr(groups: list[dict]) -> list[dict]:
@@ -259,6 +390,7 @@ def write_optimizer_state(src_zero: Path, dst_zero: Path, *, lr: float | None, f
     if flat:
         osd = sd["optimizer_state_dict"]
         groups = set_lr(osd["param_groups"])
+        sd.pop("fp32_flat_groups", None)
         sd["optimizer_state_dict"] = {
             "state": {i: {"step": step.clone()} for i in range(len(groups))},
             "param_groups": groups,
@@ -266,4 +398,4 @@ def write_optimizer_state(src_zero: Path, dst_zero: Path, *, lr: float | None, f
     else:
         sd["param_groups"] = set_lr(sd["param_groups"])
     dst_zero.mkdir(parents=True, exist_ok=True)
-    torch.save(sd, dst_zero / OPTIMIZER_STATE)
+    save(sd, dst_zero / OPTIMIZER_STATE, written)

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,17 +72,21 @@ class LaunchResult:
         return "".join(f"--- rank {i}\n{o}" for i, o in enumerate(self.outputs))
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    """SIGKILL the process group of ``proc`` (the rank and anything it started), if it is still there."""
+def kill_group(pgid: int) -> None:
+    """SIGKILL process group ``pgid`` (a process started in its own session, ``pgid`` = its PID, and anything it
+    started), if it is still there."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
 
-def _wait(procs: list[subprocess.Popen], timeout_s: float, grace_s: float) -> tuple[list[int], list[int], bool]:
-    """Reap every process: (exit codes, peak RSS in bytes, timed out). Kills the rest ``grace_s`` after the first
-    failure, or all at ``timeout_s``."""
+def wait_procs(
+    procs: Sequence[subprocess.Popen], timeout_s: float, grace_s: float, poll: Callable[[], None] | None = None
+) -> tuple[list[int], list[int], bool]:
+    """Reap every process: (exit codes, peak RSS in bytes, timed out). Kills the rest (their process groups)
+    ``grace_s`` seconds after the first failure, or all at ``timeout_s`` (``math.inf``: never); ``poll`` is called
+    every 0.05 s while any runs."""
     codes: list[int | None] = [None] * len(procs)
     rss = [0] * len(procs)
     deadline, kill_at, timed_out = time.monotonic() + timeout_s, None, False
@@ -101,10 +105,12 @@ def _wait(procs: list[subprocess.Popen], timeout_s: float, grace_s: float) -> tu
         if timed_out or (kill_at is not None and now > kill_at):
             for i, p in enumerate(procs):
                 if codes[i] is None:
-                    _kill(p)
+                    kill_group(p.pid)
                     _, status, usage = os.wait4(p.pid, 0)
                     codes[i] = p.returncode = os.waitstatus_to_exitcode(status)
                     rss[i] = usage.ru_maxrss * 1024
+        if poll is not None:
+            poll()
         time.sleep(0.05)
     return [int(c) for c in codes], rss, timed_out
 
@@ -157,11 +163,11 @@ def launch_ranks(
                             per_rank[r], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
                         )
                     )
-            codes, rss, timed_out = _wait(procs, timeout_s, grace_s)
+            codes, rss, timed_out = wait_procs(procs, timeout_s, grace_s)
         finally:
             for p in procs:  # an exception (KeyboardInterrupt) while waiting: leave no rank behind
                 if p.returncode is None:
-                    _kill(p)
+                    kill_group(p.pid)
                     p.wait()
         outputs = [(logs / f"rank{r}.log").read_text(errors="replace") for r in range(nproc)]
     return LaunchResult(codes, outputs, rss, timed_out, Path(log_dir) if log_dir is not None else None)

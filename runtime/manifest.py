@@ -33,14 +33,18 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_manifest(tag_dir: str | os.PathLike) -> Path:
-    """Hash every file under ``tag_dir`` (except the manifest) and write ``growlm_manifest.json`` atomically."""
-    tag_dir = Path(tag_dir)
+def write_manifest(tag_dir: str | os.PathLike, known: dict[str, tuple[int, str]] | None = None) -> Path:
+    """Hash every file under ``tag_dir`` (except the manifest) and write ``growlm_manifest.json`` atomically.
+
+    ``known``: relative path -> (bytes, sha256) of files hashed while they were written (growth.universal.save);
+    such a file is not read again when its size still matches."""
+    tag_dir, known = Path(tag_dir), known or {}
     files = {}
     for p in sorted(tag_dir.rglob("*")):
         if p.is_file() and p.name != MANIFEST_FILE and not p.name.startswith(TMP_PREFIX):
-            rel = p.relative_to(tag_dir).as_posix()
-            files[rel] = {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+            rel, size = p.relative_to(tag_dir).as_posix(), p.stat().st_size
+            digest = known[rel][1] if rel in known and known[rel][0] == size else file_sha256(p)
+            files[rel] = {"bytes": size, "sha256": digest}
     out = tag_dir / MANIFEST_FILE
     return write_text(out, json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1), overwrite=True)
 

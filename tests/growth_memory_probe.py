@@ -66,6 +66,17 @@ def alive(wrefs: dict[str, weakref.ref]) -> list[str]:
     return [k for k, r in wrefs.items() if r() is not None]
 
 
+def live_tensor_bytes() -> int:
+    """Bytes of every tensor storage reachable from Python objects (each storage once), after a collection."""
+    gc.collect()
+    storages: dict[int, int] = {}
+    for o in gc.get_objects():
+        if isinstance(o, torch.Tensor) and not o.is_meta:
+            st = o.untyped_storage()
+            storages[st.data_ptr()] = max(storages.get(st.data_ptr(), 0), st.nbytes())
+    return sum(storages.values())
+
+
 def live_gpts() -> int:
     gc.collect()
     return sum(isinstance(o, GPT) for o in gc.get_objects())
@@ -106,8 +117,16 @@ else:
         train_step(engine)
     gpts = live_gpts()
 rss_after = rss_bytes()
+tensors = {}
+if mode == "grow":  # the grown engine's tensors against a fresh engine of the same shape, after one step each
+    tensors["grown"] = live_tensor_bytes()
+    release_engine(engine)
+    del engine
+    engine = build_engine(config(*SHAPES[-1]), None, ds_cfg)
+    train_step(engine)
+    tensors["fresh"] = live_tensor_bytes()
 mine = {"rank": info.rank, "left_alive": left_alive, "live_gpts": gpts, "rss_start": rss_start,
-        "rss_before": rss_before, "rss_after": rss_after, "growths": growths}  # fmt: skip
+        "rss_before": rss_before, "rss_after": rss_after, "growths": growths, "tensor_bytes": tensors}  # fmt: skip
 ranks = [None] * info.world_size
 dist.all_gather_object(ranks, mine)
 if info.rank == 0:

@@ -47,6 +47,10 @@ if family == "masked":  # every dimension at once, FFN to a size that is no mult
     new_cfg = GPTConfig(n_layer=2, n_embd=48, n_head=3, n_inner=160, n_positions=16, vocab_size=97)
     plan = make_plan(old_cfg, new_cfg, "masked", seed=3, ramp_steps=3)
     policy = OptimizerPolicy(moments="carry", fresh_exp_avg_sq="mean")
+elif family == "depth":  # depth x2 alone: at ZeRO-3 every rule is applied from the rank's own partition
+    new_cfg = GPTConfig(n_layer=2, n_embd=32, n_head=2, n_positions=16, vocab_size=97)
+    plan = make_plan(old_cfg, new_cfg, "duplicate")
+    policy = OptimizerPolicy(moments="carry")
 else:  # staged training: width x2 then depth x2 (exact)
     new_cfg = GPTConfig(n_layer=2, n_embd=64, n_head=4, n_positions=16, vocab_size=97)
     plan = make_plan(old_cfg, new_cfg, "duplicate")
@@ -171,6 +175,8 @@ if info.rank == 0:
                 "masks_left": new.module.growth_masks is not None,
                 "bytes_moved": result.bytes_moved,
                 "old_params": sum(x.weight.numel() for x in old_state.values()),
+                "collectives": result.collectives,
+                "build_seconds": result.build_seconds,
             }
         )
     )

@@ -21,7 +21,7 @@ from runtime import checkpoint
 from runtime.engine import precision_of
 from runtime.run_state import RunState
 from trainer.errors import UsageError
-from trainer.stages import SHAPE_FLAGS, check_plan_fits_run, load_growth_plan, plan_config
+from trainer.stages import SHAPE_FLAGS, check_plan_fits_run, check_stop_stage, load_growth_plan, plan_config
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PRESET = "cpu-small"
@@ -52,6 +52,7 @@ class RunConfig:
         save_steps: global steps at which this run saves.
         max_steps, log_interval, eval_interval, eval_tokens, final_eval_tokens, eval_stride, eval_batch_size,
             no_eval, dist_timeout_s: the flags of the same names (``python train.py --help``).
+        stop_before_stage: --stop_before_stage: save and end the run when this plan stage is due (growlm-run).
     """
 
     ds_config_path: str
@@ -81,6 +82,7 @@ class RunConfig:
     no_eval: bool
     dist_timeout_s: float
     init_from: Any = None
+    stop_before_stage: str | None = None
 
     @property
     def resume_state(self) -> RunState | None:
@@ -239,6 +241,11 @@ def check_precision_supported(precision: str, ds_config_path: str, zero_stage: i
         )
 
 
+def zero_stage_of(ds_cfg: dict[str, Any]) -> int:
+    """The ZeRO stage (0-3) a DeepSpeed config sets; 0, DeepSpeed's default, when it sets none."""
+    return int(ds_cfg.get("zero_optimization", {}).get("stage", 0))
+
+
 def resolve(args: argparse.Namespace) -> RunConfig:
     """Validate the command line against the files it names and return the run's configuration.
 
@@ -252,7 +259,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
     from trainer import init_from  # here: it imports this module
 
     ds_cfg = load_ds_config(args.ds_config, args.max_steps)
-    zero_stage = int(ds_cfg.get("zero_optimization", {}).get("stage", 0))
+    zero_stage = zero_stage_of(ds_cfg)
     precision = precision_of(ds_cfg)
     init = init_from.open_init_from(args)  # None without --init_from; refuses --resume and other shapes
     resume = open_resume(args.resume, ds_cfg)
@@ -265,6 +272,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
         start = init_from.check_plan_start(init, growth, args.growth_plan) if init is not None else None
         cfg = start or plan_config(args, growth, cfg, state, stage_index)
         check_plan_fits_run(growth, stage_index, args, ds_cfg, state.schedule if state else None)
+    stop = check_stop_stage(getattr(args, "stop_before_stage", None), growth, stage_index)
     seq_len = args.seq_len or (state.seq_len if state else cfg.n_positions)
     seed = args.seed if args.seed is not None else (state.seed if state else DEFAULT_SEED)
     if state is not None:
@@ -313,4 +321,5 @@ def resolve(args: argparse.Namespace) -> RunConfig:
         no_eval=args.no_eval,
         dist_timeout_s=args.dist_timeout_s,
         init_from=init,
+        stop_before_stage=stop,
     )

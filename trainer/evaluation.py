@@ -66,14 +66,16 @@ def perplexity_before(ev: Evaluator, engine: Any, run: RunConfig, log: MetricsLo
 
 
 def perplexity_after(ev: Evaluator, p: Progress, run: RunConfig, log: MetricsLogger, before: NLL | None) -> None:
-    """The held-out perplexity after training: a "val" record and a line comparing it with ``before``."""
+    """The held-out perplexity after training: a "val" record and a line comparing it with ``before`` (when it was
+    measured: a job growlm-run relaunched skips it)."""
     if run.no_eval:
         return
     after = ev.score(p.engine, run.final_eval_tokens, run.eval_stride, progress=True)
     log.val(after, step=p.step, tokens=p.consumed * run.seq_len, flops=p.consumed_flops)
+    was = f"{before.perplexity:.2f}" if before is not None else "not measured (a growlm-run relaunch)"
     log.console(
         f"growlm: held-out perplexity after {p.step} steps: {after.perplexity:.2f} (loss {after.loss:.4f}); "
-        f"before: {before.perplexity:.2f}"
+        f"before: {was}"
     )
 
 

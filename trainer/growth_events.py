@@ -94,7 +94,8 @@ def grow(p: Progress, stage: Stage, run: RunConfig, data: Batches) -> GrowthEven
 def growth_record(p: Progress, stage: Stage, event: GrowthEvent, seq_len: int) -> dict[str, Any]:
     """The "growth" record of metrics.jsonl for ``event``, a growth into ``p.model`` at ``p.step``: shapes, losses,
     cost (``seconds``, ``bytes_moved``; per phase of growth.live.GROWTH_PHASES ``<phase>_s`` and ``<phase>_bytes``,
-    as growth.live.GrowthResult defines them) and memory (``peak_rss_bytes_all_ranks``: the largest host peak RSS of
+    as growth.live.GrowthResult defines them; ``build_<part>_s``: the engine build split; ``collectives``: gather
+    collectives) and memory (``peak_rss_bytes_all_ranks``: the largest host peak RSS of
     any rank)."""
     old = event.old
     return {
@@ -115,6 +116,8 @@ def growth_record(p: Progress, stage: Stage, event: GrowthEvent, seq_len: int) -
         "peak_rss_bytes_all_ranks": event.result.peak_rss_bytes,  # host RSS peak, max over ranks
         **{f"{k}_s": v for k, v in event.result.phase_seconds.items()},  # rank 0's seconds per phase
         **{f"{k}_bytes": v for k, v in event.result.phase_bytes.items()},
+        **{f"build_{k}_s": v for k, v in event.result.build_seconds.items()},  # the build split (BUILD_SPLIT)
+        "collectives": event.result.collectives,
         "lr": p.engine.get_lr()[0],
         "tokens": p.consumed * seq_len,
         "flops": p.consumed_flops,
@@ -131,7 +134,8 @@ def maybe_grow(p: Progress, run: RunConfig, data: Batches, log: MetricsLogger) -
         return
     old = event.old
     rec = growth_record(p, stage, event, run.seq_len)
-    log.log(rec, {f"growth/{k}": rec[k] for k in GROWTH_SCALARS})
+    scalars = (*GROWTH_SCALARS, "collectives", *(k for k in rec if k.startswith("build_")))
+    log.log(rec, {f"growth/{k}": rec[k] for k in scalars})
     log.text(
         "growth", f"step {p.step}: {stage.name} ({stage.family}) {old.shape_str()} -> {p.model.shape_str()}", p.step
     )

@@ -66,9 +66,13 @@ class MetricsLogger:
         enabled: this is rank 0.
         log_interval: steps between TensorBoard train scalars and progress-bar updates of the loss.
         max_steps: the last step (always logged).
+        purge_step: a resumed run's first step (checkpoint step + 1): TensorBoard drops the scalars an earlier,
+            interrupted job wrote at this step and after (SummaryWriter's ``purge_step``), so each step shows once.
     """
 
-    def __init__(self, out_dir: Path, *, enabled: bool, log_interval: int, max_steps: int) -> None:
+    def __init__(
+        self, out_dir: Path, *, enabled: bool, log_interval: int, max_steps: int, purge_step: int | None = None
+    ) -> None:
         self.enabled, self.log_interval, self.max_steps = enabled, log_interval, max_steps
         self.out_dir = out_dir
         self._writer = self._file = self._bar = None
@@ -76,7 +80,7 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             out_dir.mkdir(parents=True, exist_ok=True)
-            self._writer = SummaryWriter(str(out_dir / "tb"))
+            self._writer = SummaryWriter(str(out_dir / "tb"), purge_step=purge_step)
             self._file = open(out_dir / "metrics.jsonl", "a")
 
     def console(self, message: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,13 +22,15 @@ from data.sampler import ResumableSampler, TokenWindows
 from growth.schedule import start_schedule
 from model.config import param_count
 from runtime import checkpoint
+from runtime.crash_points import hold_point
 from runtime.dist import DistInfo
 from runtime.engine import build_engine, loss_scale_of, release_engine
 from trainer.checkpointing import restore, save
 from trainer.config import RunConfig, resolve
+from trainer.driver.procs import DRIVER_PID_ENV
 from trainer.errors import RankError, UsageError
 from trainer.evaluation import Evaluator, perplexity_after, perplexity_before, validate_periodically
-from trainer.growth_events import maybe_grow
+from trainer.growth_events import maybe_grow, next_stage
 from trainer.loop import Batches, Progress, StepResult, flops_per_step, train_step
 from trainer.metrics import MetricsLogger, Throughput, max_rss_bytes
 
@@ -140,25 +143,78 @@ def step_record(p: Progress, result: StepResult, seq_len: int) -> dict[str, Any]
     }
 
 
-def train(p: Progress, run: RunConfig, data: Batches, ev: Evaluator, log: MetricsLogger, sha: str | None) -> Throughput:
-    """Train until --max_steps: before each step a due growth, then the step, its record, periodic validation and
-    the planned saves. Returns the throughput meter (its last measurement is the run's tokens/s)."""
+def stop_checkpoint_saved(p: Progress, run: RunConfig, stage_name: str) -> bool:
+    """Whether this step's tag already holds this very state (a job killed after its stop save, resumed from it).
+
+    Raises:
+        UsageError: the tag holds another state: the checkpoint the job resumed from, of another model shape or
+            growth stage (stage ``stage_name`` is due at the step the job started at, e.g. two token triggers
+            inside one global batch); such a stop cannot be split across jobs.
+    """
+    tag = checkpoint.tag_for(p.step)
+    if tag not in checkpoint.existing_tags(run.save_dir):
+        return False
+    saved = checkpoint.read_state(run.save_dir, tag, verify=False)
+    if saved.growth_stage == p.stage_index and saved.model_config.shape_str() == p.model.shape_str():
+        return True
+    raise UsageError(
+        f"--stop_before_stage {stage_name}: the stage is due at step {p.step}, where {run.save_dir / tag} already "
+        f"holds the run after {saved.growth_stage} growth stage(s) ({saved.model_config.shape_str()}), not this "
+        f"job's model after {p.stage_index} ({p.model.shape_str()}); two stages due in the same step cannot run "
+        "on different resources: move the stage's trigger at least one step later, or give it the previous resources"
+    )
+
+
+def stop_before_stage(p: Progress, run: RunConfig, info: DistInfo, log: MetricsLogger, sha: str | None) -> bool:
+    """With --stop_before_stage NAME: when stage NAME is due, save the run at this step (unless that tag already
+    holds it: ``stop_checkpoint_saved``) and log a "stop" record (``save_s``: seconds of the save, None when an
+    earlier job saved it); returns whether the run stops here.
+
+    Raises:
+        UsageError: see ``stop_checkpoint_saved``.
+    """
+    stage = next_stage(p, run) if run.stop_before_stage is not None else None
+    if stage is None or stage.name != run.stop_before_stage:
+        return False
+    t = time.perf_counter()
+    saved_before = stop_checkpoint_saved(p, run, stage.name)
+    if not saved_before:
+        save(p, run, info, sha)
+    save_s = None if saved_before else time.perf_counter() - t  # None: saved by an earlier, killed job, time unknown
+    hold_point(f"train.stopped:{p.step}")  # test-only (runtime.crash_points): stop checkpoint saved, no stop record
+    rec = {"event": "stop", "step": p.step, "stage": stage.name, "save_s": save_s,
+           "tokens": p.consumed * run.seq_len, "flops": p.consumed_flops}  # fmt: skip
+    log.log(rec)
+    log.console(f"growlm: step {p.step}: stage {stage.name!r} is due; saved and stopping (--stop_before_stage)")
+    return True
+
+
+def train(
+    p: Progress, run: RunConfig, data: Batches, ev: Evaluator, log: MetricsLogger, sha: str | None
+) -> tuple[Throughput, bool]:
+    """Train until --max_steps (or until --stop_before_stage's stage is due): before each step a due growth, then
+    the step, its record, periodic validation and the planned saves. Returns the throughput meter (its last
+    measurement is the run's tokens/s) and whether the run stopped before a stage."""
     own_grad_norm = run.zero_stage == 0 and run.precision == "fp32"  # DeepSpeed reports no norm there
     log.start_bar(p.step)
     p.engine.train()
     meter = Throughput(data.global_batch * run.seq_len)
     while p.step < run.max_steps:
+        if stop_before_stage(p, run, data.info, log, sha):
+            log.close_bar()
+            return meter, True
         maybe_grow(p, run, data, log)
         result = train_step(p, data, own_grad_norm=own_grad_norm)
         meter.step()
         if log.enabled:
             log.train(step_record(p, result, run.seq_len), meter, flops_per_step(p.model, data))
+        hold_point(f"train.step:{p.step}")  # test-only (runtime.crash_points): killed while training
         validate_periodically(ev, p, run, log, meter)
         if p.step in run.save_steps:
             path = save(p, run, data.info, sha)
             log.console(f"growlm: saved checkpoint {path}")
     log.close_bar()
-    return meter
+    return meter, False
 
 
 def build(run: RunConfig) -> Any:
@@ -192,12 +248,17 @@ def run(args: argparse.Namespace) -> int:
     micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     data = Batches(run_data.windows, run_data.sampler, micro, gas, info)
     p = restore(engine, cfg, info)
-    log = MetricsLogger(cfg.out_dir, enabled=info.rank == 0, log_interval=cfg.log_interval, max_steps=cfg.max_steps)
+    purge = p.step + 1 if cfg.resume_state is not None else None  # scalars of an interrupted job after the checkpoint
+    log = MetricsLogger(
+        cfg.out_dir, enabled=info.rank == 0, log_interval=cfg.log_interval, max_steps=cfg.max_steps, purge_step=purge
+    )
     announce(log, cfg, p, data, run_data)
     ev = Evaluator(run_data.val_tokens, cfg.seq_len, cfg.eval_batch_size, info)
-    before = perplexity_before(ev, p.engine, cfg, log)
-    meter = train(p, cfg, data, ev, log, run_data.train_sha256)
-    perplexity_after(ev, p, cfg, log, before)
+    relaunched = cfg.resume_state is not None and os.environ.get(DRIVER_PID_ENV)  # growlm-run: measured by job 0
+    before = None if relaunched else perplexity_before(ev, p.engine, cfg, log)
+    meter, stopped = train(p, cfg, data, ev, log, run_data.train_sha256)
+    if not stopped:
+        perplexity_after(ev, p, cfg, log, before)
     log.console(f"growlm: training tokens/s (last interval, all ranks): {meter.tokens_per_s:,.0f}")
     log.console(f"growlm: TensorBoard logs: {cfg.out_dir / 'tb'}  (tensorboard --logdir {cfg.out_dir / 'tb'})")
     if log.enabled and (cfg.save_dir / checkpoint.LATEST).exists():

@@ -121,3 +121,20 @@ def check_plan_fits_run(growth: StageList, stage_index: int, args, ds_cfg: dict,
                 f"this ds_config's stage3_max_live_parameters={max_live:,.0f}; raise it"
             )
     check_stage_schedules(growth, stage_index, ds_cfg, saved_schedule)
+
+
+def check_stop_stage(name: str | None, growth: StageList | None, stage_index: int) -> str | None:
+    """The --stop_before_stage NAME (None without it): a stage of the plan not yet done.
+
+    Raises:
+        UsageError: no --growth_plan, or no stage NAME among the stages still to come.
+    """
+    if name is None:
+        return None
+    ahead = [s.name for s in growth.stages[stage_index:]] if growth is not None else []
+    if name not in ahead:
+        raise UsageError(
+            f"--stop_before_stage {name}: no such stage ahead in --growth_plan (stages still to come: {ahead}); "
+            "name one of them, or give --growth_plan"
+        )
+    return name

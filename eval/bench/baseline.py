@@ -1,21 +1,28 @@
-"""Plain PyTorch baseline for the benchmark: one process, no DeepSpeed, the same model and global batch.
+"""Plain PyTorch baseline for the benchmark: the DeepSpeed run's process layout (the same ranks, threads per rank,
+model and global batch) through ``torch.nn.parallel.DistributedDataParallel``, no DeepSpeed.
 
-Each step: forward and backward over the global batch (in ``grad_accum`` micro steps, like DeepSpeed's gradient
-accumulation), global-norm clipping, ``torch.optim.AdamW`` with train.py's parameter groups. bf16/fp16 use
-``torch.autocast`` (fp16 with a ``GradScaler``): plain PyTorch's mixed precision, where DeepSpeed keeps low-precision
-weights and fp32 master copies; both run every matmul in the low precision. Tokens are random: speed does not
-depend on them.
+Each step, on every rank: forward and backward over its share of the global batch (in ``grad_accum`` micro steps,
+like DeepSpeed's gradient accumulation; DDP all-reduces the gradients once, in the last one), global-norm clipping,
+``torch.optim.AdamW`` with train.py's parameter groups. bf16/fp16 use ``torch.autocast`` (fp16 with a
+``GradScaler``): plain PyTorch's mixed precision, where DeepSpeed keeps low-precision weights and fp32 master copies;
+both run every matmul in the low precision. Tokens are random: speed does not depend on them. The process group is
+gloo on CPUs (loopback) and NCCL on GPUs, from the launcher's RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT; with
+WORLD_SIZE unset or 1 it is a single process without DDP.
 
-Run as ``python -m eval.bench.baseline --config_json '{...}' ...``; it prints one JSON line (step times in s).
+Run as ``python -m eval.bench.baseline --config_json '{...}' ...`` under a rank launcher (runtime.launch); every rank
+prints one JSON line (its step times in s).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from model.config import GPTConfig
@@ -37,13 +44,27 @@ def step_times(
     clip: float = 1.0,
     device: str = "cpu",
     seed: int = 1234,
+    world_size: int = 1,
+    rank: int = 0,
 ) -> dict:
-    """Time ``steps`` plain PyTorch training steps of GPT(cfg) on ``batch`` sequences of ``seq_len`` tokens.
+    """Time ``steps`` plain PyTorch training steps of GPT(cfg) on a global batch of ``batch`` sequences of
+    ``seq_len`` tokens, split over ``world_size`` ranks (DDP over the initialised default process group when > 1).
 
-    Returns ``{"step_times_s": [...], "losses": [...], "peak_device_bytes": int | None}``.
+    Returns ``{"step_times_s": [...], "losses": [...], "peak_device_bytes": int | None}`` (this rank's; the losses
+    are this rank's share).
+
+    Raises:
+        ValueError: ``batch`` is not a multiple of ``grad_accum * world_size``.
     """
+    if batch % (grad_accum * world_size):
+        raise ValueError(f"global batch {batch} is not a multiple of grad_accum {grad_accum} x {world_size} ranks")
     torch.manual_seed(seed)
     model = GPT(cfg).to(device).train()
+    net = model
+    if world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        net = DistributedDataParallel(model, device_ids=[torch.device(device).index] if device != "cpu" else None)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -52,20 +73,24 @@ def step_times(
         betas=(0.9, 0.95),
         eps=1e-8,
     )
-    scaler = torch.amp.GradScaler(device) if precision == "fp16" else None
-    micro = batch // grad_accum
-    x = torch.randint(0, cfg.vocab_size, (grad_accum, micro, seq_len + 1), device=device)  # (A, B, T + 1)
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    scaler = torch.amp.GradScaler(kind) if precision == "fp16" else None
+    micro = batch // (grad_accum * world_size)
+    g = torch.Generator().manual_seed(seed + rank)
+    x = torch.randint(0, cfg.vocab_size, (grad_accum, micro, seq_len + 1), generator=g).to(device)  # (A, B, T + 1)
     times, losses = [], []
     for _ in range(steps):
-        if device != "cpu":
+        if kind == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         total = 0.0
         for j in range(grad_accum):
-            with torch.autocast(device, dtype=_AUTOCAST.get(precision), enabled=precision in _AUTOCAST):
-                logits = model(x[j, :, :-1])  # (B, T, V)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), x[j, :, 1:].flatten()) / grad_accum
-            (scaler.scale(loss) if scaler else loss).backward()
+            sync = world_size == 1 or j == grad_accum - 1  # DDP all-reduces in the last micro step only
+            with contextlib.nullcontext() if sync else net.no_sync():
+                with torch.autocast(kind, dtype=_AUTOCAST.get(precision), enabled=precision in _AUTOCAST):
+                    logits = net(x[j, :, :-1])  # (B, T, V)
+                    loss = F.cross_entropy(logits.float().flatten(0, 1), x[j, :, 1:].flatten()) / grad_accum
+                (scaler.scale(loss) if scaler else loss).backward()
             total += float(loss)
         if scaler:
             scaler.unscale_(opt)
@@ -76,11 +101,11 @@ def step_times(
         else:
             opt.step()
         opt.zero_grad(set_to_none=True)
-        if device != "cpu":
+        if kind == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(total)
-    peak = int(torch.cuda.max_memory_allocated()) if device != "cpu" else None
+    peak = int(torch.cuda.max_memory_allocated()) if kind == "cuda" else None
     return {"step_times_s": times, "losses": losses, "peak_device_bytes": peak}
 
 
@@ -92,26 +117,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq_len", type=int, required=True)
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], required=True)
     p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (per rank)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight_decay", type=float, default=0.1)
     p.add_argument("--clip", type=float, default=1.0)
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    out = step_times(
-        GPTConfig.from_dict(json.loads(args.config_json)),
-        batch=args.batch,
-        seq_len=args.seq_len,
-        precision=args.precision,
-        steps=args.steps,
-        grad_accum=args.grad_accum,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        clip=args.clip,
-        device=device,
-    )
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    device = "cpu"
+    if not torch.cuda.is_available():
+        from runtime.dist import keep_freed_memory
+
+        keep_freed_memory()  # as train.py's ranks do on a CPU (runtime.dist.init_distributed)
+    else:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
+    if world > 1:
+        dist.init_process_group("nccl" if device != "cpu" else "gloo")
+    try:
+        out = step_times(
+            GPTConfig.from_dict(json.loads(args.config_json)),
+            batch=args.batch,
+            seq_len=args.seq_len,
+            precision=args.precision,
+            steps=args.steps,
+            grad_accum=args.grad_accum,
+            lr=args.lr,
+            weight_decay=args.weight_decay,
+            clip=args.clip,
+            device=device,
+            world_size=world,
+            rank=rank,
+        )
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
     print(json.dumps(out), flush=True)
     return 0
 

@@ -127,8 +127,8 @@ def markdown(records: list[dict], header: dict) -> str:
         "",
         "tokens/s counts the global batch of all ranks; model TFLOP/s = tokens/s x (6N + 12 L H Q T) per token, "
         "activation recomputation off; MFU = model FLOP/s per rank / the peak above; 'vs PyTorch' = DeepSpeed "
-        "median step time / the plain PyTorch single-process step time at the same precision and global batch "
-        "(above 1: slower than plain PyTorch). Peak RSS is each rank process's peak resident memory (host).",
+        "median step time / the plain PyTorch step time (torch DDP, the same ranks, threads, precision and global "
+        "batch; above 1: slower than plain PyTorch). Peak RSS is each rank process's peak resident memory (host).",
         "",
     ]
     return "\n".join(lines)
@@ -189,8 +189,7 @@ def write_reports(args, out: Path, records: list[dict], base: dict, shape: str) 
         "batch": f"micro {args.micro_batch} x accumulation {args.grad_accum} x {args.world_size} ranks = "
         f"{common['global_batch']} sequences of {args.seq_len} tokens per step",
         "steps": f"{args.steps} per run, first {args.warmup} left out",
-        "threads": f"{args.threads_per_rank} per rank (OMP_NUM_THREADS); PyTorch baseline "
-        f"{args.threads_per_rank * args.world_size}"
+        "threads": f"{args.threads_per_rank} per rank (OMP_NUM_THREADS), the PyTorch baseline (torch DDP) too"
         if device_type == "cpu"
         else "-",
         "peak per device": peaks,

@@ -2,10 +2,10 @@
 
 Every DeepSpeed number comes from a real ``train.py`` run (the same code path as training: ``--no_eval
 --no_final_save``), whose per-step ``metrics.jsonl`` records are read back; the first ``--warmup`` steps are left
-out. Beside it runs a plain PyTorch single-process step of the same model and global batch
-(``eval/bench/baseline.py``), so DeepSpeed's overhead shows as a ratio. Each run gives a JSON record; all runs
-together a markdown table (``bench.md``) and, for two or more, a bar chart (``bench.png``). Definitions: DESIGN.md
-section Evaluation, and ``eval/bench/report.py``. Examples::
+out. Beside it runs plain PyTorch in the same process layout (``eval/bench/baseline.py``: torch DDP, the same ranks,
+threads per rank, model and global batch), so the ratio measures DeepSpeed's overhead only. Each run gives a JSON
+record; all runs together a markdown table (``bench.md``) and, for two or more, a bar chart (``bench.png``).
+Definitions: DESIGN.md section Evaluation, and ``eval/bench/report.py``. Examples::
 
     growlm-bench --preset cpu-small --seq_len 128 --zero 2 --precision bf16 --out runs/bench
     growlm-bench --sweep --seq_len 128 --steps 7 --out eval/results/bench_cpu  # ZeRO 0-3 x fp32/bf16
@@ -190,49 +190,54 @@ def bench_deepspeed(args: argparse.Namespace, stage: int, precision: str, work: 
 
 
 def bench_pytorch(args: argparse.Namespace, precision: str, work: Path, base: dict) -> dict:
-    """The plain PyTorch baseline at ``precision`` (one process, all the ranks' threads); its JSON record."""
+    """The plain PyTorch baseline at ``precision`` in the DeepSpeed run's layout (``args.world_size`` ranks of
+    ``args.threads_per_rank`` threads, torch DDP over gloo on loopback or NCCL, the same global batch); its JSON
+    record. A step's time is the slowest rank's."""
     name = f"pytorch-{precision}"
-    threads = args.threads_per_rank * args.world_size
-    common = base["common"]
+    ws, common = args.world_size, base["common"]
     cmd = [sys.executable, "-m", "eval.bench.baseline", "--config_json", json.dumps(common["model"])]
     cmd += ["--batch", str(common["global_batch"]), "--grad_accum", str(args.grad_accum)]
     cmd += ["--seq_len", str(args.seq_len), "--precision", precision, "--steps", str(args.steps)]
     env = {"PYTHONPATH": pythonpath_with(REPO)}
     if base["device_type"] == "cpu":
-        cmd += ["--threads", str(threads)]
-        env.update(OMP_NUM_THREADS=str(threads))
-    print(f"growlm-bench: {name}: 1 process, {args.steps} steps ...", flush=True)
-    rss = _launch(cmd, 1, env, work / name, args.timeout_s, f"the PyTorch baseline ({precision})")
-    lines = (work / name / "rank0.log").read_text().splitlines()
-    out = json.loads(next(ln for ln in reversed(lines) if ln.startswith('{"step_times_s"')))
-    times = out["step_times_s"][args.warmup :]
+        cmd += ["--threads", str(args.threads_per_rank)]
+        env.update(OMP_NUM_THREADS=str(args.threads_per_rank))
+    print(f"growlm-bench: {name}: {ws} rank(s) (torch DDP), {args.steps} steps ...", flush=True)
+    rss = _launch(cmd, ws, env, work / name, args.timeout_s, f"the PyTorch baseline ({precision})")
+    outs = []
+    for r in range(ws):
+        lines = (work / name / f"rank{r}.log").read_text().splitlines()
+        outs.append(json.loads(next(ln for ln in reversed(lines) if ln.startswith('{"step_times_s"'))))
+    times = [max(o["step_times_s"][i] for o in outs) for i in range(args.warmup, args.steps)]
     seconds = sum(times)
     tokens = common["tokens_per_step"] * len(times)
     flops = tokens * common["flops_per_token"]
-    peak = base["peaks"][(precision, threads)]
+    peak = base["peaks"][(precision, args.threads_per_rank)]
     return {
         "name": name,
         "kind": "pytorch",
+        "parallel": "torch DDP" if ws > 1 else "single process",
         "precision": precision,
-        "world_size": 1,
+        "world_size": ws,
         **common,
-        "threads": threads if base["device_type"] == "cpu" else None,
+        "threads": args.threads_per_rank if base["device_type"] == "cpu" else None,
         "measured_steps": len(times),
         "step_times_s": times,
         "step_time_s_median": statistics.median(times),
         "step_time_s_mean": seconds / len(times),
         "measured_tokens": tokens,
         "tokens_per_s": tokens / seconds,
-        "tokens_per_s_per_rank": tokens / seconds,
+        "tokens_per_s_per_rank": tokens / seconds / ws,
         "model_flops_per_s": flops / seconds,
-        "model_flops_per_s_per_rank": flops / seconds,
+        "model_flops_per_s_per_rank": flops / seconds / ws,
         "peak_flops_per_s_per_rank": peak.flops_per_s,
         "peak_source": peak.source,
-        "mfu": flops / seconds / peak.flops_per_s,
+        "mfu": flops / seconds / ws / peak.flops_per_s,
         "skipped_steps": 0,
-        "final_loss": out["losses"][-1],
+        "final_loss": sum(o["losses"][-1] for o in outs) / ws,
         "peak_rss_bytes_per_rank": rss,
-        "peak_device_bytes_rank0": out["peak_device_bytes"],
+        "peak_device_bytes_rank0": outs[0]["peak_device_bytes"],
+        "train_cmd": recorded_command(cmd, work),
     }
 
 
@@ -336,12 +341,8 @@ def run(args: argparse.Namespace) -> list[dict]:
 
     device_type, precisions, stages, cfg, fpt = _resolve(args)
     base = {"device_type": device_type, "common": _common(args, cfg, fpt, device_type), "peaks": {}}
-    threads_needed = {args.threads_per_rank} | (
-        set() if args.no_baseline else {args.threads_per_rank * args.world_size}
-    )
-    for p in precisions:
-        for t in sorted(threads_needed):
-            base["peaks"][(p, t)] = device_peak(p, t, args.peak_tflops)
+    for p in precisions:  # the baseline runs the same ranks x threads as train.py
+        base["peaks"][(p, args.threads_per_rank)] = device_peak(p, args.threads_per_rank, args.peak_tflops)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = out / "runs" if args.keep_runs else Path(tempfile.mkdtemp(prefix="growlm-bench-"))

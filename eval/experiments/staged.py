@@ -1,8 +1,10 @@
-"""growlm-experiment: train a target model from scratch and staged runs that start smaller and grow, on the built-in
-corpus, with the same data order, then write the report (markdown + JSON + PNG) of compute to the scratch loss.
+"""growlm-experiment --protocol equal_steps: the older experiment (the default protocol, equal compute with paired
+seeds, is eval/experiments/equal_compute.py). It trains a target model from scratch and staged runs that start
+smaller and grow, on the built-in corpus, with the same data order, all for the same number of steps, then writes
+the report (markdown + JSON + PNG) of compute to the scratch loss.
 
-    growlm-experiment --out runs/staged_experiment --report eval/results/staged     # ~40 min on a 2-core CPU
-    growlm-experiment --report_only --out runs/staged_experiment --report eval/results/staged
+    growlm-experiment --protocol equal_steps --out runs/staged_experiment --report eval/results/staged   # ~40 min
+    growlm-experiment --protocol equal_steps --report_only --out runs/staged_experiment --report eval/results/staged
 
 Setup (CPU scale; every number in the report is for this setup only):
 * a ByteLevel BPE with 4,096 tokens trained on the corpus's training split (``data.small_vocab``), not GPT-2's;
@@ -162,7 +164,16 @@ def setup_text(args: argparse.Namespace, meta: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    """growlm-experiment: ``--protocol equal_compute`` (default; eval/experiments/equal_compute.py) or
+    ``--protocol equal_steps`` (this module's older experiment: every arm stops at the same step)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--protocol", choices=("equal_compute", "equal_steps"), default="equal_compute")
+    known, rest = pre.parse_known_args(argv)
+    if known.protocol == "equal_compute":
+        from eval.experiments import equal_compute
+
+        return equal_compute.main(rest)
+    args = parse_args(rest)
     names = [n.strip() for n in args.runs.split(",") if n.strip()]
     specs = [r for r in RUNS if r.name in names]
     if not specs or specs[0].name != "scratch":

@@ -18,16 +18,20 @@ from growth.plan import GrowthPlan, compose
 from model.config import GPTConfig
 
 FAMILIES = ("masked", "duplicate")
-_DUP_OPTIONS = {"layer_order", "exact", "pattern", "alpha"}
-_MASKED_OPTIONS = {"layer_order", "new_layers", "init_std", "bias_std", "seed", "ramp_steps", "start_step"}
+_DUP_OPTIONS = {"layer_order", "exact", "pattern", "alpha", "symmetry", "noise_std", "seed"}
+_MASKED_OPTIONS = {
+    "layer_order", "new_layers", "init_std", "bias_std", "seed", "ramp_steps", "ramp_frac", "start_step"
+}  # fmt: skip
 
 
 def make_plan(old: GPTConfig, new: GPTConfig, family: str, **options: Any) -> GrowthPlan:
     """The growth plan from ``old`` to ``new`` with the given operator family.
 
     Options, masked: layer_order ('stack'|'interleave'), new_layers ('copy'|'fresh'), init_std, bias_std, seed,
-    ramp_steps, start_step. Duplicate: layer_order (default 'interleave'), exact (depth copies as identity blocks,
-    default True), pattern ('block'|'split', width symmetry breaker), alpha (split weight).
+    ramp_steps or ramp_frac (of the run left at growth; default 0.25), start_step. Duplicate: layer_order (default
+    'interleave'), exact (depth copies as identity blocks, default True), pattern ('block'|'split'), alpha (split
+    weight), symmetry ('none'|'noise': zero-sum noise that breaks the copies' symmetry exactly), noise_std (its std
+    relative to each matrix's RMS), seed (the noise's seed).
 
     Raises:
         GrowthError: unknown family or option, or a target the family cannot reach (see each operator).
@@ -44,7 +48,8 @@ def make_plan(old: GPTConfig, new: GPTConfig, family: str, **options: Any) -> Gr
     plans: list[GrowthPlan] = []
     cfg = old
     if k > 1:
-        plans.append(width_growth(cfg, k, pattern=options.get("pattern", "block"), alpha=options.get("alpha", 0.75)))
+        width_opts = {o: options[o] for o in ("pattern", "alpha", "symmetry", "noise_std", "seed") if o in options}
+        plans.append(width_growth(cfg, k, **width_opts))
         cfg = plans[-1].new
     if new.ffn_dim > cfg.ffn_dim:
         plans.append(ffn_growth(cfg, new.ffn_dim))

@@ -5,10 +5,21 @@
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from growth.errors import GrowthError
 from growth.ops.common import BLOCK_PARAMS, check_no_shrink, layer_map
+from growth.ops.width import ZERO_ENTRY_UPDATE
 from growth.plan import GrowthPlan, Rule, identity, zeros
 from model.config import GPTConfig
+
+
+def zero_entry_v(v: Tensor) -> Tensor:
+    """exp_avg_sq of a zeroed projection of an exact copy: its source's, / ZERO_ENTRY_UPDATE^2 (see depth_growth)."""
+    return v / ZERO_ENTRY_UPDATE**2
+
+
+zero_entry_v.elementwise = True  # a rank maps its own ZeRO-3 shard (growth.live_transfer.local_maps)
 
 ZEROED_IN_EXACT = ("attn.c_proj.weight", "attn.c_proj.bias", "mlp.c_proj.weight", "mlp.c_proj.bias")
 
@@ -18,7 +29,11 @@ def depth_growth(old: GPTConfig, n_layer: int, *, order: str = "interleave", exa
     (see ops.common.layer_map: 'interleave' L0 L0' L1 L1' ..., 'stack' L0..L(n-1) L0 L1 ...).
 
     exact=True zeroes the copies' output projections (attn c_proj and mlp c_proj, weights and biases), so every new
-    block is the identity x + 0 + 0 and the function is unchanged (eval mode); their Adam state starts at zero.
+    block is the identity x + 0 + 0 and the function is unchanged (eval mode). Their exp_avg starts at zero and their
+    exp_avg_sq at the source block's (DESIGN.md, "Growth dynamics"): with an empty state Adam's first update of every
+    such entry is about (1 - beta1) / sqrt(1 - beta2) lr sign(g) (0.45 lr at beta2 0.95, 3.2 lr at 0.999), which moved
+    the logits 1.4-2.1x as much as the small model's step; with the source's second moment / ZERO_ENTRY_UPDATE^2 it
+    is about ZERO_ENTRY_UPDATE (1 - beta1) g / sqrt(v).
     exact=False is the plain copy (G_stack-style): **not** function-preserving (logits move by O(1)), kept because
     G_stack reports it trains well. Adam state of copied tensors: copied (DESIGN.md, "Growth operators: Duplication
     family"); Adam step carried.
@@ -38,7 +53,7 @@ def depth_growth(old: GPTConfig, n_layer: int, *, order: str = "interleave", exa
             rules[name] = Rule(
                 weight=zeros if zero else identity,
                 exp_avg=zeros if zero else identity,
-                exp_avg_sq=zeros if zero else identity,
+                exp_avg_sq=zero_entry_v if zero else identity,
                 source=source if source != name else None,
                 place=zeros if is_copy else identity,
             )

@@ -21,6 +21,10 @@ from model.config import GPTConfig
 from model.masks import MaskSpec, attn_index
 
 NEW_LAYER_INITS = ("copy", "fresh")
+# mask ramp defaults (masked_growth): a fraction of the run left at growth; MSG's code default (cofe-ai/MSG,
+# run_grow_bert.py, --grow_time) of 5000 steps where the run's length is unknown
+DEFAULT_RAMP_FRAC = 0.25
+DEFAULT_RAMP_STEPS = 5000
 
 
 def _axis_kinds(suffix: str) -> tuple[str | None, ...]:
@@ -166,7 +170,8 @@ def masked_growth(
     init_std: float = 0.02,
     bias_std: float = 0.0,
     seed: int = 0,
-    ramp_steps: int = 5000,
+    ramp_steps: int | None = None,
+    ramp_frac: float | None = None,
     start_step: int = 0,
 ) -> GrowthPlan:
     """MSG operator from ``old`` to ``new`` (any of n_layer, n_embd, n_head, n_inner larger or equal).
@@ -180,14 +185,22 @@ def masked_growth(
     When the head dim grows (Q' > Q, e.g. n_embd grows with n_head fixed), the old q columns are scaled by
     sqrt(Q'/Q), which keeps q.k / sqrt(Q') equal to the old q.k / sqrt(Q); their moments are scaled by the gradient
     rule (exp_avg / c, exp_avg_sq / c^2). Adam state: old entries carried, new entries (and new blocks) zero
-    (DESIGN.md, "Growth operators: Masked family"). The returned plan's ``masks`` (ramp from ``start_step`` over
-    ``ramp_steps``) must be added to the grown model.
+    (DESIGN.md, "Growth operators: Masked family"). The returned plan's ``masks`` (ramp from ``start_step``) must be
+    added to the grown model.
+
+    Ramp length: ``ramp_steps`` optimizer steps, or ``ramp_frac`` of the run left at growth (growth.plan.ramp_length,
+    resolved when the growth happens; DESIGN.md, "Growth dynamics"). Neither given: ramp_frac = DEFAULT_RAMP_FRAC
+    (0.25), with DEFAULT_RAMP_STEPS (5000, MSG's code default ``grow_time``) where the run's length is unknown.
+    Ramping the masks from 0 to 1 without training raises the loss (the new units' random weights enter): a longer
+    ramp spreads that over more training steps, which absorb it.
 
     Raises:
         GrowthError: a dimension shrinks, the head dim would shrink (n_head grows faster than n_embd), vocab or
-            positions change, an unknown layer order or new-layer init, or nothing grows.
+            positions change, an unknown layer order or new-layer init, nothing grows, both ramp_steps and ramp_frac
+            given, ramp_steps < 1 or ramp_frac outside (0, 1].
     """
     _check_masked(old, new, new_layers)
+    ramp_steps, ramp_frac = _ramp(ramp_steps, ramp_frac)
     lmap = layer_map(old.n_layer, new.n_layer, layer_order)
     ctx = _ctx(old, new, init_std=init_std, bias_std=bias_std, seed=seed, new_layers=new_layers)
 
@@ -214,4 +227,18 @@ def masked_growth(
         start_step=start_step,
         ramp_steps=ramp_steps,
     )
-    return GrowthPlan(old=old, new=new, rules=rules, family="masked", exact=True, masks=spec)
+    return GrowthPlan(old=old, new=new, rules=rules, family="masked", exact=True, masks=spec, ramp_frac=ramp_frac)
+
+
+def _ramp(ramp_steps: int | None, ramp_frac: float | None) -> tuple[int, float | None]:
+    """(fixed ramp steps, ramp fraction or None) from the options of ``masked_growth`` (see its Raises)."""
+    if ramp_steps is not None and ramp_frac is not None:
+        raise GrowthError(f"give ramp_steps ({ramp_steps}) or ramp_frac ({ramp_frac}), not both")
+    if ramp_steps is not None:
+        if not isinstance(ramp_steps, int) or ramp_steps < 1:
+            raise GrowthError(f"ramp_steps={ramp_steps!r} must be an integer >= 1 (optimizer steps)")
+        return ramp_steps, None
+    frac = DEFAULT_RAMP_FRAC if ramp_frac is None else ramp_frac
+    if not 0.0 < frac <= 1.0:
+        raise GrowthError(f"ramp_frac={frac!r} must be in (0, 1]: the fraction of the remaining run the ramp lasts")
+    return DEFAULT_RAMP_STEPS, float(frac)

@@ -53,14 +53,17 @@ def test_bench_runs_train_py_and_the_pytorch_baseline(tmp_path, builtin_data):
     assert ds["tokens_per_s_per_rank"] == pytest.approx(ds["tokens_per_s"] / 2)
     assert ds["model_flops_per_s"] == pytest.approx(ds["tokens_per_s"] * fpt)
     assert ds["mfu"] == pytest.approx(ds["model_flops_per_s_per_rank"] / ds["peak_flops_per_s_per_rank"])
-    assert "1 thread" in ds["peak_source"] and "2 threads" in base["peak_source"]
+    assert "1 thread" in ds["peak_source"] and base["peak_source"] == ds["peak_source"]  # the same layout
     assert ds["skipped_steps"] == 0 and ds["final_loss"] > 0
     assert len(ds["peak_rss_bytes_per_rank"]) == 2 and min(ds["peak_rss_bytes_per_rank"]) > 2**20
     assert "train.py" in ds["train_cmd"] and "--no_final_save" in ds["train_cmd"]
-    assert base["world_size"] == 1 and base["measured_steps"] == 2 and base["measured_tokens"] == 512
+    assert base["world_size"] == 2 and base["parallel"] == "torch DDP" and base["threads"] == 1
+    assert base["measured_steps"] == 2 and base["measured_tokens"] == 512 and base["global_batch"] == 8
+    assert base["tokens_per_s_per_rank"] == pytest.approx(base["tokens_per_s"] / 2)
+    assert len(base["peak_rss_bytes_per_rank"]) == 2 and "eval.bench.baseline" in base["train_cmd"]
     assert ds["overhead_vs_baseline"] == pytest.approx(ds["step_time_s_median"] / base["step_time_s_median"])
     md = (out / "bench.md").read_text()
-    assert "| zero2-fp32 | 2 | fp32 | 2 |" in md and "| pytorch-fp32 | - | fp32 | 1 |" in md
+    assert "| zero2-fp32 | 2 | fp32 | 2 |" in md and "| pytorch-fp32 | - | fp32 | 2 |" in md
     assert "activation recomputation off" in md
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
     assert [r["name"] for r in json.loads((out / "bench.json").read_text())] == ["pytorch-fp32", "zero2-fp32"]

@@ -19,7 +19,7 @@ from growth.grow_checkpoint import parse_args, stage_from_flags
 from growth.offline import open_source
 from growth.plan import param_shapes
 from growth.schedule import ScheduleState
-from growth.universal import UniversalStore
+from growth.universal import UniversalStore, convert
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.masks import MaskSpec
@@ -96,13 +96,33 @@ def universal_model(tag_dir: Path) -> GPT:
     return model.eval()
 
 
+def same_as_ds_to_universal(native_tag: Path, ours: Path, scratch: Path) -> None:
+    """Every tensor file growlm-grow wrote (fp32, exp_avg, exp_avg_sq, step) equals ds_to_universal's, dtype and
+    shape included; the tied lm_head alias is DeepSpeed's working copy (bf16 runs round it), ours the fp32 master."""
+    convert(native_tag, scratch / native_tag.name)
+    ds = scratch / native_tag.name / "zero"
+    theirs = {p.relative_to(ds) for p in ds.rglob("*.pt")} - {Path("optimizer_state.pt")}
+    mine = {p.relative_to(ours / "zero") for p in (ours / "zero").rglob("*.pt")} - {Path("optimizer_state.pt")}
+    assert mine == theirs, sorted(map(str, mine ^ theirs))[:5]
+    for rel in sorted(mine):
+        a, b = torch.load(ds / rel, weights_only=True), torch.load(ours / "zero" / rel, weights_only=True)
+        if isinstance(a, dict):
+            assert a.keys() == b.keys(), rel
+            a, b = a["param"], b["param"]
+        assert a.dtype == b.dtype and a.shape == b.shape, rel
+        assert torch.equal(a, b) or rel.parts[0] == "lm_head.weight", rel
+    shutil.rmtree(scratch)
+
+
 @pytest.mark.parametrize("template", list(TEMPLATES))
 def test_grow_offline_keeps_loss_and_applies_adam_rule(tmp_path, sources, builtin_data, template):
     run, _ = sources(template)
     ckpt = run / "checkpoints"
-    # reshard only: DeepSpeed's universal tensors of the saved (old) model, the reference for the rule; then grow
-    # that universal checkpoint (native -> grown runs in the resume tests below; the rewrite is the same code)
+    # reshard only (growlm-grow reads the ZeRO shards itself): exactly DeepSpeed's ds_to_universal tensors of the
+    # saved (old) model, the reference for the rule; then grow that universal checkpoint (native -> grown runs in the
+    # resume tests below; the rewrite is the same code)
     assert grow(ckpt, tmp_path / "old") == 0
+    same_as_ds_to_universal(ckpt / "global_step3", tmp_path / "old" / "global_step3", tmp_path / "ds")
     family = TEMPLATES[template]
     assert grow(tmp_path / "old", tmp_path / "new", *GROW[family]) == 0
     old_tag, new_tag = tmp_path / "old" / "global_step3", tmp_path / "new" / "global_step3"

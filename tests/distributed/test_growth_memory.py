@@ -36,12 +36,16 @@ def test_four_live_growths_leave_one_engine_alive(tmp_path, template):
         # every replaced engine, its module and its optimizer are gone after each of the 4 growths
         assert r["left_alive"] == [[], [], [], []], r["left_alive"]
         assert r["live_gpts"] == 1  # the current model only
+        # what the rank's tensors hold after 4 growths is what a fresh engine of the final shape holds after one
+        # step (every storage counted once): no buffer of an old engine and no gather working set survives
+        t = r["tensor_bytes"]
+        assert 0.85 * t["fresh"] <= t["grown"] <= 1.15 * t["fresh"], t
         assert len(r["growths"]) == 4
         for g in r["growths"]:
             assert set(g["phase_seconds"]) == set(PHASES) == set(g["phase_bytes"])
             assert all(v >= 0 for v in g["phase_seconds"].values())
             assert sum(g["phase_seconds"].values()) <= g["seconds"]
-            assert g["phase_bytes"]["gather"] > 0 and g["phase_bytes"]["write"] > 0
+            assert g["phase_bytes"]["write"] > 0 and g["phase_bytes"]["gather"] >= 0
             assert g["peak_rss_bytes"] >= r["rss_before"] // 2  # a peak over ranks, in bytes, not KiB
 
 
@@ -82,14 +86,19 @@ def test_growth_record_carries_the_cost_of_each_phase(tmp_path):
         seconds = [g[f"{phase}_s"] for phase in PHASES]
         assert all(s >= 0 for s in seconds), g
         assert 0 < sum(seconds) <= g["seconds"], g
-        assert g["gather_bytes"] == g["bytes_moved"] > 0  # three fp32 tensors per parameter of the old model
-        assert g["write_bytes"] == g["expand_bytes"] == 3 * 4 * g["params_to"]  # weight, exp_avg, exp_avg_sq
+        assert g["gather_bytes"] == g["bytes_moved"]  # full fp32 tensors assembled from the old engine's shards
+        assert g["write_bytes"] == 3 * 4 * g["params_to"] >= g["expand_bytes"]  # weight, exp_avg, exp_avg_sq
         assert all(isinstance(g[f"{phase}_bytes"], int) for phase in PHASES)
         assert g["peak_rss_bytes_all_ranks"] >= g["max_rss_bytes_before"] > 0
         print(
             f"growth at step {g['step']}: {g['seconds']:.2f} s; "
             + ", ".join(f"{p} {g[p + '_s']:.3f} s" for p in PHASES)
         )
+    # width: every tensor changes shape, so all are gathered and expanded; depth at ZeRO-3: the kept and zeroed
+    # tensors are filled from each rank's own partition (growth.live_transfer.local_maps), never gathered
+    width, depth = growths
+    assert width["gather_bytes"] > 0 and width["expand_bytes"] == width["write_bytes"]
+    assert depth["gather_bytes"] < 3 * 4 * depth["params_from"] and depth["expand_bytes"] < depth["write_bytes"]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tb = EventAccumulator(str(out / "tb"))

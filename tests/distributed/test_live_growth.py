@@ -19,6 +19,7 @@ SCENARIOS = [
     ("zero2_fp32", "duplicate"),
     ("zero3_fp32", "masked"),
     ("zero3_fp32", "duplicate"),
+    ("zero3_fp32", "depth"),  # every rule applied locally, no collective (growth.live_transfer.local_maps)
     ("zero0_bf16", "duplicate"),
     ("zero1_bf16", "masked"),
     ("zero2_bf16", "duplicate"),
@@ -57,6 +58,13 @@ def test_live_growth_carries_the_whole_training_state(tmp_path, template, family
     # parameters added mid-training")
     assert min(d["moved"].values()) > 0, [k for k, v in d["moved"].items() if v == 0]
     assert all(loss == loss and loss < 10 for loss in d["losses_after_growth"])
+    # few collectives (growth.live_transfer): the tiny model is one bucket, gathered by one all_gather (ZeRO-3) or
+    # one broadcast per rank owning part of it (ZeRO-1/2); depth growth at ZeRO-3 moves nothing
+    if family == "depth":
+        assert d["collectives"] == 0 and d["bytes_moved"] == 0
+    elif not template.startswith("zero0"):
+        assert 1 <= d["collectives"] <= 2, d["collectives"]
+    assert set(d["build_seconds"]) == {"module", "zero3_partition", "optimizer", "engine_other", "adam_state"}
 
 
 def test_fp16_loss_scaler_is_carried(tmp_path):

@@ -7,9 +7,10 @@ from growth_helpers import grown_model, random_model, small_cfg, tokens
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from growth.apply import apply_plan, fresh_entries
+from growth.apply import apply_plan
 from growth.errors import GrowthError
 from growth.ops import make_plan
+from growth.ops.width import ZERO_ENTRY_UPDATE, replica_map
 from growth.single_process import make_optimizer
 from growth.stores import ModuleStore
 from model.gpt import GPT
@@ -29,6 +30,7 @@ def dup_case(draw):
         layer_order=draw(st.sampled_from(["stack", "interleave"])),
         pattern=draw(st.sampled_from(["block", "split"])),
         alpha=draw(st.sampled_from([0.6, 0.9])),
+        symmetry=draw(st.sampled_from(["none", "noise"])),
     )
     return old, new, opts
 
@@ -58,21 +60,37 @@ def loss(model, x):
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
 
 
-@pytest.mark.parametrize(("target", "opts"), [(dict(n_head=4), {}), (dict(n_head=6), {}), (dict(n_inner=45), {})])
-def test_moment_rule_matches_real_gradients(target, opts):
+def first_update_scale(plan, name, g_old):
+    """The dynamics rule's first-update scale s of every entry (exp_avg_sq = gradient rule / s^2): 1 for copies,
+    1/k for ln_f, 1/n for Net2Net c_proj rows, ZERO_ENTRY_UPDATE for entries that are 0 at growth."""
+    rule = plan.rules[name]
+    momentum = rule.exp_avg(torch.ones_like(g_old)) != 0
+    s = torch.where(momentum, 1.0, ZERO_ENTRY_UPDATE).double()
+    if name.startswith("transformer.ln_f"):
+        s = s / (plan.new.n_embd // plan.old.n_embd)
+    if name.endswith("mlp.c_proj.weight") and plan.new.n_embd == plan.old.n_embd:  # FFN-only (Net2Net) growth
+        g, n = replica_map(plan.old.ffn_dim, plan.new.ffn_dim)
+        s = s / n[g][:, None]
+    return s, momentum
+
+
+@pytest.mark.parametrize("target", [dict(n_head=4), dict(n_head=6), dict(n_inner=45)])
+def test_moment_rule_matches_real_gradients(target):
+    """exp_avg maps like the gradient (where momentum is carried); exp_avg_sq like the gradient squared divided by
+    the square of the entry's first-update scale (so that its first Adam update is s times the small model's)."""
     small = random_model(small_cfg(), dtype=torch.float64)
-    plan = make_plan(small.config, small_cfg(**(dict(n_layer=2, n_head=2, head_dim=4) | target)), "duplicate", **opts)
+    plan = make_plan(small.config, small_cfg(**(dict(n_layer=2, n_head=2, head_dim=4) | target)), "duplicate")
     big = grown_model(small, plan)
     x = tokens(small.config, t=13)
     loss(small, x).backward()
     loss(big, x).backward()
-    for name, rule in plan.rules.items():  # m maps like g, v like g**2, on every carried entry
-        g_old, g_new = small.get_parameter(name).grad, big.get_parameter(name).grad
-        carried = ~fresh_entries(rule, g_old)
+    for name, rule in plan.rules.items():
+        g_old, g_new = small.get_parameter(rule.source or name).grad, big.get_parameter(name).grad
+        s, momentum = first_update_scale(plan, name, g_old)
         scale = g_new.abs().max().item()  # float64 throughout: agreement to rounding
-        torch.testing.assert_close(rule.exp_avg(g_old)[carried], g_new[carried], rtol=0, atol=1e-12 * scale)
-        v_rule, v_true = rule.exp_avg_sq(g_old**2)[carried], g_new[carried] ** 2
-        torch.testing.assert_close(v_rule, v_true, rtol=0, atol=1e-12 * scale**2)
+        torch.testing.assert_close(rule.exp_avg(g_old)[momentum], g_new[momentum], rtol=0, atol=1e-12 * scale)
+        v_true = g_new**2 / s**2
+        torch.testing.assert_close(rule.exp_avg_sq(g_old**2), v_true, rtol=1e-9, atol=1e-12 * scale**2)
         if name.endswith("c_fc.weight") and plan.new.n_embd > plan.old.n_embd:  # duplicates get exactly half (or 1/k)
             k = plan.new.n_embd // plan.old.n_embd
             torch.testing.assert_close(g_new[: g_old.shape[0], : g_old.shape[1]], g_old / k, rtol=0, atol=1e-12 * scale)
@@ -104,7 +122,7 @@ def test_one_adam_step_moves_duplicates_like_the_small_model():
     with torch.no_grad():
         for name, rule in plan.rules.items():
             w_old, w_new = small.get_parameter(name), big.get_parameter(name)
-            carried = ~fresh_entries(rule, w_old)
+            carried = rule.exp_avg(torch.ones_like(w_old)) != 0  # off-diagonal blocks: no momentum, they move
             if name.startswith("transformer.ln_f"):
                 continue
             if name.endswith("c_attn.bias"):  # the key bias: gradient 0 analytically, Adam updates its rounding noise

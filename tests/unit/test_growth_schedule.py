@@ -1,6 +1,7 @@
 """LR schedule: DeepSpeed's WarmupCosineLR arithmetic, placement after growth and the re-warm."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -96,3 +97,22 @@ def test_engine_schedule_refuses_another_scheduler_and_checkpoint_schedule_reads
     saved = vars(ScheduleState(total_num_steps=80, warmup_num_steps=5, rewarm_start=3, rewarm_steps=2))
     assert checkpoint_schedule(saved, ds, 9) == ScheduleState(80, 5, 9, rewarm_start=3, rewarm_steps=2)
     assert checkpoint_schedule(None, {"scheduler": {"type": "WarmupLR"}}, 7) is None
+
+
+def test_rewarm_from_current_starts_at_the_old_lr_not_at_1_over_r():
+    """Issue 12: 'target' placement with a 20-step re-warm from zero trained the first post-growth step at 5% of the
+    placed LR; rewarm_from='current' starts at the LR the run had (capped at the placed LR) and reaches the placed
+    schedule after R steps."""
+    s = ScheduleState(total_num_steps=240, warmup_num_steps=10, last_batch_iteration=81)
+    before = s.ratio(80)
+    zero = place_schedule(s, 80, ScheduleRule(kind="target", constant_op=1.8, rewarm_steps=20))
+    cur = place_schedule(s, 80, ScheduleRule(kind="target", constant_op=1.8, rewarm_steps=20, rewarm_from="current"))
+    base = replace(cur, rewarm_start=-1).ratio(80)
+    assert zero.ratio(80) == pytest.approx(base / 20)
+    assert cur.ratio(80) == pytest.approx(before + (base - before) / 20)  # f + (1 - f) / R, f = before / base
+    assert cur.ratio(99) == pytest.approx(base) and cur.rewarm(99) == 1.0
+    assert [rewarm_factor(j, 4, 0.5) for j in (-1, 0, 1, 3)] == [1.0, 0.625, 0.75, 1.0]
+    later = place_schedule(s, 80, ScheduleRule(kind="target", constant_op=0.5, rewarm_steps=20, rewarm_from="current"))
+    assert later.rewarm_floor == 1.0 and later.ratio(80) < before  # placed below the old LR: no re-warm at all
+    with pytest.raises(GrowthError, match="rewarm_from"):
+        ScheduleRule(rewarm_from="peak")

@@ -1,0 +1,7 @@
+"""``python -m trainer.driver PLAN.yaml [--dry_run] -- TRAIN_ARGS``: growlm-run without the console script."""
+
+import sys
+
+from trainer.driver import main
+
+sys.exit(main())

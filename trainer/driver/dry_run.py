@@ -1,0 +1,88 @@
+"""growlm-run --dry_run: per stage the model shape, parameters, where and how it is reached, the launcher command of
+its job and the expected model-state memory per rank (trainer.driver.memory), with a warning where it exceeds
+--mem_per_rank_gib. Starts nothing and writes nothing."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from growth.stages import StageList
+from model.config import GPTConfig, param_count
+from runtime.engine import precision_of
+from trainer.driver.memory import GIB, model_state_bytes
+from trainer.driver.segments import (
+    Segment,
+    ds_config_path,
+    grown_path,
+    job_args,
+    launcher_commands,
+    written_hostfile,
+)
+
+
+def stage_rows(plan: StageList, segments: list[Segment]) -> list[tuple[str, GPTConfig, str, Segment]]:
+    """(name, shape, how it is reached, its segment) for ``start`` and every stage, in run order."""
+    rows = [("start", plan.start, "start", segments[0])]
+    by_stage = {}
+    for seg in segments:
+        if seg.first_stage is not None:
+            by_stage[plan.stages[seg.first_stage].name] = (seg, "save -> offline grow + reshard -> relaunch")
+        for name in seg.stages:
+            by_stage[name] = (seg, "live growth")
+    for s in plan.stages:
+        seg, how = by_stage[s.name]
+        rows.append((s.name, s.target, f"{how} at {s.when.kind} {s.when.value:g}", seg))
+    return rows
+
+
+def print_dry_run(
+    plan: StageList,
+    segments: list[Segment],
+    base_cfg: dict[str, Any],
+    ns: argparse.Namespace,
+    args: argparse.Namespace,
+    train_args: list[str],
+) -> int:
+    """Print the dry run (module docstring); returns 0."""
+    from trainer.driver.cli import REPO, deepspeed_path
+
+    precision = precision_of(base_cfg)
+    driver_dir = Path(ns.out_dir).resolve() / "driver"
+    plan_path = str(Path(args.plan).resolve())
+    print(
+        f"growlm-run dry run: {len(plan.stages) + 1} model(s) in {len(segments)} job(s), {precision}, --max_steps "
+        f"{ns.max_steps}; memory = parameters + gradients + Adam state per rank (ZeRO paper, Rajbhandari et al. "
+        "2020, Sec. 3.1 / Fig. 1; activations not included)"
+    )
+    warnings = 0
+    shown = set()
+    for name, cfg, how, seg in stage_rows(plan, segments):
+        r = seg.resources
+        n = param_count(cfg)
+        mem = model_state_bytes(n, r.zero_stage, precision, r.world_size)
+        print(f"\n[{name}] {cfg.shape_str()}: {n:,} parameters ({how})")
+        print(
+            f"  job {seg.index}: {r.nodes} node(s) x {r.ranks_per_node} rank(s), ZeRO-{r.zero_stage}, micro batch "
+            f"{r.micro_batch} x accumulation {r.grad_accum} x {r.world_size} ranks = {r.global_batch} sequences"
+        )
+        print(f"  model states per rank: {mem / GIB:.3f} GiB")
+        if args.mem_per_rank_gib is not None and mem > args.mem_per_rank_gib * GIB:
+            warnings += 1
+            print(
+                f"  WARNING: {mem / GIB:.3f} GiB per rank exceeds --mem_per_rank_gib {args.mem_per_rank_gib:g}: use "
+                "more ranks or a higher ZeRO stage for this stage"
+            )
+        if seg.index not in shown:
+            shown.add(seg.index)
+            hostfile = Path(r.hostfile) if r.hostfile else None
+            hostfile = hostfile or (written_hostfile(driver_dir, seg.index) if (r.hosts or r.nodes > 1) else None)
+            resume = str(grown_path(driver_dir, seg.first_stage)) if seg.index else None
+            cfg = ds_config_path(driver_dir, seg.index)
+            job = job_args(train_args, plan_path, cfg, resume, seg.stop_stage)
+            ds, script = deepspeed_path(args.deepspeed), str(REPO / "train.py")
+            for cmd in launcher_commands(r, ds, 29500, script, job, hostfile):
+                print(f"  launch: {' '.join(cmd)}")
+    print(f"\ngrowlm-run dry run: {warnings} warning(s)")
+    return 0
