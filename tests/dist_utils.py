@@ -93,3 +93,22 @@ def tiny_ds_config(tmp_path: Path, template: str = "zero2_fp32") -> Path:
     return write_ds_config(
         tmp_path / f"{template}.json", template, train_micro_batch_size_per_gpu=4, lr=3e-3, scheduler_warmup_num_steps=2
     )
+
+
+def assert_close_tree(x, y, where: str, skip: tuple[str, ...] = ("ds_config", "ds_version", "mp_world_size")) -> None:
+    """Every floating-point tensor of two loaded checkpoint files (nested dicts/lists) equal to 1e-6, same shapes and
+    list lengths; dict keys in ``skip`` (settings, versions, world size) are not compared. Raises AssertionError."""
+    import torch
+
+    if torch.is_tensor(x):
+        assert torch.is_tensor(y) and x.shape == y.shape, where
+        if x.is_floating_point():
+            torch.testing.assert_close(x, y, rtol=0, atol=1e-6, msg=where)
+    elif isinstance(x, dict):
+        for k in x:
+            if k not in skip:
+                assert_close_tree(x[k], y[k], f"{where}/{k}", skip)
+    elif isinstance(x, list | tuple):
+        assert len(x) == len(y), where
+        for i, (u, v) in enumerate(zip(x, y, strict=True)):
+            assert_close_tree(u, v, f"{where}[{i}]", skip)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_utils import REPO, base_env, read_metrics, run_ranks, write_ds_config
+from dist_utils import REPO, assert_close_tree, base_env, read_metrics, run_ranks, write_ds_config
 
 from trainer.driver.procs import group_members
 
@@ -191,20 +191,4 @@ def test_driver_killed_in_each_phase_continues_exactly(zero2, tmp_path):
     assert sorted(p.name for p in a_dir.iterdir()) == sorted(p.name for p in b_dir.iterdir())
     for f in sorted(a_dir.glob("*.pt")):  # weights, each rank's ZeRO-2 partition with its Adam state, RNG
         sa, sb = (torch.load(d / f.name, map_location="cpu", weights_only=False) for d in (a_dir, b_dir))
-        assert_close_tree(sa, sb, f.name)
-
-
-def assert_close_tree(x, y, where: str) -> None:
-    """Every floating-point tensor in two checkpoint files equal to 1e-6 (strings and settings not compared)."""
-    if torch.is_tensor(x):
-        assert torch.is_tensor(y) and x.shape == y.shape, where
-        if x.is_floating_point():
-            torch.testing.assert_close(x, y, rtol=0, atol=1e-6, msg=where)
-    elif isinstance(x, dict):
-        for k in x:
-            if k not in ("ds_config", "ds_version", "mp_world_size", "growlm"):
-                assert_close_tree(x[k], y[k], f"{where}/{k}")
-    elif isinstance(x, (list, tuple)):
-        assert len(x) == len(y), where
-        for i, (u, v) in enumerate(zip(x, y, strict=True)):
-            assert_close_tree(u, v, f"{where}[{i}]")
+        assert_close_tree(sa, sb, f.name, ("ds_config", "ds_version", "mp_world_size", "growlm"))

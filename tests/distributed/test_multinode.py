@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_utils import REPO, base_env, free_port, read_metrics, run_ranks, write_ds_config
+from dist_utils import REPO, assert_close_tree, base_env, free_port, read_metrics, run_ranks, write_ds_config
 
 DEEPSPEED = str(REPO / ".venv" / "bin" / "deepspeed") if (REPO / ".venv/bin/deepspeed").exists() else "deepspeed"
 
@@ -50,23 +50,7 @@ def assert_same_run(ref: Path, other: Path) -> None:
     assert sorted(p.name for p in ck_a.iterdir()) == sorted(p.name for p in ck_b.iterdir())
     for f in sorted(ck_a.glob("*.pt")):  # module weights, each rank's ZeRO-2 fp32 partition + Adam state, RNG
         sa, sb = (torch.load(d / f.name, map_location="cpu", weights_only=False) for d in (ck_a, ck_b))
-        _assert_close_tree(sa, sb, f.name)
-
-
-def _assert_close_tree(x, y, where: str) -> None:
-    if torch.is_tensor(x):
-        assert torch.is_tensor(y) and x.shape == y.shape, where
-        if x.is_floating_point():
-            torch.testing.assert_close(x, y, rtol=0, atol=1e-6, msg=where)
-    elif isinstance(x, dict):
-        for k in x:
-            if k in ("ds_config", "ds_version", "mp_world_size"):
-                continue
-            _assert_close_tree(x[k], y[k], f"{where}/{k}")
-    elif isinstance(x, (list, tuple)):
-        assert len(x) == len(y), where
-        for i, (u, v) in enumerate(zip(x, y, strict=True)):
-            _assert_close_tree(u, v, f"{where}[{i}]")
+        assert_close_tree(sa, sb, f.name)
 
 
 def _wait_all(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str]]:
