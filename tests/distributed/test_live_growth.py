@@ -135,7 +135,11 @@ def test_train_py_grows_and_a_checkpoint_in_the_ramp_resumes_exactly(tmp_path, p
     assert len(growths) == plan_text.count("- name:")
     for g in growths:
         assert abs(g["loss_after"] - g["loss_before"]) <= 1e-5, g  # exact operators, fp32
-        assert g["params_to"] > g["params_from"] and g["seconds"] > 0 and g["bytes_moved"] > 0
+        assert g["params_to"] > g["params_from"] and g["seconds"] > 0 and g["build_optimizer_s"] >= 0
+        if template == "zero3_fp32" and g["stage"] == "depth":  # every rule elementwise: each rank maps its own shard
+            assert g["bytes_moved"] == 0 and g["collectives"] == 0, g
+        else:
+            assert g["bytes_moved"] > 0 and g["collectives"] >= 1, g
     assert steps[-1]["loss"] < steps[0]["loss"] - 0.1  # training continued and learned
     state = json.loads((full / "checkpoints" / "global_step5" / "growlm_state.json").read_text())
     assert state["growth_stage"] >= 1 and state["model_config"]["n_embd"] == 64
