@@ -174,4 +174,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from runtime.dist import exit_process
+
+    exit_process(main())  # no interpreter finalisation after a finished run (see exit_process)
