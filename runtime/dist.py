@@ -266,7 +266,8 @@ def close_distributed() -> None:
 
 def exit_process(status: int) -> NoReturn:
     """End a rank's process with ``status`` once its work is done (after ``close_distributed``), without the
-    interpreter's finalisation: stdout, stderr and logging are flushed, then ``os._exit``.
+    interpreter's finalisation: MPI is finalized if mpi4py started it (mpirun counts a rank that exits without
+    MPI_Finalize as failed), stdout, stderr and logging are flushed, then ``os._exit``.
 
     Why: after a complete run (checkpoint committed, process group destroyed) a CPU rank has been seen, about once in
     a few hundred processes, to abort at interpreter exit with "terminate called without an active exception"
@@ -277,6 +278,9 @@ def exit_process(status: int) -> NoReturn:
     """
     import logging
 
+    mpi = sys.modules.get("mpi4py.MPI")  # MPI discovery (mpirun): finalize as mpi4py's own exit handler would
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
