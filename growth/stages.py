@@ -8,7 +8,8 @@ chain when loaded (``load_stages`` -> ``StageList``). Each stage builds its per-
         target: {n_layer: 4}                        # fields that change from the previous stage's shape
         family: masked                              # masked | duplicate
         options: {layer_order: stack}               # operator options (growth.ops.make_plan)
-        when: {step: 2000}                          # or {tokens: 4.0e7}, or {slope: auto} / {slope: -0.05}
+        when: {step: 2000}                          # or {tokens: 4.0e7}, {slope: -0.05}, {slope: auto}, or
+                                                    #   {slope: auto, reference: runs/target/metrics.jsonl}
         ramp_steps: 500                             # masked family: mask ramp length (optimizer steps), or
         ramp_frac: 0.25                             #   a fraction of the run left at growth (the default)
         optimizer: {moments: carry, fresh_exp_avg_sq: mean}
@@ -21,6 +22,7 @@ the stage named, before any training starts.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -43,10 +45,24 @@ TRIGGERS = ("step", "tokens", "slope")
 @dataclass(frozen=True)
 class Trigger:
     """When a stage starts: after ``value`` optimizer steps ('step'), training tokens ('tokens'), or when the
-    smoothed d log10 L / d log10 C reaches ``value`` ('slope'; growth.trigger.slope_trigger)."""
+    smoothed d log10 L / d log10 C reaches ``value`` ('slope'; growth.trigger.slope_trigger).
+
+    ``{slope: auto}`` alone takes Shen et al. 2022's GPT-2 threshold for what grows (SLOPE_THRESHOLDS), which need
+    not transfer to another model, corpus or batch. ``{slope: auto, reference: PATH}`` derives the moment from the
+    run's own curves instead: ``reference`` is the metrics.jsonl of a scratch run of this stage's target shape, and
+    the stage starts once the small model's loss falls no faster per FLOP than the reference's did at the same loss
+    (growth.trigger.equal_rate_reached); ``value`` is then NaN.
+    """
 
     kind: str
     value: float
+    reference: str | None = None
+
+    def describe(self) -> str:
+        """'step 2000', 'slope -0.0575', 'slope auto (equal rate with runs/x/metrics.jsonl)'."""
+        if self.reference:
+            return f"{self.kind} auto (equal rate with {self.reference})"
+        return f"{self.kind} {self.value:g}"
 
 
 @dataclass(frozen=True)
@@ -148,12 +164,21 @@ def parse_stages(doc: dict[str, Any]) -> StageList:
         if extra or "target" not in raw or "family" not in raw or "when" not in raw:
             raise GrowthError(f"{where} needs target, family and when; unknown keys {sorted(extra)}")
         target = _config(current, raw["target"], where)
-        when = raw["when"]
+        when = dict(raw["when"]) if isinstance(raw["when"], dict) else raw["when"]
+        reference = when.pop("reference", None) if isinstance(when, dict) else None
         if not isinstance(when, dict) or len(when) != 1 or next(iter(when)) not in TRIGGERS:
-            raise GrowthError(f"{where}: when={when!r} must be one of {{step: N}}, {{tokens: N}}, {{slope: X|auto}}")
+            raise GrowthError(
+                f"{where}: when={raw['when']!r} must be one of {{step: N}}, {{tokens: N}}, {{slope: X}}, "
+                "{slope: auto} or {slope: auto, reference: METRICS_JSONL}"
+            )
         kind, value = next(iter(when.items()))
+        if reference is not None and (kind != "slope" or value != "auto" or not isinstance(reference, str)):
+            raise GrowthError(
+                f"{where}: 'reference' goes with {{slope: auto}} only, as the path of a scratch run's metrics.jsonl "
+                f"(got when={raw['when']!r})"
+            )
         if kind == "slope" and value == "auto":
-            value = SLOPE_THRESHOLDS[_kind(current, target)]
+            value = math.nan if reference else SLOPE_THRESHOLDS[_kind(current, target)]
         value = float(value)
         if kind in last and value <= last[kind] and kind != "slope":
             raise GrowthError(f"{where} starts at {kind}={value:g}, not after the previous stage ({last[kind]:g})")
@@ -169,7 +194,7 @@ def parse_stages(doc: dict[str, Any]) -> StageList:
             name=name,
             target=target,
             family=raw["family"],
-            when=Trigger(kind, value),
+            when=Trigger(kind, value, reference),
             options=dict(raw.get("options") or {}),
             ramp_steps=int(raw.get("ramp_steps", 0)),
             ramp_frac=None if raw.get("ramp_frac") is None else float(raw["ramp_frac"]),

@@ -14,6 +14,7 @@ from growth.errors import GrowthError
 # d log10 L / d log10 C at which to grow, per growth dimension (Shen et al. 2022, section 4)
 SLOPE_THRESHOLDS = {"depth": -0.0575, "width": -0.0475, "both": -0.03}
 COMPUTE_OPTIMAL_SLOPE = -0.052
+SLOPE_WINDOW = 10  # evaluations in the least-squares slope of the live trigger
 
 
 def smooth(values: Sequence[float], beta: float = 0.9) -> list[float]:
@@ -25,7 +26,9 @@ def smooth(values: Sequence[float], beta: float = 0.9) -> list[float]:
     return out
 
 
-def loglog_slope(compute_flops: Sequence[float], losses: Sequence[float], window: int = 10, beta: float = 0.9) -> float:
+def loglog_slope(
+    compute_flops: Sequence[float], losses: Sequence[float], window: int = SLOPE_WINDOW, beta: float = 0.9
+) -> float:
     """d log10 L / d log10 C of the smoothed loss curve: least-squares slope over the last ``window`` points.
 
     Args:
@@ -51,7 +54,11 @@ def loglog_slope(compute_flops: Sequence[float], losses: Sequence[float], window
 
 
 def slope_trigger(
-    compute_flops: Sequence[float], losses: Sequence[float], threshold: float, window: int = 10, beta: float = 0.9
+    compute_flops: Sequence[float],
+    losses: Sequence[float],
+    threshold: float,
+    window: int = SLOPE_WINDOW,
+    beta: float = 0.9,
 ) -> bool:
     """True when the smoothed log-log slope has flattened to ``threshold`` or above (e.g. -0.0575 for depth; see
     SLOPE_THRESHOLDS), i.e. the small model has stopped being compute-efficient. False while too few points."""
@@ -61,7 +68,11 @@ def slope_trigger(
 
 
 def first_trigger_index(
-    compute_flops: Sequence[float], losses: Sequence[float], threshold: float, window: int = 10, beta: float = 0.9
+    compute_flops: Sequence[float],
+    losses: Sequence[float],
+    threshold: float,
+    window: int = SLOPE_WINDOW,
+    beta: float = 0.9,
 ) -> int | None:
     """Index of the first evaluation at which ``slope_trigger`` fires on the points so far (None: never)."""
     for i in range(max(window, 2), len(losses) + 1):
@@ -80,12 +91,53 @@ def _rate(compute_flops: Sequence[float], losses: Sequence[float], i: int, windo
     return -slope * smooth(losses[: i + 1], beta)[-1] / compute_flops[i]
 
 
+def _rates_meet(
+    small_flops: Sequence[float],
+    small_losses: Sequence[float],
+    target_flops: Sequence[float],
+    target_losses: Sequence[float],
+    i: int,
+    window: int,
+    beta: float,
+) -> bool:
+    """True when the small model's -dL/dC at evaluation i is at most the target's at the first target evaluation
+    whose smoothed loss is at or below the small model's smoothed loss there (False when either rate is undefined
+    or the target curve never gets that low)."""
+    small_s = smooth(small_losses[: i + 1], beta)[-1]
+    j = next((k for k, v in enumerate(smooth(target_losses, beta)) if v <= small_s), None)
+    r_small = _rate(small_flops, small_losses, i, window, beta)
+    r_target = None if j is None else _rate(target_flops, target_losses, j, window, beta)
+    return r_small is not None and r_target is not None and r_small <= r_target
+
+
+def equal_rate_reached(
+    small_flops: Sequence[float],
+    small_losses: Sequence[float],
+    target_flops: Sequence[float],
+    target_losses: Sequence[float],
+    window: int = SLOPE_WINDOW,
+    beta: float = 0.9,
+) -> bool:
+    """The live form of ``equal_rate_threshold`` (a plan's ``when: {slope: auto, reference: ...}``): True once the
+    small model's loss falls no faster per FLOP than the target model's did at the same loss (Shen et al. 2022,
+    section 4), judged at the last of the small model's evaluations. False while there are fewer than ``window``.
+
+    Args:
+        small_flops, small_losses: the small model's evaluations since its stage began (cumulative training FLOPs,
+            nats/token).
+        target_flops, target_losses: a scratch run of the target model (its metrics.jsonl validations).
+    """
+    if len(small_losses) < max(window, 2):
+        return False
+    return _rates_meet(small_flops, small_losses, target_flops, target_losses, len(small_losses) - 1, window, beta)
+
+
 def equal_rate_threshold(
     small_flops: Sequence[float],
     small_losses: Sequence[float],
     target_flops: Sequence[float],
     target_losses: Sequence[float],
-    window: int = 10,
+    window: int = SLOPE_WINDOW,
     beta: float = 0.9,
 ) -> tuple[float, int]:
     """A slope-trigger threshold derived from a run's own curves instead of GPT-2 constants (Shen et al. 2022,
@@ -109,13 +161,9 @@ def equal_rate_threshold(
     """
     if len(small_losses) < max(window, 2):
         raise GrowthError(f"need at least window={window} small-model evaluations, have {len(small_losses)}")
-    target_s = smooth(target_losses, beta)
-    small_s = smooth(small_losses, beta)
-    for i in range(window - 1, len(small_losses)):
-        j = next((k for k, v in enumerate(target_s) if v <= small_s[i]), None)
-        r_small = _rate(small_flops, small_losses, i, window, beta)
-        r_target = None if j is None else _rate(target_flops, target_losses, j, window, beta)
-        if r_small is not None and r_target is not None and r_small <= r_target:
-            return loglog_slope(small_flops[: i + 1], small_losses[: i + 1], window, beta), i
-    i = len(small_losses) - 1
-    return loglog_slope(small_flops, small_losses, window, beta), i
+    i = next(
+        (k for k in range(window - 1, len(small_losses))
+         if _rates_meet(small_flops, small_losses, target_flops, target_losses, k, window, beta)),
+        len(small_losses) - 1,
+    )  # fmt: skip
+    return loglog_slope(small_flops[: i + 1], small_losses[: i + 1], window, beta), i

@@ -9,16 +9,17 @@ carries".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from growth.live import GROWTH_PHASES, GrowthResult, collect_old_engine, grow_engine
 from growth.stages import Stage
-from growth.trigger import slope_trigger
+from growth.trigger import equal_rate_reached, slope_trigger
 from model.config import GPTConfig, param_count
 from runtime.engine import build_engine
 from trainer.config import RunConfig
 from trainer.loop import Batches, Progress, fixed_batch_loss
-from trainer.metrics import MetricsLogger, max_rss_bytes
+from trainer.metrics import MetricsLogger, max_rss_bytes, read_val_curve
 
 # growth/<key> in TensorBoard: the growth, then its cost per phase (growth.live.GrowthResult) and the peak RSS
 GROWTH_SCALARS = ("loss_before", "loss_after", "seconds", "bytes_moved", "params_to", "peak_rss_bytes_all_ranks")
@@ -26,25 +27,36 @@ GROWTH_SCALARS += tuple(f"{phase}_{unit}" for phase in GROWTH_PHASES for unit in
 
 
 def next_stage(p: Progress, run: RunConfig) -> Stage | None:
-    """The plan's next stage if it is due now, else None.
-
-    A stage is due when its trigger fires: ``{step: N}`` at step >= N, ``{tokens: N}`` once N training tokens are
-    consumed, ``{slope: X}`` when growth.trigger.slope_trigger fires on the validations since the last growth. A
-    due stage waits while the masks of an earlier growth still ramp (the model still has masks).
-    """
+    """The plan's next stage if it is due now (``stage_due``), else None. A due stage waits while the masks of an
+    earlier growth still ramp (the model still has masks)."""
     if run.growth is None or p.stage_index >= len(run.growth.stages):
         return None
     stage = run.growth.stages[p.stage_index]
     if p.engine.module.growth_masks is not None:
         return None
+    return stage if stage_due(stage, p.step, p.consumed * run.seq_len, p.slope_points) else None
+
+
+def stage_due(stage: Stage, step: int, tokens: int, slope_points: list[tuple[float, float]]) -> bool:
+    """Whether ``stage``'s trigger fires: ``{step: N}`` at step >= N, ``{tokens: N}`` once N training tokens are
+    consumed, ``{slope: X}`` when growth.trigger.slope_trigger fires on the validations since the last growth
+    (``slope_points``: cumulative training FLOPs, validation loss), ``{slope: auto, reference: PATH}`` when
+    growth.trigger.equal_rate_reached does on them against the reference run's validation curve."""
     kind, value = stage.when.kind, stage.when.value
     if kind == "step":
-        due = p.step >= value
-    elif kind == "tokens":
-        due = p.consumed * run.seq_len >= value
-    else:
-        due = kind == "slope" and slope_trigger([f for f, _ in p.slope_points], [v for _, v in p.slope_points], value)
-    return stage if due else None
+        return step >= value
+    if kind == "tokens":
+        return tokens >= value
+    flops, losses = [f for f, _ in slope_points], [v for _, v in slope_points]
+    if stage.when.reference:
+        return equal_rate_reached(flops, losses, *reference_curve(stage.when.reference))
+    return slope_trigger(flops, losses, value)
+
+
+@lru_cache(maxsize=8)
+def reference_curve(path: str) -> tuple[list[float], list[float]]:
+    """The validation curve of a ``{slope: auto, reference: PATH}`` trigger's reference run (read once)."""
+    return read_val_curve(path)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,34 @@ def max_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def read_val_curve(path: str | Path) -> tuple[list[float], list[float]]:
+    """The validation curve of a run: (cumulative training FLOPs, validation loss in nats/token) of its
+    metrics.jsonl "val" records with FLOPs > 0, one per step (the last record of a step kept), ordered by FLOPs.
+    A half-written last line (a killed writer) is skipped.
+
+    Raises:
+        UsageError: the file cannot be read or holds no validation record after training started.
+    """
+    from trainer.errors import UsageError
+
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError as e:
+        raise UsageError(f"cannot read the metrics file {path}: {e.strerror}; give a run's metrics.jsonl") from None
+    by_step: dict[int, dict] = {}
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(r, dict) and r.get("event") == "val" and r.get("flops", 0) > 0:
+            by_step[int(r["step"])] = r
+    if not by_step:
+        raise UsageError(f"{path} holds no validation record; the run it comes from needs --eval_interval")
+    pts = sorted(by_step.values(), key=lambda r: r["flops"])
+    return [float(r["flops"]) for r in pts], [float(r["val_loss"]) for r in pts]
+
+
 class Throughput:
     """Training tokens per second over the steps since the last measurement, excluding paused time (validation).
 

@@ -11,10 +11,12 @@ from typing import Any
 
 from growth.errors import GrowthError
 from growth.stages import StageList, load_stages
+from growth.trigger import SLOPE_WINDOW
 from model.config import GPTConfig
 from runtime.engine import precision_of
 from runtime.run_state import RunState
 from trainer.errors import UsageError
+from trainer.metrics import read_val_curve
 
 SHAPE_FLAGS = ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "vocab_size")  # GPTConfig overrides
 
@@ -114,6 +116,11 @@ def check_plan_fits_run(growth: StageList, stage_index: int, args, ds_cfg: dict,
             )
         if s.when.kind == "slope" and not args.eval_interval:
             raise UsageError(f"stage {s.name!r} grows on the validation-loss slope; set --eval_interval")
+        if s.when.reference and len(read_val_curve(s.when.reference)[0]) < SLOPE_WINDOW:
+            raise UsageError(
+                f"stage {s.name!r}: the reference run {s.when.reference} has fewer than {SLOPE_WINDOW} validation "
+                "records, too few for a rate; train it longer or with a smaller --eval_interval"
+            )
         largest = max(s.target.vocab_size, s.target.ffn_dim, 3 * s.target.n_embd) * s.target.n_embd
         if stage == 3 and largest > max_live:
             raise UsageError(

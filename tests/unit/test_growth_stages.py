@@ -34,6 +34,8 @@ def stage(**kw):
         (doc(stage(), stage(target={"n_layer": 4}, when={"step": 5})), "not after the previous"),
         (doc(stage(ramp_steps=50), stage(target={"n_layer": 4}, when={"step": 30})), "ramp runs until step 60"),
         (doc(stage(when={"epoch": 3})), "must be one of"),
+        (doc(stage(when={"step": 3, "reference": "r/metrics.jsonl"})), "'reference' goes with {slope: auto} only"),
+        (doc(stage(when={"slope": -0.05, "reference": "r/metrics.jsonl"})), "goes with {slope: auto} only"),
         (doc(stage(optimizer={"moments": "keep"})), "unknown moments policy"),
         ({"stages": []}, "needs 'start'"),
     ],
@@ -46,3 +48,11 @@ def test_bad_plans(d, match):
 def test_chained_stages_grow_from_the_previous_shape():
     p = parse_stages(doc(stage(ramp_steps=5), stage(target={"n_embd": 128, "n_head": 8}, when={"step": 15})))
     assert p.stages[1].target.n_layer == 3 and p.stages[1].target.n_embd == 128
+
+
+def test_slope_auto_takes_gpt2_constants_or_a_reference_run():
+    gpt2 = parse_stages(doc(stage(when={"slope": "auto"}))).stages[0].when
+    assert (gpt2.kind, gpt2.value, gpt2.reference) == ("slope", -0.0575, None)  # depth grows: Shen et al.'s depth
+    ref = parse_stages(doc(stage(when={"slope": "auto", "reference": "runs/t/metrics.jsonl"}))).stages[0].when
+    assert ref.kind == "slope" and ref.reference == "runs/t/metrics.jsonl" and ref.value != ref.value  # NaN
+    assert ref.describe() == "slope auto (equal rate with runs/t/metrics.jsonl)" and gpt2.describe() == "slope -0.0575"

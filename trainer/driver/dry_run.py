@@ -33,7 +33,7 @@ def stage_rows(plan: StageList, segments: list[Segment]) -> list[tuple[str, GPTC
             by_stage[name] = (seg, "live growth")
     for s in plan.stages:
         seg, how = by_stage[s.name]
-        rows.append((s.name, s.target, f"{how} at {s.when.kind} {s.when.value:g}", seg))
+        rows.append((s.name, s.target, f"{how} at {s.when.describe()}", seg))
     return rows
 
 
