@@ -83,6 +83,7 @@ CASES = {
     "depth-interleave": (dict(n_layer=4, n_head=4), {}),
     "depth-stack": (dict(n_layer=4, n_head=4), {"layer_order": "stack"}),
     "ffn-net2net": (dict(n_head=4, n_inner=100), {}),
+    "width+depth": (dict(n_layer=4, n_head=8), {"pattern": "split"}),  # both at once: the two excesses compound
 }
 
 
