@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from eval.experiments import compute_protocol as cp
-from eval.experiments.equal_compute import REPO, Job, cost, job_done, read_vals
+from eval.experiments.equal_compute import REPO, SLOPE, Job, cost, job_done, read_vals
 from eval.experiments.staged_report import flops_to_loss
 
 GOAL = (0.40, 0.25)  # issue 12: >= 40% saved, 95% interval's lower bound > 25%
@@ -115,10 +115,17 @@ def ngram_reference(args: argparse.Namespace, tokens_seen: int) -> dict[str, flo
     }
 
 
-def limits(arms: list[dict], scratch_final: list[float], ngram: dict, cost_ratios: dict[str, list[float]]) -> list[str]:
+def limits(
+    arms: list[dict],
+    scratch_final: list[float],
+    ngram: dict,
+    cost_ratios: dict[str, list[float]],
+    first_slope_step: dict[str, int] | None = None,
+) -> list[str]:
     """What the data say about the goal (>= 40% saved, lower bound > 25%), written from the numbers: the best arm,
-    each arm's equal-steps cap (what its cheap stages alone save) and its stage costs, the seed noise, and where the
-    scratch runs end against the bigram reference."""
+    each arm's equal-steps cap (what its cheap stages alone save) and its stage costs, the seed noise, where the
+    scratch runs end against the bigram reference, a smaller scratch model that beats the target outright, and a
+    slope arm that grew at the first step its trigger could fire (``first_slope_step``: arm -> that step)."""
     staged = [a for a in arms if a["equal_steps_cap"] is not None]
     if not staged:
         return []
@@ -154,6 +161,24 @@ def limits(arms: list[dict], scratch_final: list[float], ngram: dict, cost_ratio
                    f"interval half-width {_pct(half)} (seed std {_pct(a['saving_std'])}); "
                    f"{GOAL[0] - a['saving_mean']:+.1%} short of {GOAL[0]:.0%}." if a["saving_mean"] < GOAL[0] else
                    f"{a['arm']}: reaches the {GOAL[0]:.0%} goal on average.")  # fmt: skip
+    for a in arms:
+        if a["equal_steps_cap"] is None and (a["saving_ci95_low"] or 0) > 0:
+            out.append(f"{a['arm']} (no growth) saves {a['saving_mean']:+.1%} ({_pct(a['saving_ci95_low'])} to "
+                       f"{_pct(a['saving_ci95_high'])}): at this budget the smaller model alone ends below the "
+                       "target's loss, so the target is larger than compute-optimal for these T steps, and part of "
+                       "every growth arm's saving is the time it spends small; against the best scratch model of any "
+                       "size the growth arms save less.")  # fmt: skip
+    for name, step in (first_slope_step or {}).items():
+        a = next((x for x in arms if x["arm"] == name), None)
+        grew = [r["grow_steps"][0] for r in (a or {}).get("per_seed", []) if r["grow_steps"]]
+        if grew and all(g == step for g in grew):
+            steps_of = [r["grow_steps"] for r in a["per_seed"]]
+            same = [
+                x["arm"] for x in staged if x["arm"] != name and [r["grow_steps"] for r in x["per_seed"]] == steps_of
+            ]
+            out.append(f"{name}: the derived threshold fired at step {step} in {len(grew)}/{len(grew)} seeds, the "
+                       "first evaluation with the trigger's window full: the seeds' equal-rate points lie at or "
+                       "before it" + (f"; it grew exactly as {', '.join(same)}." if same else "."))  # fmt: skip
     return out
 
 
@@ -169,7 +194,7 @@ def write_report(args: argparse.Namespace, jobs: list[Job], meta: dict) -> int:
         return 1
     refs, ref_info = reference_curves(runs)
     v = meta["vocab_size"]
-    arms, dyn_cache, ratios = [], {}, {}
+    arms, dyn_cache, ratios, first_slope = [], {}, {}, {}
     for arm in {j.arm.name: j.arm for j in jobs}.values():
         if arm.name in ("scratch", "scratch-long"):
             continue
@@ -184,6 +209,8 @@ def write_report(args: argparse.Namespace, jobs: list[Job], meta: dict) -> int:
             g = [round(np.mean([r["grow_steps"][i] for r in rows if len(r["grow_steps"]) > i] or [0]))
                  for i in range(len(arm.grow))]  # fmt: skip
             cap = cp.equal_steps_cap(costs, g, args.steps) if all(g) else 0.0
+        if SLOPE in arm.grow:
+            first_slope[arm.name] = args.slope_window * next(j.eval_interval for j in jobs if j.arm.name == arm.name)
         dyn, div = dynamics(args, arm, v, dyn_cache)
         arms.append(arm_summary(arm.name, rows, cap, dyn) | {"copy_divergence": div})
     steps_t = args.steps
@@ -196,7 +223,7 @@ def write_report(args: argparse.Namespace, jobs: list[Job], meta: dict) -> int:
            "scratch_final_loss": {k: r["loss"][-1] for k, r in runs.items() if k.startswith("scratch/")},
            "arms": arms, "plots": pngs}  # fmt: skip
     sc = [r["loss"][-1] for k, r in runs.items() if k.startswith("scratch/")]
-    res["limits"] = limits(arms, sc, ngram, ratios)
+    res["limits"] = limits(arms, sc, ngram, ratios, first_slope)
     (args.report / "results.json").write_text(json.dumps(res, indent=2, default=_plain) + "\n")
     from eval.experiments.equal_compute_markdown import markdown
 

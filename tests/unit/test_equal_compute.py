@@ -100,3 +100,23 @@ def test_every_arm_plan_is_a_valid_stage_list_and_dry_run_lists_the_runs(argv, c
             assert (stages.stages[-1].target.n_layer, stages.stages[-1].target.n_embd) == (n_layer, n_embd)
     assert ec.main([*argv, "--dry_run", "--data", "no/such/folder"]) == 0  # a dry run needs no data
     assert "depth-slope/seed" in capsys.readouterr().out
+
+
+def test_limits_name_a_smaller_scratch_model_that_wins_and_a_slope_arm_that_fired_at_once():
+    from eval.experiments.equal_compute_report import limits
+
+    def arm(name, cap, mean, lo, hi, grew):
+        return {"arm": name, "equal_steps_cap": cap, "saving_mean": mean, "saving_ci95_low": lo,
+                "saving_ci95_high": hi, "saving_std": 0.01, "seeds_positive": 5, "n_seeds": 5,
+                "per_seed": [{"grow_steps": g} for g in grew]}  # fmt: skip
+
+    arms = [arm("scratch-2x128", None, 0.3, 0.2, 0.4, [[], []]), arm("depth-g25", 0.08, 0.1, 0.08, 0.12, [[120]] * 5),
+            arm("depth-slope", 0.08, 0.1, 0.08, 0.12, [[120]] * 5)]  # fmt: skip
+    out = limits(arms, [5.2], {"bigram_all_train": 4.9}, {"depth-g25": [0.68]}, {"depth-slope": 120})
+    assert any(s.startswith("scratch-2x128 (no growth) saves +30.0%") and "compute-optimal" in s for s in out)
+    assert any(s.startswith("depth-slope: the derived threshold fired at step 120 in 5/5 seeds") and s.endswith(
+        "it grew exactly as depth-g25.") for s in out)  # fmt: skip
+    late = limits(arms, [5.2], {"bigram_all_train": 4.9}, {}, {"depth-slope": 96})  # grew later than it could
+    assert not any("derived threshold fired" in s for s in late)
+    arms[0]["saving_ci95_low"] = -0.1  # a smaller model that may not win: no claim
+    assert not any("no growth" in s for s in limits(arms, [5.2], {"bigram_all_train": 4.9}, {}, None))
