@@ -1,7 +1,7 @@
 """growlm-experiment (default protocol): equal-compute staged training against scratch, over several seeds, with
 paired savings and 95% intervals (DESIGN.md, "When to grow"; arithmetic in eval.experiments.compute_protocol).
 
-    growlm-experiment                                # default: 5 seeds, ~60-70 min on an idle 2-core CPU
+    growlm-experiment                                # default: 5 seeds, 62 min on an idle 2-core CPU
     growlm-experiment --quick --out runs/ec_quick --report runs/ec_quick/report     # the whole pipeline, tiny
     growlm-experiment --report_only                  # rewrite the report from finished runs
     growlm-experiment --protocol equal_steps ...     # the older equal-steps experiment (eval/experiments/staged.py)
