@@ -97,6 +97,11 @@ def _num(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _mfu(mfu: float) -> str:
+    """MFU as a percentage; 'n/a' above 100% (the measured peak was not a peak)."""
+    return f"{mfu:.1%}" if mfu <= 1.0 else "n/a"
+
+
 def markdown(records: list[dict], header: dict) -> str:
     """A markdown report: a context list (``header``: label -> value) and one table row per run record."""
     lines = ["# growlm throughput benchmark", ""]
@@ -113,7 +118,7 @@ def markdown(records: list[dict], header: dict) -> str:
         lines.append(
             f"| {r['name']} | {r.get('zero_stage', '-') if r['kind'] == 'deepspeed' else '-'} | {r['precision']} "
             f"| {r['world_size']} | {r['step_time_s_median'] * 1e3:,.0f} | {r['tokens_per_s']:,.0f} "
-            f"| {r['tokens_per_s_per_rank']:,.0f} | {r['model_flops_per_s'] / 1e12:.4f} | {r['mfu']:.1%} "
+            f"| {r['tokens_per_s_per_rank']:,.0f} | {r['model_flops_per_s'] / 1e12:.4f} | {_mfu(r['mfu'])} "
             f"| {r.get('skipped_steps', 0)} | {' / '.join(mib(b) for b in rss) or '-'} "
             f"| {_num(ratio, '.2f') + 'x' if ratio is not None else '-'} |"
         )
@@ -126,7 +131,9 @@ def markdown(records: list[dict], header: dict) -> str:
     lines += [
         "",
         "tokens/s counts the global batch of all ranks; model TFLOP/s = tokens/s x (6N + 12 L H Q T) per token, "
-        "activation recomputation off; MFU = model FLOP/s per rank / the peak above; 'vs PyTorch' = DeepSpeed "
+        "activation recomputation off; MFU = model FLOP/s per rank / the peak above (n/a where the model ran faster "
+        "than that peak: no native kernels for the precision, so the measured product is no peak); "
+        "'vs PyTorch' = DeepSpeed "
         "median step time / the plain PyTorch step time (torch DDP, the same ranks, threads, precision and global "
         "batch; above 1: slower than plain PyTorch). Peak RSS is each rank process's peak resident memory (host).",
         "",

@@ -50,6 +50,9 @@ def test_growth_cost_in_seconds_and_equivalent_steps():
     rec = {"name": "zero2-fp32", "kind": "deepspeed", "zero_stage": 2, "precision": "fp32", "world_size": 1,
            "mfu": 0.1, "model_flops_per_s": 1e9, **s}  # fmt: skip
     assert "| zero2-fp32 | 2 | 4.00 | 2.0 |" in markdown([rec], {"device": "test"})
+    assert "| 0.0000 | 10.0% |" in markdown([rec], {})
+    # a model faster than the measured "peak" (emulated bf16): no MFU above 100% is printed
+    assert "| 0.0000 | n/a |" in markdown([rec | {"mfu": 2.3}], {})
 
 
 def test_gpu_peak_table_and_measured_cpu_peak():
