@@ -96,15 +96,16 @@ def _rates_meet(
     small_losses: Sequence[float],
     target_flops: Sequence[float],
     target_losses: Sequence[float],
+    target_smoothed: Sequence[float],
     i: int,
     window: int,
     beta: float,
 ) -> bool:
     """True when the small model's -dL/dC at evaluation i is at most the target's at the first target evaluation
-    whose smoothed loss is at or below the small model's smoothed loss there (False when either rate is undefined
-    or the target curve never gets that low)."""
+    whose smoothed loss (``target_smoothed``: ``smooth(target_losses, beta)``) is at or below the small model's
+    smoothed loss there (False when either rate is undefined or the target curve never gets that low)."""
     small_s = smooth(small_losses[: i + 1], beta)[-1]
-    j = next((k for k, v in enumerate(smooth(target_losses, beta)) if v <= small_s), None)
+    j = next((k for k, v in enumerate(target_smoothed) if v <= small_s), None)
     r_small = _rate(small_flops, small_losses, i, window, beta)
     r_target = None if j is None else _rate(target_flops, target_losses, j, window, beta)
     return r_small is not None and r_target is not None and r_small <= r_target
@@ -129,7 +130,9 @@ def equal_rate_reached(
     """
     if len(small_losses) < max(window, 2):
         return False
-    return _rates_meet(small_flops, small_losses, target_flops, target_losses, len(small_losses) - 1, window, beta)
+    target_s = smooth(target_losses, beta)
+    i = len(small_losses) - 1
+    return _rates_meet(small_flops, small_losses, target_flops, target_losses, target_s, i, window, beta)
 
 
 def equal_rate_threshold(
@@ -161,9 +164,10 @@ def equal_rate_threshold(
     """
     if len(small_losses) < max(window, 2):
         raise GrowthError(f"need at least window={window} small-model evaluations, have {len(small_losses)}")
+    target_s = smooth(target_losses, beta)  # once, not per small-model evaluation
     i = next(
         (k for k in range(window - 1, len(small_losses))
-         if _rates_meet(small_flops, small_losses, target_flops, target_losses, k, window, beta)),
+         if _rates_meet(small_flops, small_losses, target_flops, target_losses, target_s, k, window, beta)),
         len(small_losses) - 1,
     )  # fmt: skip
     return loglog_slope(small_flops[: i + 1], small_losses[: i + 1], window, beta), i

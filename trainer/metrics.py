@@ -30,31 +30,44 @@ def max_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file ([] when it does not exist); a line a killed writer left half-written is
+    skipped."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(r, dict):
+            out.append(r)
+    return out
+
+
+def val_points(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The "val" records with FLOPs > 0 (after training started), one per step, in step (= FLOPs) order; of two
+    records of one step the last is kept (the final evaluation repeats the last step's)."""
+    by_step = {int(r["step"]): r for r in records if r.get("event") == "val" and r.get("flops", 0) > 0}
+    return [by_step[k] for k in sorted(by_step)]
+
+
 def read_val_curve(path: str | Path) -> tuple[list[float], list[float]]:
     """The validation curve of a run: (cumulative training FLOPs, validation loss in nats/token) of its
-    metrics.jsonl "val" records with FLOPs > 0, one per step (the last record of a step kept), ordered by FLOPs.
-    A half-written last line (a killed writer) is skipped.
+    metrics.jsonl's ``val_points``.
 
     Raises:
         UsageError: the file cannot be read or holds no validation record after training started.
     """
     from trainer.errors import UsageError
 
-    try:
-        lines = Path(path).read_text(errors="replace").splitlines()
-    except OSError as e:
-        raise UsageError(f"cannot read the metrics file {path}: {e.strerror}; give a run's metrics.jsonl") from None
-    by_step: dict[int, dict] = {}
-    for line in lines:
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(r, dict) and r.get("event") == "val" and r.get("flops", 0) > 0:
-            by_step[int(r["step"])] = r
-    if not by_step:
+    if not Path(path).is_file():
+        raise UsageError(f"cannot read the metrics file {path}: no such file; give a run's metrics.jsonl")
+    pts = val_points(read_records(path))
+    if not pts:
         raise UsageError(f"{path} holds no validation record; the run it comes from needs --eval_interval")
-    pts = sorted(by_step.values(), key=lambda r: r["flops"])
     return [float(r["flops"]) for r in pts], [float(r["val_loss"]) for r in pts]
 
 

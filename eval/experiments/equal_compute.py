@@ -34,6 +34,7 @@ import yaml
 
 from eval.experiments import compute_protocol as cp
 from runtime.launch import free_port, pythonpath_with
+from trainer.metrics import read_records, val_points
 
 REPO = Path(__file__).resolve().parents[2]
 SLOPE = "slope"  # a growth point fired by the slope trigger
@@ -181,15 +182,7 @@ def ds_config(args: argparse.Namespace) -> dict:
 
 def read_vals(out: Path) -> list[dict]:
     """The run's validation records with FLOPs > 0, one per step (the final evaluation kept), ordered by step."""
-    path = out / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    by_step = {}
-    for line in path.read_text().splitlines():
-        r = json.loads(line) if line.strip() else {}
-        if r.get("event") == "val" and r.get("flops", 0) > 0:
-            by_step[r["step"]] = r
-    return [by_step[s] for s in sorted(by_step)]
+    return val_points(read_records(out / "metrics.jsonl"))
 
 
 def fingerprint(args: argparse.Namespace, job: Job) -> dict:

@@ -13,12 +13,13 @@ the crossing. A run that never reaches L* has no saving (reported as such).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from trainer.metrics import read_records, val_points
 
 
 @dataclass
@@ -40,14 +41,12 @@ def read_run(name: str, out_dir: str | Path, meta: dict | None = None) -> RunCur
         FileNotFoundError / ValueError: no metrics.jsonl, or no validation point with FLOPs > 0.
     """
     path = Path(out_dir) / "metrics.jsonl"
-    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    by_step: dict[int, dict] = {}
-    for r in recs:
-        if r.get("event") == "val" and r.get("flops", 0) > 0:
-            by_step[r["step"]] = r  # the final evaluation repeats the last step's; keep one per step
-    if not by_step:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no metrics.jsonl; the run has not started")
+    recs = read_records(path)
+    pts = val_points(recs)
+    if not pts:
         raise ValueError(f"{path}: no validation records after training started; run with --eval_interval")
-    pts = sorted(by_step.values(), key=lambda r: r["flops"])
     growths = [r for r in recs if r.get("event") == "growth"]
     return RunCurve(
         name,

@@ -29,6 +29,7 @@ from runtime.launch import wait_procs
 from runtime.run_state import RunState, RunStateError
 from trainer.driver import procs
 from trainer.driver.segments import DriverError, Segment, grown_path
+from trainer.metrics import read_records
 
 PROGRESS_VERSION = 1
 RECORD_KEYS = ("save_s", "grow_s", "relaunch_s", "seconds")
@@ -68,16 +69,7 @@ def save_progress(run: Run, prog: dict[str, Any]) -> None:
 
 def read_metrics(out_dir: Path) -> list[dict[str, Any]]:
     """The records of metrics.jsonl (a line a killed writer left half-written is skipped)."""
-    path = out_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(errors="replace").splitlines():  # a damaged line is skipped, not fatal
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+    return read_records(out_dir / "metrics.jsonl")
 
 
 def trim_metrics(out_dir: Path, step: int, keep_driver_stage: str | None = None, stop_stage: str | None = None) -> int:
