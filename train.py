@@ -28,7 +28,7 @@ from trainer.errors import RankError, UsageError  # noqa: E402
 from trainer.run import run  # noqa: E402
 
 REPO = Path(__file__).resolve().parent
-__all__ = ["main", "parse_args", "run", "UsageError", "RankError"]
+__all__ = ["main", "build_parser", "parse_args", "run", "UsageError", "RankError"]
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -40,8 +40,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line (``python train.py --help`` describes every flag)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The growlm-train argument parser (``python train.py --help`` describes every flag)."""
     p = argparse.ArgumentParser(
         prog="growlm-train",
         description="Pretrain a GPT-2 with DeepSpeed ZeRO. Model shape from --preset (+ overrides); DeepSpeed "
@@ -52,7 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     _training_flags(p.add_argument_group("training"))
     _evaluation_flags(p.add_argument_group("evaluation"))
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # set by the deepspeed launcher
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``python train.py --help`` describes every flag)."""
+    return build_parser().parse_args(argv)
 
 
 def _model_and_data_flags(p: argparse.ArgumentParser) -> None:
@@ -99,7 +104,8 @@ def _training_flags(t: argparse._ArgumentGroup) -> None:
         "--out_dir",
         default="runs/default",
         help="run folder: checkpoints/, tb/ (TensorBoard), "
-        "metrics.jsonl; refused if it already holds checkpoints this run would write",
+        "metrics.jsonl; refused if it already holds checkpoints this run would write, or while another growlm-train "
+        "runs in it (<out_dir>/train.lock)",
     )
     t.add_argument(
         "--growth_plan",
@@ -132,7 +138,7 @@ def _training_flags(t: argparse._ArgumentGroup) -> None:
     )
     t.add_argument("--save_interval", type=int, default=0, help="also save every N steps (0: only at the end)")
     t.add_argument("--no_final_save", action="store_true", help="do not save a checkpoint at the end")
-    t.add_argument("--log_interval", type=int, default=10, help="steps between TensorBoard/console logs")
+    t.add_argument("--log_interval", type=int, default=10, help="steps between TensorBoard/console logs (>= 1)")
     t.add_argument("--dist_timeout_s", type=float, default=300.0, help="seconds to wait for other ranks")
 
 
@@ -174,6 +180,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from runtime.dist import exit_process
-
-    exit_process(main())  # no interpreter finalisation after a finished run (see exit_process)
+    sys.exit(main())  # process groups are closed by main (and atexit: runtime.dist.init_distributed)

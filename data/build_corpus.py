@@ -265,7 +265,8 @@ def build_extras(names: list[str], out: Path) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The growlm-build-corpus argument parser."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m data.build_corpus")
     parser.add_argument(
         "--out",
@@ -285,7 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"comma-separated extra sources to write instead of the corpus: {','.join(EXTRAS)}; "
         "they are not committed (CC BY-SA / GPL)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.extra:
         build_extras([n.strip() for n in args.extra.split(",") if n.strip()], args.out or EXTRA_DIR)
         return 0

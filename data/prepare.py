@@ -17,6 +17,7 @@ its decompressed bytes, so it equals the corpus MANIFEST.json value.
 """
 
 import argparse
+import errno
 import fcntl
 import os
 import sys
@@ -26,8 +27,17 @@ from pathlib import Path
 import numpy as np
 
 from data.build_corpus import CORPUS_DIR, load_manifest, verify_corpus
-from data.sources import HUB_PREFIX, Source, content_sha256, load_source, quiet_datasets, resolve_source
-from data.text import InputError
+from data.sources import (
+    HUB_PREFIX,
+    ROW_FIX,
+    Source,
+    builder_of,
+    content_sha256,
+    load_source,
+    quiet_datasets,
+    resolve_source,
+)
+from data.text import InputError, read_json_rows
 from data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer
 from data.tokens import DTYPE, FORMAT, SPLITS, TokenFolderWriter, load_meta, open_tokens
 
@@ -153,7 +163,9 @@ def prepare_dataset(
         FileExistsError: out_dir exists and overwrite is False.
         FileNotFoundError: a source is missing.
         InputError: a local text/JSON source with undecodable bytes or a bad row (FILE:LINE: problem; fix).
-        ValueError: no train or val source, an unknown file type, a missing text_field, or a source with no text.
+        ValueError: no train or val source, an unknown file type, a missing text_field, or a source with no text
+            (InputError: a .jsonl/.json source with no rows, naming it and its split).
+        OSError: the disk filled up (``no space left on device while writing OUT``; nothing is kept).
     """
     writer = TokenFolderWriter(out_dir, overwrite, scratch=(".hf_cache",))
     for split, files in (("train", train_files), ("val", val_files)):
@@ -165,9 +177,51 @@ def prepare_dataset(
     if enc.n_vocab > np.iinfo(DTYPE).max:
         raise ValueError(f"vocab size {enc.n_vocab} does not fit {np.dtype(DTYPE).name} token files")
     resolved = {"train": [resolve_source(s) for s in train_files], "val": [resolve_source(s) for s in val_files]}
-    with writer as w:
-        splits = {split: _write_split(resolved[split], split, w, text_field, num_proc) for split in SPLITS}
-        return w.finish(tokenizer="gpt2", vocab_size=enc.n_vocab, eot_token_id=EOT_TOKEN_ID, splits=splits)
+    for split in SPLITS:
+        for src in resolved[split]:
+            check_has_rows(src, split, text_field)
+    try:
+        with writer as w:  # on any failure the temporary folder is removed and out_dir stays as it was
+            splits = {split: _write_split(resolved[split], split, w, text_field, num_proc) for split in SPLITS}
+            return w.finish(tokenizer="gpt2", vocab_size=enc.n_vocab, eot_token_id=EOT_TOKEN_ID, splits=splits)
+    except Exception as err:
+        full = _disk_full(err)
+        if full is None:
+            raise
+        where = f" ({full.filename})" if full.filename else ""
+        raise OSError(
+            f"no space left on device while writing {writer.out_dir}{where}; nothing was kept"
+            f"{' and the old folder is unchanged' if overwrite and writer.out_dir.exists() else ''}: free space, "
+            "or choose an --out on a disk with room, and run again"
+        ) from None
+
+
+def _disk_full(err: BaseException | None) -> OSError | None:
+    """The ENOSPC OSError behind ``err`` (itself, or a cause a library wrapped it in), or None."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:  # a chain may loop back on itself
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def check_has_rows(src: Path | str, split: str, text_field: str) -> None:
+    """Refuse a local .jsonl/.json source without a single row (an empty file, or ``[]``), naming it and its split
+    (``datasets`` would otherwise say 'Instruction "train" corresponds to no data!' whatever the split).
+
+    Raises:
+        InputError: the file holds no rows.
+        (InputError from the first row: undecodable bytes or invalid JSON, FILE:LINE.)
+    """
+    if not isinstance(src, Path) or builder_of(src) != "json":
+        return
+    if next(read_json_rows(src, text_field, ROW_FIX), None) is None:
+        raise InputError(
+            src, None, f"the {split} source holds no rows (an empty file or an empty JSON array)",
+            f"add rows ({{\"{text_field}\": \"...\"}} per line), or remove it from --{split}",
+        )  # fmt: skip
 
 
 def _builtin_is_current(data_dir: Path) -> bool:
@@ -215,7 +269,8 @@ def ensure_builtin_prepared(data_dir: Source | None = None, *, num_proc: int | N
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The growlm-prepare argument parser."""
     parser = argparse.ArgumentParser(prog="growlm-prepare", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--train",
@@ -269,7 +324,7 @@ def _run(args: argparse.Namespace) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """growlm-prepare: see the module docstring. Returns the exit status: 0, or 2 for bad input (one line on
     stderr, ``growlm-prepare: error: ...``; a bad line of a user file is named ``FILE:LINE``; nothing is written)."""
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.num_proc is not None and args.num_proc < 1:
         parser.error(f"--num_proc must be >= 1, got {args.num_proc}")

@@ -63,14 +63,16 @@ def content_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+ROW_FIX = "point --text_field at the field that holds each row's text, or fix the row"
+
+
 def _local_rows(path: str, builder: str, text_field: str) -> Iterator[dict]:
     """datasets generator over a local .txt / .jsonl / .json file, read by data/text.py (one reader for every
     command: BOM removed, strict UTF-8, FILE:LINE errors); rows are {"text": str}."""
     if builder == "text":
         yield {"text": read_text(path)}
         return
-    fix = "point --text_field at the field that holds each row's text, or fix the row"
-    for _, text in read_json_rows(path, text_field, fix):
+    for _, text in read_json_rows(path, text_field, ROW_FIX):
         yield {"text": text}
 
 

@@ -3,7 +3,8 @@
 Used by growlm-prepare (.txt[.xz|.gz|.bz2] documents and .jsonl/.json rows), growlm-eval (``--wikitext`` and
 ``--lambada`` files) and growth plan files (growth/stages.py). The rules are the same everywhere:
 
-* bytes are decoded as strict UTF-8; a leading UTF-8 byte-order mark (EF BB BF) is accepted and removed;
+* bytes are decoded as strict UTF-8; a leading UTF-8 byte-order mark (EF BB BF) is accepted and removed; a file
+  that starts with a UTF-16 byte-order mark is refused with the ``iconv -f utf-16`` fix;
 * line endings are normalised to "\\n" (``\\r\\n`` and a lone ``\\r`` both become ``\\n``);
 * a problem is an :class:`InputError` whose message is one line, ``FILE:LINE: <problem>; <fix>`` (``FILE: ...``
   when the problem is not on one line): undecodable bytes, a JSON row that is not an object, a row without the
@@ -24,6 +25,8 @@ from pathlib import Path
 BOM = b"\xef\xbb\xbf"
 _OPENERS = {".xz": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}
 UTF8_FIX = "convert it to UTF-8, e.g. `iconv -f latin1 -t utf-8 FILE > FILE.utf8`"
+UTF16_BOMS = {b"\xff\xfe": "UTF-16 little-endian", b"\xfe\xff": "UTF-16 big-endian"}  # also UTF-32 LE's first 2
+UTF16_FIX = "convert it to UTF-8, e.g. `iconv -f utf-16 -t utf-8 FILE > FILE.utf8`"
 
 
 class InputError(ValueError):
@@ -66,9 +69,13 @@ def decode(data: bytes, path: str | Path, first_line: int = 1) -> str:
     ``first_line`` is the line number of ``data``'s first byte in ``path`` (for messages).
 
     Raises:
-        InputError: undecodable bytes, naming the line of the first bad byte.
+        InputError: undecodable bytes, naming the line of the first bad byte; a UTF-16 file (its byte-order mark),
+            with the ``iconv -f utf-16`` fix.
     """
     start = len(BOM) if data.startswith(BOM) and first_line == 1 else 0
+    if first_line == 1 and data[:2] in UTF16_BOMS:  # saved as UTF-16 (e.g. by Notepad's "Unicode"): not latin1
+        raise InputError(path, 1, f"the file is {UTF16_BOMS[data[:2]]} (it starts with a UTF-16 byte-order mark), "
+                         "not UTF-8", UTF16_FIX)  # fmt: skip
     try:
         text = data[start:].decode("utf-8")
     except UnicodeDecodeError as e:

@@ -59,6 +59,37 @@ class SplitWriter:
         return rec | {"sha256": self._sha.hexdigest()} | extra
 
 
+TOKEN_FOLDER_FILES = frozenset({"meta.json", "tokenizer.json", *(f"{split}.bin" for split in SPLITS)})
+
+
+def check_replaceable(out_dir: Path) -> None:
+    """Refuse to replace ``out_dir`` unless a token-folder writer made it: missing, an empty folder, or a folder
+    with its ``meta.json`` (the marker, even a damaged one) and nothing but the files a token folder holds
+    (``TOKEN_FOLDER_FILES``). A user's folder, or a token folder a user has added files to, is never deleted.
+
+    Raises:
+        FileExistsError: ``out_dir`` is a file or a link, or a folder that is not (only) a token folder.
+    """
+    if not os.path.lexists(out_dir):
+        return
+    fix = "choose another --out, or move it away yourself"
+    if out_dir.is_symlink() or not out_dir.is_dir():
+        raise FileExistsError(f"--overwrite: {out_dir} is not a prepared token folder; refusing to replace it; {fix}")
+    names = {p.name for p in out_dir.iterdir()}
+    if not names:
+        return
+    if "meta.json" not in names:
+        raise FileExistsError(
+            f"--overwrite: {out_dir} is not a prepared token folder (no meta.json); refusing to delete it; {fix}"
+        )
+    other = sorted(names - TOKEN_FOLDER_FILES)
+    if other:
+        shown = ", ".join(other[:5]) + (", ..." if len(other) > 5 else "")
+        raise FileExistsError(
+            f"--overwrite: {out_dir} holds files growlm-prepare did not write ({shown}); refusing to delete them; {fix}"
+        )
+
+
 class TokenFolderWriter:
     """Writes a token folder atomically; use as a context manager.
 
@@ -71,7 +102,8 @@ class TokenFolderWriter:
     out_dir is untouched.
 
     Raises:
-        FileExistsError: out_dir exists and overwrite is False (raised by the constructor, before any work).
+        FileExistsError: out_dir exists and overwrite is False, or it is not a folder a token-folder writer made
+            (``check_replaceable``; raised by the constructor, before any work).
     """
 
     def __init__(self, out_dir: str | os.PathLike, overwrite: bool = False, scratch: tuple[str, ...] = ()):
@@ -81,6 +113,7 @@ class TokenFolderWriter:
                 f"{self.out_dir} already exists; pass overwrite=True (CLI: --overwrite) to replace it, "
                 "or choose another --out"
             )
+        check_replaceable(self.out_dir)
         self.scratch = scratch
         self.staging: Path | None = None
         self._done = False

@@ -13,6 +13,8 @@ form or straight from the native ZeRO shards (growth.zero_shards); the HF naming
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,40 @@ from growth.universal import UniversalStore
 from growth.zero_shards import ZeroShardStore
 from runtime.atomic import atomic_dir
 from runtime.checkpoint import CheckpointError
+
+EXPORT_MARKER = "growlm_export.json"  # written into every export: what --overwrite may replace
+EXPORT_FORMAT = "growlm-hf-export-v1"
+EXPORT_FILES = frozenset(
+    {"config.json", "generation_config.json", "model.safetensors", EXPORT_MARKER, *tok.HF_TOKENIZER_FILES}
+)
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuse to let ``--overwrite`` replace ``out`` unless growlm-grow wrote it: an empty folder, or an export
+    (its ``EXPORT_MARKER``) holding nothing but the files an export writes. Nothing else is deleted: not a user's
+    folder, a downloaded model, or an export a user has added files to.
+
+    Raises:
+        CheckpointError: ``out`` is a file or a link, or a folder that is not (only) a growlm export.
+    """
+    if not os.path.lexists(out):
+        return
+    fix = "choose another --export_hf folder, or move it away yourself"
+    if out.is_symlink() or not out.is_dir():
+        raise CheckpointError(f"--overwrite: {out} is not a folder growlm-grow exported; refusing to replace it; {fix}")
+    names = {p.name for p in out.iterdir()}
+    if not names:
+        return
+    if EXPORT_MARKER not in names:
+        raise CheckpointError(
+            f"--overwrite: {out} is not a growlm export (no {EXPORT_MARKER}); refusing to delete it; {fix}"
+        )
+    other = sorted(names - EXPORT_FILES)
+    if other:
+        shown = ", ".join(other[:5]) + (", ..." if len(other) > 5 else "")
+        raise CheckpointError(
+            f"--overwrite: {out} holds files an export does not write ({shown}); refusing to delete them; {fix}"
+        )
 
 
 def model_tokenizer(src: Source, spec: str | None = None) -> tok.Tokenizer:
@@ -60,11 +96,13 @@ def export_hf(
     overwrite: bool = False,
     log: Any = print,
 ) -> Path:
-    """Write ``config.json`` + ``model.safetensors`` of ``src``'s fp32 weights and the model's tokenizer files
-    (``model_tokenizer(src, tokenizer)``) into ``out``, atomically, every file with the umask's mode.
+    """Write ``config.json`` + ``model.safetensors`` of ``src``'s fp32 weights, the model's tokenizer files
+    (``model_tokenizer(src, tokenizer)``) and ``EXPORT_MARKER`` into ``out``, atomically, every file with the
+    umask's mode.
 
     Raises:
-        CheckpointError: the output exists (without ``overwrite``) or overlaps the input; the checkpoint's growth
+        CheckpointError: the output exists (without ``overwrite``; with it, unless growlm wrote it:
+            ``check_replaceable``) or overlaps the input; the checkpoint's growth
             masks are still ramping (a masked model is not GPT-2); its tokenizer is unknown or does not fit.
     """
     from model.gpt import GPT
@@ -78,6 +116,8 @@ def export_hf(
         )
     t = model_tokenizer(src, tokenizer)  # before any work: an unknown tokenizer is refused at once
     check_output(out, src, overwrite)
+    if overwrite:
+        check_replaceable(out)
     with atomic_dir(out, overwrite=overwrite) as tmp:
         shapes, flat = param_shapes(src.config), src.zero_stage == 3
         if src.universal:
@@ -91,6 +131,9 @@ def export_hf(
         hf = to_hf(model, t.eot_token_id)
         hf.save_pretrained(str(tmp), safe_serialization=True)
         t.save_hf(tmp, model_max_length=src.config.n_positions)
+        marker = {"format": EXPORT_FORMAT, "source": src.tag_dir.name, "step": step, "shape": src.config.shape_str(),
+                  "tokenizer": t.name}  # fmt: skip
+        (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     log(
         f"growlm-grow: exported {src.tag_dir} ({src.config.shape_str()}) to {out} (transformers GPT2LMHeadModel, "
         f"tokenizer {t.name})"

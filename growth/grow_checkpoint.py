@@ -27,7 +27,7 @@ from growth.export import export_hf
 from growth.offline import grow_checkpoint, open_source
 from growth.prepare import same_shape
 from growth.schedule import ScheduleRule
-from growth.stages import Stage, Trigger, load_stages
+from growth.stages import Stage, StageList, Trigger, load_stages
 from model.config import GPTConfig
 from runtime.checkpoint import CheckpointError
 from runtime.manifest import ManifestError
@@ -35,17 +35,30 @@ from runtime.manifest import ManifestError
 _SHAPE_FLAGS = ("n_layer", "n_embd", "n_head", "n_inner")
 
 
-def stage_from_plan_file(path: str, name: str | None, cfg: GPTConfig) -> tuple[Stage, int]:
+def load_plan_file(path: str) -> StageList:
+    """The validated plan file of ``--plan`` (growth.stages.load_stages, the one plan-file loader).
+
+    Raises:
+        GrowthError: the file is missing or unreadable, not valid YAML (``FILE:LINE: problem; fix``), or invalid.
+    """
+    try:
+        return load_stages(path)
+    except OSError as e:
+        raise GrowthError(f"--plan {path}: {e.strerror}") from None
+    except GrowthError as e:  # YAML syntax / a tab / a repeated key (FILE:LINE: problem; fix), or a bad plan
+        raise GrowthError(f"--plan {path}: {e}") from None
+
+
+def stage_from_plan_file(
+    path: str, name: str | None, cfg: GPTConfig, sched: StageList | None = None
+) -> tuple[Stage, int]:
     """The stage of a plan file that grows ``cfg`` (by ``name``, or the first whose start shape is ``cfg``), and
-    the plan's seed.
+    the plan's seed. ``sched``: the plan already loaded from ``path`` (else it is loaded here).
 
     Raises:
         GrowthError: the file is invalid, has no such stage, or does not chain from ``cfg``.
     """
-    try:
-        sched = load_stages(path)
-    except OSError as e:
-        raise GrowthError(f"--plan {path}: {e.strerror}") from e
+    sched = load_plan_file(path) if sched is None else sched
     current, starts = sched.start, []
     for stage in sched.stages:
         starts.append((stage.name, current))
@@ -99,8 +112,8 @@ def stage_from_flags(args: argparse.Namespace, cfg: GPTConfig, step: int) -> Sta
         raise GrowthError(str(e)) from e
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The parsed growlm-grow command line (``--help`` describes every flag)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The growlm-grow argument parser (``--help`` describes every flag)."""
     p = argparse.ArgumentParser(
         prog="growlm-grow",
         description="Grow a saved growlm/DeepSpeed ZeRO-1/2/3 checkpoint offline into one that train.py --resume "
@@ -108,11 +121,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "weights to a transformers GPT-2 folder (--export_hf). Files are read with weights-only unpickling, but "
         "DeepSpeed's own loaders (train.py --resume) unpickle them fully: use checkpoints from a trusted source only "
         "(growlm first refuses any file holding more than tensor data and a few known types).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     p.add_argument("checkpoint", help="checkpoint folder (its 'latest' tag) or a tag folder")
     p.add_argument("out", nargs="?", help="output checkpoint folder (must not exist unless --overwrite)")
-    p.add_argument("--export_hf", "--export-hf", metavar="DIR", help="write a transformers GPT-2 folder instead")
+    p.add_argument(
+        "--export_hf",
+        "--export-hf",
+        metavar="DIR",
+        help="write a transformers GPT-2 folder instead of OUT (default: no export)",
+    )
     p.add_argument(
         "--tokenizer",
         help="with --export_hf: the model's tokenizer (gpt2, a tokenizer.json or a token folder; default: the one of "
@@ -124,7 +142,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--plan", help="YAML growth plan (growth/stages.py)")
     g.add_argument("--stage", help="stage name (default: the stage that starts from the checkpoint's shape)")
     f = p.add_argument_group("growth stage from flags")
-    f.add_argument("--family", choices=("masked", "duplicate"), help="operator family (default masked)")
+    f.add_argument("--family", choices=("masked", "duplicate"), help="operator family (default: masked)")
     for k in _SHAPE_FLAGS:
         f.add_argument(f"--{k}", type=int, help=f"target {k}")
     f.add_argument("--option", action="append", metavar="KEY=VALUE", help="operator option (growth.ops.make_plan)")
@@ -136,7 +154,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     f.add_argument("--rewarm_steps", type=int, default=0, help="linear LR re-warm over this many steps")
     f.add_argument("--total_num_steps", type=int, help="'target': the target schedule's total_num_steps")
     f.add_argument("--warmup_num_steps", type=int, help="'target': the target schedule's warmup_num_steps")
-    return p.parse_args(argv)
+    return p
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: X)`` only where it is true and not said already: not for flags without a value (None)
+    or switches, and not where the help text gives the default in words (``default: ...``)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        unset = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if unset or "default" in text:  # identity: a default of 0 is shown (0 == False)
+            return text
+        return super()._get_help_string(action)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The parsed growlm-grow command line (``--help`` describes every flag)."""
+    return build_parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             raise GrowthError("give an output checkpoint folder OUT, or --export_hf DIR (one of them)")
         if args.tokenizer is not None and args.export_hf is None:
             raise GrowthError("--tokenizer names the tokenizer an export carries; it needs --export_hf DIR")
+        plan = load_plan_file(args.plan) if args.plan else None  # a bad plan file is refused before any reading
         src = open_source(args.checkpoint)
         if args.export_hf:
             if args.plan or any(getattr(args, k) is not None for k in _SHAPE_FLAGS):
@@ -157,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.plan:
             if any(getattr(args, k) is not None for k in _SHAPE_FLAGS) or args.family:
                 raise GrowthError("give the growth stage either by --plan or by shape flags, not both")
-            stage, seed = stage_from_plan_file(args.plan, args.stage, src.config)
+            stage, seed = stage_from_plan_file(args.plan, args.stage, src.config, plan)
         else:
             if args.stage:
                 raise GrowthError("--stage needs --plan")

@@ -128,6 +128,10 @@ def _pack(layout: Layout, names: list[str]) -> Tensor:
     return torch.cat(parts).float() if parts else torch.empty(0)
 
 
+# torch >= 2.13 names it all_gather_single (all_gather_into_tensor, the same collective, warns that it is deprecated)
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 @torch.no_grad()
 def gather_bucket(layout: Layout, names: list[str], shapes: dict[str, torch.Size]) -> tuple[dict[str, ParamState], int]:
     """Full fp32 (weight, exp_avg, exp_avg_sq) of every parameter in ``names``, of shape ``shapes[name]``, on every
@@ -137,7 +141,7 @@ def gather_bucket(layout: Layout, names: list[str], shapes: dict[str, torch.Size
     if layout.kind == "zero3":
         send = _pack(layout, names)
         recv = torch.empty(layout.world * send.numel())
-        dist.all_gather_into_tensor(recv, send, group=layout.group)
+        _all_gather_single(recv, send, group=layout.group)
         rows, o = recv.view(layout.world, -1), 0
         for n in names:
             f = layout.local[n]

@@ -240,7 +240,10 @@ def apply_schedule(engine: Any, sched: ScheduleState, adam_step: int) -> float:
     s.last_batch_iteration = sched.last_batch_iteration
     setattr(s, REWARM_FLOOR_ATTR, sched.rewarm_floor)  # so that engine_schedule reads the floor back
     factor = sched.rewarm(adam_step)
-    lrs = [lr * factor for lr in s.get_lr()] if s.last_batch_iteration >= 0 else [0.0 for _ in s.get_lr()]
+    if s.last_batch_iteration >= 0:
+        lrs = [lr * factor for lr in s.get_lr()]
+    else:  # not started: LR 0 (asking DeepSpeed's get_lr here only makes it warn and return 0)
+        lrs = [0.0] * len(s.optimizer.param_groups)
     for group, lr in zip(s.optimizer.param_groups, lrs, strict=True):
         group["lr"] = lr
     return lrs[0]

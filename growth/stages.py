@@ -145,6 +145,10 @@ def parse_stages(doc: dict[str, Any]) -> StageList:
     unknown = set(doc) - {"seed", "start", "stages"}
     if unknown or "start" not in doc or not doc.get("stages"):
         raise GrowthError(f"a plan needs 'start' and a non-empty 'stages' (optional 'seed'); unknown keys {unknown}")
+    if not isinstance(doc["stages"], list) or not all(isinstance(r, dict) for r in doc["stages"]):
+        raise GrowthError("'stages' must be a list of mappings, each '- name: ...' with target, family and when")
+    if not isinstance(doc["start"], dict):
+        raise GrowthError(f"'start' must be a mapping, e.g. {{preset: tiny}}, not {doc['start']!r}")
     seed = int(doc.get("seed", 0))
     start_doc = dict(doc["start"]) if isinstance(doc["start"], dict) else doc["start"]
     start_raw = start_doc.pop("resources", None) if isinstance(start_doc, dict) else None
@@ -215,13 +219,64 @@ def parse_stages(doc: dict[str, Any]) -> StageList:
     return StageList(start=start, stages=tuple(stages), seed=seed, resources=start_res)
 
 
+class PlanLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a mapping holding one key twice (plain YAML keeps the last one silently, so a
+    second ``when:`` would quietly replace the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        """The mapping of ``node``; a ConstructorError at the second occurrence of a repeated key."""
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *anchor' merges are not repeats
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: SafeLoader's own error names it
+                continue
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first given on line {first})", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_error(path: str | Path, e: yaml.YAMLError) -> GrowthError:
+    """One line ``FILE:LINE: problem; fix`` for a YAML error (PyYAML's own message spans lines and names
+    ``<unicode string>``)."""
+    mark = getattr(e, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+    problem = " ".join(str(getattr(e, "problem", None) or e).split())
+    if mark is not None and "'\\t'" in problem:
+        return GrowthError(
+            f"{where}: a tab character (column {mark.column + 1}); YAML indents with spaces only: replace the tabs "
+            "with spaces"
+        )
+    if problem.startswith("duplicate key"):
+        return GrowthError(f"{where}: {problem}; give each key once (delete or merge the repeated one)")
+    context = " ".join(str(getattr(e, "context", None) or "").split())
+    detail = f"{problem} ({context})" if context else problem
+    return GrowthError(f"{where}: the plan file is not valid YAML: {detail}; fix the YAML syntax at that line")
+
+
 def load_stages(path: str | Path) -> StageList:
-    """Read and validate a YAML/JSON growth plan file (see the module docstring)."""
+    """Read and validate a YAML/JSON growth plan file (see the module docstring). The one plan-file loader of
+    train.py --growth_plan, growlm-grow --plan, growlm-run and growlm-bench --growth_plan.
+
+    Raises:
+        FileNotFoundError / OSError: the file is missing or cannot be read (callers word it).
+        GrowthError: undecodable bytes, a YAML syntax error, a tab, or a repeated key (each ``FILE:LINE: problem;
+            fix``, one line), a document that is not a mapping, or a plan that does not validate (``parse_stages``).
+    """
     try:
         text = read_text(path)  # data/text.py, the one reader of user files: BOM removed, FILE:LINE errors
     except InputError as e:
         raise GrowthError(str(e)) from None
-    doc = yaml.safe_load(text)
+    try:
+        doc = yaml.load(text, Loader=PlanLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError as e:
+        raise _yaml_error(path, e) from None
     if not isinstance(doc, dict):
         raise GrowthError(f"{path}: a growth plan is a mapping with 'start' and 'stages'")
     return parse_stages(doc)

@@ -23,10 +23,12 @@ growlm-eval).
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import random
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,13 +43,25 @@ from runtime.engine import repair_adam_steps
 from runtime.manifest import ManifestError, verify_manifest, write_manifest
 from runtime.run_state import STATE_FILE, STATE_FORMAT, RunState, RunStateError
 
-__all__ = ["STATE_FILE", "STATE_FORMAT", "LATEST", "CheckpointError", "OpenCheckpoint", "open_checkpoint"]
+__all__ = [
+    "STATE_FILE",
+    "STATE_FORMAT",
+    "LATEST",
+    "CheckpointError",
+    "CheckpointSaveError",
+    "OpenCheckpoint",
+    "open_checkpoint",
+]
 
 LATEST = "latest"
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used as asked; the message names the path and the fix."""
+
+
+class CheckpointSaveError(CheckpointError):
+    """A save that failed while writing (disk full, quota, permissions); nothing of it is left behind."""
 
 
 def tag_for(global_step: int) -> str:
@@ -289,33 +303,40 @@ def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int
         The finished tag folder.
 
     Raises:
-        CheckpointError: that tag already exists (checkpoints are never overwritten), or ``save_dir`` is not on a
+        CheckpointError: that tag already exists (checkpoints are never overwritten); ``save_dir`` is not on a
             filesystem shared by every rank.
+        CheckpointSaveError: writing failed (disk full, ...: ``save_failed_message``); the unfinished
+            ``.tmp-<tag>`` is removed, the earlier tags and ``latest`` are left as they were.
     """
     save_dir = Path(save_dir)
     tag = tag_for(state.global_step)
     final, tmp_tag = save_dir / tag, f"{TMP_PREFIX}{tag}"
     if final.exists():
         raise CheckpointError(f"{final} already exists; refusing to overwrite it (use another output folder)")
-    if rank == 0:
-        fresh_dir(final)  # empty .tmp-<tag> (a crashed save may have left one), with the umask's mode
-    dist.barrier()
-    doc = state.to_json()
-    engine.save_checkpoint(str(save_dir), tag=tmp_tag, client_state={"growlm": doc}, save_latest=False)
-    with atomic_path(save_dir / tmp_tag / f"rng_state_rank{rank}.pt", overwrite=True) as tmp:
-        torch.save(rng_state(), tmp)
-    dist.barrier()
-    if rank == 0:
-        write_text(save_dir / tmp_tag / STATE_FILE, state.dumps(), overwrite=True)
-        write_manifest(save_dir / tmp_tag)
-        hold_point(f"checkpoint.commit:{tag}")  # test-only (runtime.crash_points): a kill here must lose nothing
-        try:
-            commit_dir(save_dir / tmp_tag, final)
-        except FileExistsError as e:
-            raise CheckpointError(f"{final} already exists; refusing to overwrite it (use another folder)") from e
-        write_text(save_dir / LATEST, tag, overwrite=True)
-        for script in save_dir.glob("zero_to_*.py"):  # DeepSpeed's recovery scripts: 0744 -> the umask's 0755
-            fix_mode(script)
+    try:
+        if rank == 0:
+            fresh_dir(final)  # empty .tmp-<tag> (a crashed save may have left one), with the umask's mode
+        dist.barrier()
+        doc = state.to_json()
+        engine.save_checkpoint(str(save_dir), tag=tmp_tag, client_state={"growlm": doc}, save_latest=False)
+        with atomic_path(save_dir / tmp_tag / f"rng_state_rank{rank}.pt", overwrite=True) as tmp:
+            torch.save(rng_state(), tmp)
+        dist.barrier()
+        if rank == 0:
+            write_text(save_dir / tmp_tag / STATE_FILE, state.dumps(), overwrite=True)
+            write_manifest(save_dir / tmp_tag)
+            hold_point(f"checkpoint.commit:{tag}")  # test-only (runtime.crash_points): a kill here must lose nothing
+            try:
+                commit_dir(save_dir / tmp_tag, final)
+            except FileExistsError as e:
+                raise CheckpointError(f"{final} already exists; refusing to overwrite it (use another folder)") from e
+            write_text(save_dir / LATEST, tag, overwrite=True)
+            for script in save_dir.glob("zero_to_*.py"):  # DeepSpeed's recovery scripts: 0744 -> the umask's 0755
+                fix_mode(script)
+    except OSError as e:  # disk full, quota, permissions: the half-written .tmp-<tag> goes, everything else stays
+        if not final.exists():
+            shutil.rmtree(save_dir / tmp_tag, ignore_errors=True)
+        raise CheckpointSaveError(save_failed_message(e, final)) from None
     dist.barrier()
     # DeepSpeed writes the module states on rank 0 only, so every rank must see rank 0's folder: a save_dir that is
     # not shared by all nodes cannot be resumed, and every rank says so (no rank waits for another that failed)
@@ -326,6 +347,21 @@ def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int
             f"{final} is not visible on every node: put --out_dir on a filesystem that all nodes share"
         )
     return final
+
+
+def save_failed_message(e: OSError, final: Path) -> str:
+    """The one-line message of a save that failed with ``e`` while writing the tag folder ``final``."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        why = "no space left on device" if e.errno == errno.ENOSPC else "disk quota exceeded"
+    else:
+        why = e.strerror or str(e)
+    earlier = (final.parent / LATEST).is_file()
+    then = f"--resume {final.parent}" if earlier else "run again"
+    return (
+        f"{why} while saving checkpoint {final.name} into {final.parent}: the unfinished save was removed"
+        f"{', the earlier checkpoints and ' + repr(LATEST) + ' are untouched' if earlier else ''}; free space there "
+        f"(or use an --out_dir on another disk) and {then}"
+    )
 
 
 def load(engine: Any, ckpt: OpenCheckpoint, *, rank: int, world_size: int) -> RunState:
@@ -355,10 +391,36 @@ def load(engine: Any, ckpt: OpenCheckpoint, *, rank: int, world_size: int) -> Ru
         if weight_decay is not None:
             group["weight_decay"] = weight_decay
     repair_adam_steps(engine)  # ZeRO-3 universal loads share one Adam step tensor between groups
-    rng_path = ckpt.tag_dir / f"rng_state_rank{rank}.pt"
-    if ckpt.state.world_size == world_size and rng_path.is_file():
-        set_rng_state(safe_load(rng_path, "RNG state"))
+    if ckpt.state.world_size == world_size:
+        rng_path = rng_file(ckpt.tag_dir, rank)
+        if rng_path.is_file() or not ckpt.state.universal:  # missing: refused by safe_load, naming the file
+            set_rng_state(safe_load(rng_path, f"rank {rank}'s RNG state"))
     return ckpt.state
+
+
+def rng_file(tag_dir: str | os.PathLike, rank: int) -> Path:
+    """The RNG state file of rank ``rank`` in a tag folder."""
+    return Path(tag_dir) / f"rng_state_rank{rank}.pt"
+
+
+def check_rng_files(ckpt: OpenCheckpoint, world_size: int) -> None:
+    """Refuse a resume at the saved world size whose tag folder lacks a rank's RNG file (a checkpoint without a
+    manifest cannot say so itself): that rank would silently continue with a fresh random stream, so the resumed run
+    would not repeat the interrupted one. At another world size no RNG file is restored (each rank is reseeded), and
+    a growlm-grow (universal) checkpoint carries only the files its source had; neither is checked.
+
+    Raises:
+        CheckpointError: names the first missing file, the ranks missing and the fix.
+    """
+    if ckpt.state.world_size != world_size or ckpt.state.universal:
+        return
+    missing = [r for r in range(world_size) if not rng_file(ckpt.tag_dir, r).is_file()]
+    if missing:
+        raise CheckpointError(
+            f"{rng_file(ckpt.tag_dir, missing[0])} is missing: the checkpoint {ckpt.tag_dir} holds no RNG state for "
+            f"rank(s) {', '.join(map(str, missing))} of {world_size}, so the resumed run would not continue the "
+            "interrupted one; restore the file(s) or resume from another tag"
+        )
 
 
 def check_compatible(state: RunState, *, model_config: dict, world_size: int, zero_stage: int, path: Path) -> None:

@@ -6,16 +6,24 @@ It imports deepspeed lazily, after choosing the accelerator, because DeepSpeed p
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import socket
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import NoReturn
+from pathlib import Path
 
 import torch
 
+# torch.distributed.nn.functional binds ``group=group.WORLD`` as a default argument when it is imported: imported after
+# the group exists (DeepSpeed's engine imports it lazily), ten functions hold the default group for the life of the
+# process and destroy_process_group cannot free it (its worker threads then meet the interpreter's teardown).
+# Imported here, before any group exists, the defaults hold None (the default group at call time).
+import torch.distributed.nn  # noqa: F401, E402  (isort: keep this after torch)
+
 from runtime.launch import free_port
+from runtime.quiet import quiet_known_noise
 
 
 @dataclass(frozen=True)
@@ -31,8 +39,10 @@ class DistInfo:
 def select_accelerator() -> str:
     """Set ``DS_ACCELERATOR=cpu`` when no CUDA device exists (unless the user set it); return its value.
 
-    Must run before deepspeed is imported anywhere in the process.
+    Must run before deepspeed is imported anywhere in the process. Also installs growlm's filters of known
+    third-party noise (``runtime.quiet``), since every process that uses DeepSpeed calls it first.
     """
+    quiet_known_noise()
     if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
         os.environ["DS_ACCELERATOR"] = "cpu"
     return os.environ.get("DS_ACCELERATOR", "cuda")
@@ -228,6 +238,8 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
             f"could not join the process group at {where} within {timeout_s:.0f} s ({e}); check that the master "
             "address is reachable from every node, the port is free, and every rank was started"
         ) from e
+    atexit.unregister(close_distributed)
+    atexit.register(close_distributed)  # groups closed while the interpreter is whole
     if accelerator == "cpu":
         device = torch.device("cpu")
     else:
@@ -243,19 +255,37 @@ _ENV_BEFORE: dict[str, str | None] = {}  # what init_distributed found, so close
 
 
 def close_distributed() -> None:
-    """Undo ``init_distributed``: destroy the default process group (and with it the TCP store that holds
-    MASTER_PORT) and restore the rendezvous variables it set. Safe to call more than once, and when
-    ``init_distributed`` never ran or failed. A ``train.main`` called in-process (tests, notebooks, a driver)
-    calls it on every exit path, so the next run in the same process, or a child it starts, can bind the port.
+    """Undo ``init_distributed``: destroy every process group (DeepSpeed's and torch's), so that their gloo/NCCL
+    worker threads and the TCP store that holds MASTER_PORT are joined and closed now, and restore the rendezvous
+    variables it set. Safe to call more than once, and when ``init_distributed`` never ran or failed.
+
+    ``init_distributed`` registers it with ``atexit``, so every process that initialised the group through growlm
+    (train.py, growlm-grow, growlm-eval, the benchmarks, a user's script) closes it while the interpreter is still
+    whole; a ``train.main`` called in-process (tests, notebooks, a driver) also calls it on every exit path, so the
+    next run in the same process, or a child it starts, can bind the port.
+
+    Why it matters: a process group that outlives ``destroy_process_group`` keeps its gloo worker threads until the
+    interpreter is torn down; a worker that then drops the last reference to a tensor needs the GIL, is ended by
+    Python's finalisation through a forced unwind, and the process aborts with "terminate called without an active
+    exception" (SIGABRT) after a finished run (DESIGN.md, "DeepSpeed facts": the captured default group).
     """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    try:  # DeepSpeed keeps its own handle on the group; drop it so a later init_distributed starts afresh
-        import deepspeed.comm.comm as ds_comm
+        try:  # DeepSpeed's destroy also drops the groups it caches (deepspeed.utils.groups), then calls torch's
+            import deepspeed.comm as ds_comm
 
-        ds_comm.cdb = None
+            if ds_comm.is_initialized():
+                ds_comm.destroy_process_group()
+        except ImportError:
+            pass
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    try:  # DeepSpeed keeps its own handle on the group; drop it so a later init_distributed starts afresh
+        import deepspeed.comm.comm as ds_comm_state
+
+        ds_comm_state.cdb = None
     except ImportError:
         pass
+    gc.collect()  # groups held only by reference cycles (a released engine's) are freed now, not at exit
     for key, value in _ENV_BEFORE.items():
         if value is None:
             os.environ.pop(key, None)
@@ -264,27 +294,20 @@ def close_distributed() -> None:
     _ENV_BEFORE.clear()
 
 
-def exit_process(status: int) -> NoReturn:
-    """End a rank's process with ``status`` once its work is done (after ``close_distributed``), without the
-    interpreter's finalisation: MPI is finalized if mpi4py started it (mpirun counts a rank that exits without
-    MPI_Finalize as failed), stdout, stderr and logging are flushed, then ``os._exit``.
-
-    Why: after a complete run (checkpoint committed, process group destroyed) a CPU rank has been seen, about once in
-    a few hundred processes, to abort at interpreter exit with "terminate called without an active exception"
-    (SIGABRT, exit status -6): a C++ thread of the torch/gloo/DeepSpeed stack still joinable while static objects
-    are destroyed. The run's outputs are already written and closed by then, so the abort only turned a finished
-    run into a failed one. Only for a process that is about to end (``train.py`` as a script); never call it from
-    code that runs in-process (tests, notebooks, the driver).
-    """
-    import logging
-
-    mpi = sys.modules.get("mpi4py.MPI")  # MPI discovery (mpirun): finalize as mpi4py's own exit handler would
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.Finalize()
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # closed or broken pipe: nothing more can be written anyway
-            pass
-    os._exit(status)
+def live_comm_threads() -> list[str]:
+    """Names of this process's threads that belong to a process group (gloo worker and transport loops, the TCP
+    store server), read from /proc/self/task; empty after ``close_distributed`` freed every group, and on a system
+    without /proc. For tests and the abort stress check."""
+    prefixes = ("pt_gloo", "gloo_", "pt_tcpstore", "pt_nccl")
+    names = []
+    try:
+        for task in os.listdir("/proc/self/task"):
+            try:
+                name = Path(f"/proc/self/task/{task}/comm").read_text().strip()
+            except OSError:  # the thread ended meanwhile
+                continue
+            if name.startswith(prefixes):
+                names.append(name)
+    except OSError:
+        return []
+    return sorted(names)

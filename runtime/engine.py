@@ -202,7 +202,8 @@ def release_engine(engine: Any) -> None:
 
     Steps: ``engine.destroy()`` (ZeRO-3 module hooks, gradient hooks), clear the forward/backward hooks DeepSpeed
     left on every submodule (so none can fire again or hold a closure), drop the per-module backward Function
-    classes, and take the module's submodules out of ``FWD_MODULE_STACK``.
+    classes, take the module's submodules out of ``FWD_MODULE_STACK``, and drop the ZeRO-3 attributes of every
+    parameter (their closures hold the ``zero.Init`` context and through it the process group).
 
     Args:
         engine: a DeepSpeed engine of any ZeRO stage; it must not be used afterwards.
@@ -220,3 +221,9 @@ def release_engine(engine: Any) -> None:
             m.__dict__.pop(attr, None)
     stack = parameter_offload.FWD_MODULE_STACK
     stack[:] = [m for m in stack if id(m) not in owned]  # in place: DeepSpeed code holds this very list
+    # ZeRO-3 attaches closures (all_gather, partition, ...) to every parameter that capture the ``zero.Init`` context,
+    # which holds the data-parallel process group; the parameters can outlive the engine (autograd keeps some), and
+    # through them the group would outlive destroy_process_group with its worker threads (runtime.dist)
+    for param in module.parameters(recurse=True):
+        if hasattr(param, "ds_id"):
+            param.__dict__.clear()

@@ -18,6 +18,7 @@ from runtime import checkpoint
 from runtime.dist import DistInfo
 from runtime.run_state import DataIdentity, RunState
 from trainer.config import RunConfig
+from trainer.errors import RankError
 from trainer.loop import Progress
 
 RESEED_STRIDE = 7919  # per-step offset of the fresh dropout seed after a resume at another world size
@@ -101,6 +102,14 @@ def save(p: Progress, run: RunConfig, info: DistInfo, train_sha256: str | None) 
         The tag folder.
 
     Raises:
-        CheckpointError: the tag exists, or the folder is not visible on every node (runtime.checkpoint.save).
+        CheckpointError: the tag exists, the folder is not visible on every node, or writing failed (disk full:
+            the message says "no space left on device" and names the folder; runtime.checkpoint.save).
+        RankError: writing failed on a rank other than 0 (a node-local disk may be full on some nodes only), so that
+            rank reports it too.
     """
-    return checkpoint.save(p.engine, run.save_dir, run_state(p, run, info, train_sha256), rank=info.rank)
+    try:
+        return checkpoint.save(p.engine, run.save_dir, run_state(p, run, info, train_sha256), rank=info.rank)
+    except checkpoint.CheckpointSaveError as e:
+        if info.rank == 0:
+            raise
+        raise RankError(f"rank {info.rank}: {e}") from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from trainer.stages import SHAPE_FLAGS, check_plan_fits_run, check_stop_stage, l
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PRESET = "cpu-small"
 DEFAULT_SEED = 1234
+ZERO_STAGES = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -94,19 +96,22 @@ def load_ds_config(path: str, max_steps: int) -> dict[str, Any]:
     """The DeepSpeed config at ``path`` with ``"auto"`` scheduler step counts replaced by ``max_steps``.
 
     Raises:
-        UsageError: no such file, not a JSON object, or fp16 and bf16 both enabled.
+        UsageError: no such file, a folder, unreadable, not a JSON object, or fp16 and bf16 both enabled.
     """
+    choices = f"pick one of {sorted(n for n in os.listdir(REPO / 'ds_configs') if n.endswith('.json'))}"
+    if Path(path).is_dir():
+        raise UsageError(f"--ds_config {path} is a folder, not a DeepSpeed JSON file; {choices}")
     try:
         cfg = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise UsageError(
-            f"--ds_config {path}: no such file; pick one of {sorted(os.listdir(REPO / 'ds_configs'))}"
-        ) from None
+        raise UsageError(f"--ds_config {path}: no such file; {choices}") from None
+    except OSError as e:
+        raise UsageError(f"--ds_config {path} cannot be read ({e.strerror or e}); {choices}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"--ds_config {path} is not valid JSON: {e}") from None
     if not isinstance(cfg, dict):
         raise UsageError(f"--ds_config {path} must hold a JSON object")
-    sched = cfg.get("scheduler", {}).get("params", {})
+    sched = cfg.get("scheduler", {}).get("params", {}) if isinstance(cfg.get("scheduler"), dict) else {}
     for key in ("total_num_steps", "warmup_num_steps"):
         if sched.get(key) == "auto":
             sched[key] = max_steps
@@ -162,6 +167,95 @@ def validate_data_dir(path: str | None) -> Path:
     if meta["splits"]["train"]["n_tokens"] == 0:
         raise UsageError(f"--data {p}: the train split is empty")
     return p
+
+
+SEED_MAX = 2**32 - 1
+
+# flag -> (lowest, highest or None, what the flag is / what 0 means: named in the message)
+FLAG_RANGES: dict[str, tuple[float, float | None, str]] = {
+    "n_layer": (1, None, "blocks"),
+    "n_embd": (1, None, "width"),
+    "n_head": (1, None, "attention heads"),
+    "n_inner": (1, None, "FFN width"),
+    "n_positions": (1, None, "longest context"),
+    "vocab_size": (1, None, "vocabulary"),
+    "seq_len": (1, None, "tokens per sequence; at most n_positions"),
+    "seed": (0, SEED_MAX, "a seed"),
+    "max_steps": (1, None, "the optimizer step to train until"),
+    "save_interval": (0, None, "steps between saves; 0: only at the end"),
+    "log_interval": (1, None, "steps between logs"),
+    "eval_interval": (0, None, "steps between validations; 0: only before/after"),
+    "eval_tokens": (2, None, "held-out tokens per validation; scoring needs 2"),
+    "eval_stride": (1, None, "window step; at most seq_len"),
+    "eval_batch_size": (1, None, "windows per forward pass"),
+}
+
+
+def check_flag_ranges(args: argparse.Namespace) -> None:
+    """Refuse a numeric flag outside its valid range (``FLAG_RANGES``; --dropout in [0, 1), --dist_timeout_s a
+    positive number of seconds, --final_eval_tokens 0 (the whole split) or at least 2), before anything else.
+
+    Raises:
+        UsageError: names the flag, its value, the valid range and what the flag means.
+    """
+    for name, (low, high, meaning) in FLAG_RANGES.items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        if value < low or (high is not None and value > high):
+            rule = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise UsageError(f"--{name} {value} must be {rule} ({meaning})")
+    dropout = getattr(args, "dropout", None)
+    if dropout is not None and not 0 <= dropout < 1:
+        raise UsageError(f"--dropout {dropout} must be in [0, 1) (the probability of zeroing an activation)")
+    timeout = getattr(args, "dist_timeout_s", None)
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise UsageError(f"--dist_timeout_s {timeout} must be a positive number of seconds")
+    final = getattr(args, "final_eval_tokens", None)
+    if final is not None and (final < 0 or final == 1):
+        raise UsageError(f"--final_eval_tokens {final} must be 0 (the whole validation split) or >= 2")
+
+
+def check_out_dir(path: str) -> Path:
+    """The --out_dir run folder, refused up front when it (or the checkpoints/ inside it, or a folder above it) is a
+    file: the run would otherwise fail only when it first writes, after building and evaluating.
+
+    Raises:
+        UsageError: names the file in the way.
+    """
+    out = Path(path)
+    for p in (out / "checkpoints", out, *out.parents):
+        if p.exists() and not p.is_dir():
+            raise UsageError(
+                f"--out_dir {out}: {p} is a file, not a folder; choose another --out_dir (a new or existing folder)"
+            )
+        if p.is_dir():
+            break
+    return out
+
+
+def check_token_files(data_dir: Path, seq_len: int) -> None:
+    """Refuse a token folder the run cannot train on before anything starts: a train.bin or val.bin whose size is
+    not meta.json's token count (truncated, or from another run), or a train split shorter than one sample
+    (seq_len + 1 tokens). A built-in corpus not prepared yet is skipped (it is prepared after the ranks join).
+
+    Raises:
+        UsageError: names the file or the token counts and the fix.
+    """
+    from data.prepare import open_tokens
+
+    if not (data_dir / "meta.json").is_file():
+        return
+    try:
+        train = open_tokens(data_dir, "train")
+        open_tokens(data_dir, "val")
+    except (ValueError, FileNotFoundError) as e:
+        raise UsageError(f"--data {data_dir}: {e}") from None
+    if len(train) < seq_len + 1:
+        raise UsageError(
+            f"--data {data_dir}: the train split holds {len(train)} tokens, fewer than one sample of seq_len + 1 = "
+            f"{seq_len + 1}; prepare more text or pass a shorter --seq_len"
+        )
 
 
 def planned_save_steps(start: int, max_steps: int, interval: int, final: bool) -> list[int]:
@@ -241,25 +335,132 @@ def check_precision_supported(precision: str, ds_config_path: str, zero_stage: i
         )
 
 
-def zero_stage_of(ds_cfg: dict[str, Any]) -> int:
-    """The ZeRO stage (0-3) a DeepSpeed config sets; 0, DeepSpeed's default, when it sets none."""
-    return int(ds_cfg.get("zero_optimization", {}).get("stage", 0))
+def zero_stage_of(ds_cfg: dict[str, Any], path: str | None = None) -> int:
+    """The ZeRO stage (0-3) a DeepSpeed config sets; 0, DeepSpeed's default, when it sets none (``path``: the
+    config's file, named in the message).
+
+    Raises:
+        UsageError: the stage is not one of the integers 0, 1, 2, 3.
+    """
+    zero = ds_cfg.get("zero_optimization", {})
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else None
+    if isinstance(stage, bool) or stage not in ZERO_STAGES:
+        where = f"--ds_config {path}" if path else "--ds_config"
+        raise UsageError(
+            f"{where}: zero_optimization.stage {stage!r} is not a ZeRO stage; use 0, 1, 2 or 3 "
+            "(e.g. ds_configs/zero2_bf16.json)"
+        )
+    return int(stage)
+
+
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def check_batch(ds_cfg: dict[str, Any], path: str, world_size: int) -> None:
+    """Refuse batch settings DeepSpeed would reject when the engine is built (an AssertionError, after the process
+    group formed): each given value a positive integer, train_batch_size or the micro batch given, and
+    train_batch_size = micro batch x gradient accumulation x ranks once DeepSpeed derives the missing ones (as
+    deepspeed.runtime.config does, with integer division).
+
+    Raises:
+        UsageError: names the values, the launched world size and the fix.
+    """
+    for key in BATCH_KEYS:
+        value = ds_cfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise UsageError(f"--ds_config {path}: {key} {value!r} must be a positive integer")
+    train, micro, gas = (ds_cfg.get(k) for k in BATCH_KEYS)
+    if train is None and micro is None:
+        raise UsageError(
+            f"--ds_config {path} sets neither train_batch_size nor train_micro_batch_size_per_gpu; set "
+            "train_micro_batch_size_per_gpu (and gradient_accumulation_steps)"
+        )
+    if train is None:
+        return  # DeepSpeed derives it: micro x gas x ranks
+    if micro is None:
+        gas = gas or 1
+        micro = train // world_size // gas
+    elif gas is None:
+        gas = train // micro // world_size
+    if micro < 1 or gas < 1 or train != micro * gas * world_size:
+        raise UsageError(
+            f"--ds_config {path}: train_batch_size {train} is not train_micro_batch_size_per_gpu x "
+            f"gradient_accumulation_steps x ranks ({micro} x {gas} x {world_size} = {micro * gas * world_size}); "
+            "drop train_batch_size (DeepSpeed then derives it) or set one that equals that product"
+        )
+
+
+def check_scheduler(ds_cfg: dict[str, Any], path: str) -> None:
+    """Refuse a scheduler DeepSpeed cannot build: an unknown type, or a params key its constructor does not take
+    (DeepSpeed calls ``type(optimizer, **params)``, a TypeError once the engine is being built). The accepted keys
+    are read from the signature of the class DeepSpeed would pick (deepspeed.runtime.lr_schedules, else
+    torch.optim.lr_scheduler), so they follow the installed version.
+
+    Raises:
+        UsageError: names the scheduler, the unknown keys and the accepted ones.
+    """
+    import inspect
+
+    import torch.optim.lr_scheduler as torch_schedules
+    from deepspeed.runtime import lr_schedules
+
+    sched = ds_cfg.get("scheduler")
+    if sched is None:
+        return
+    kind = sched.get("type") if isinstance(sched, dict) else None
+    params = sched.get("params", {}) if isinstance(sched, dict) else None
+    known = getattr(lr_schedules, "VALID_LR_SCHEDULES", [])
+    cls = getattr(lr_schedules, kind, None) if isinstance(kind, str) else None
+    if cls is None and isinstance(kind, str) and not kind.startswith("_"):
+        cls = getattr(torch_schedules, kind, None)
+    if not inspect.isclass(cls) or not isinstance(params, dict):
+        raise UsageError(
+            f"--ds_config {path}: scheduler {kind!r} is not a scheduler DeepSpeed knows; give "
+            f'{{"type": one of {", ".join(known)}, "params": {{...}}}}'
+        )
+    sig = inspect.signature(cls.__init__).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in sig.values()):
+        return
+    accepted = [n for n in sig if n not in ("self", "optimizer")]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise UsageError(
+            f"--ds_config {path}: scheduler {kind} takes no {', '.join(unknown)}; its params are {', '.join(accepted)}"
+        )
+
+
+def check_ds_config(ds_cfg: dict[str, Any], path: str, world_size: int) -> None:
+    """The DeepSpeed config checks DeepSpeed itself makes only when the engine is built: the ZeRO stage, the batch
+    sizes against the launched world size, the scheduler (imports deepspeed: call after the accelerator is set).
+
+    Raises:
+        UsageError: see ``zero_stage_of``, ``check_batch`` and ``check_scheduler``.
+    """
+    zero_stage_of(ds_cfg, path)
+    check_batch(ds_cfg, path, world_size)
+    check_scheduler(ds_cfg, path)
 
 
 def resolve(args: argparse.Namespace) -> RunConfig:
     """Validate the command line against the files it names and return the run's configuration.
 
-    Checks, in this order: the DeepSpeed config, the --resume checkpoint, the model shape, the growth plan, the data
+    Checks, in this order: the numeric flags' ranges, --out_dir, the DeepSpeed config (ZeRO stage, batch sizes
+    against the launched world size, scheduler), the --resume checkpoint, the model shape, the growth plan, the data
     order (--seq_len/--seed against the checkpoint), --seq_len against n_positions, the checkpoint against the
-    launched world size and ZeRO stage, the token folder, the save steps against existing tags, and fp16 support.
+    launched world size and ZeRO stage (and its per-rank RNG files), the token folder and its token files, the save
+    steps against existing tags, and fp16 support.
 
     Raises:
         UsageError, CheckpointError: the first problem found (see the functions above and trainer.init_from).
     """
     from trainer import init_from  # here: it imports this module
 
+    check_flag_ranges(args)
+    out_dir = check_out_dir(args.out_dir)
+    launched_world = int(os.environ.get("WORLD_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
     ds_cfg = load_ds_config(args.ds_config, args.max_steps)
-    zero_stage = zero_stage_of(ds_cfg)
+    check_ds_config(ds_cfg, args.ds_config, launched_world)
+    zero_stage = zero_stage_of(ds_cfg, args.ds_config)
     precision = precision_of(ds_cfg)
     init = init_from.open_init_from(args)  # None without --init_from; refuses --resume and other shapes
     resume = open_resume(args.resume, ds_cfg)
@@ -273,7 +474,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
         cfg = start or plan_config(args, growth, cfg, state, stage_index)
         check_plan_fits_run(growth, stage_index, args, ds_cfg, state.schedule if state else None)
     stop = check_stop_stage(getattr(args, "stop_before_stage", None), growth, stage_index)
-    seq_len = args.seq_len or (state.seq_len if state else cfg.n_positions)
+    seq_len = args.seq_len if args.seq_len is not None else (state.seq_len if state else cfg.n_positions)
     seed = args.seed if args.seed is not None else (state.seed if state else DEFAULT_SEED)
     if state is not None:
         check_data_order(state, seq_len, seed)
@@ -281,15 +482,20 @@ def resolve(args: argparse.Namespace) -> RunConfig:
         raise UsageError(
             f"--seq_len {seq_len} must be in [1, n_positions={cfg.n_positions}]; shorten it or raise --n_positions"
         )
+    if args.eval_stride is not None and args.eval_stride > seq_len:
+        raise UsageError(f"--eval_stride {args.eval_stride} must be at most seq_len {seq_len} (the window length)")
     if resume is not None:
-        launched_world = int(os.environ.get("WORLD_SIZE") or os.environ.get("OMPI_COMM_WORLD_SIZE") or 1)
         checkpoint.check_compatible(
             state, model_config=cfg.to_dict(), world_size=launched_world, zero_stage=zero_stage, path=resume.tag_dir
         )
+        try:
+            checkpoint.check_rng_files(resume, launched_world)
+        except checkpoint.CheckpointError as e:
+            raise checkpoint.CheckpointError(f"--resume {e}") from None
     data_dir = validate_data_dir(args.data)
+    check_token_files(data_dir, seq_len)
     if init is not None:
         init_from.check_data_tokenizer(init, data_dir)
-    out_dir = Path(args.out_dir)
     start_step = state.global_step if state else 0
     save_steps = check_save_steps(out_dir / "checkpoints", start_step, args)
     check_precision_supported(precision, args.ds_config, zero_stage)

@@ -71,6 +71,49 @@ def read_val_curve(path: str | Path) -> tuple[list[float], list[float]]:
     return [float(r["flops"]) for r in pts], [float(r["val_loss"]) for r in pts]
 
 
+def keeps_after_resume(record: dict[str, Any], step: int, stop_stage: str | None = None) -> bool:
+    """Whether a metrics.jsonl record stays when a run resumes from its checkpoint at global step ``step`` (the
+    resumed job writes the others again): records without a step, train/val records up to ``step``, live growth
+    records before it (a growth at ``step`` happened after that checkpoint was saved, and is done again), growlm-run's
+    offline growth records up to it (the one at ``step`` made the checkpoint resumed from), and stop records before it
+    or at it for another stage than ``stop_stage`` (the resumed job stops there again). The same rule as
+    growlm-run's trim between its jobs, so either may run first."""
+    s, event = record.get("step"), record.get("event")
+    if not isinstance(s, (int, float)):
+        return True
+    if event == "growth":
+        return s <= step if record.get("driver") else s < step
+    if event == "stop":
+        return s < step or (s == step and record.get("stage") != stop_stage)
+    return s <= step
+
+
+def purge_after(path: str | Path, step: int, stop_stage: str | None = None) -> int:
+    """Drop from the metrics.jsonl at ``path`` the records an interrupted job wrote after the checkpoint at global
+    step ``step`` (``keeps_after_resume``), so a resumed run's file holds each step once, as TensorBoard's
+    ``purge_step`` does for its scalars. Kept lines are copied byte for byte; a half-written line a killed writer left
+    is dropped. The file is replaced atomically (runtime.atomic: a reader sees the old or the new file) and only when
+    something changes. Returns the number of lines dropped (0 when the file does not exist)."""
+    from runtime.atomic import write_text
+
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    text = path.read_text(errors="replace")
+    lines = text.splitlines()
+    kept = []
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a half-written line: the next record would be glued to it
+        if not isinstance(r, dict) or keeps_after_resume(r, step, stop_stage):
+            kept.append(line)
+    if len(kept) != len(lines) or (text and not text.endswith("\n")):
+        write_text(path, "".join(line + "\n" for line in kept), overwrite=True)
+    return len(lines) - len(kept)
+
+
 class Throughput:
     """Training tokens per second over the steps since the last measurement, excluding paused time (validation).
 
@@ -108,11 +151,20 @@ class MetricsLogger:
         log_interval: steps between TensorBoard train scalars and progress-bar updates of the loss.
         max_steps: the last step (always logged).
         purge_step: a resumed run's first step (checkpoint step + 1): TensorBoard drops the scalars an earlier,
-            interrupted job wrote at this step and after (SummaryWriter's ``purge_step``), so each step shows once.
+            interrupted job wrote at this step and after (SummaryWriter's ``purge_step``), and metrics.jsonl the
+            records it wrote after the checkpoint (``purge_after``), so each step shows once.
+        stop_stage: the run's --stop_before_stage (a stop record for it at the checkpoint's step is written again).
     """
 
     def __init__(
-        self, out_dir: Path, *, enabled: bool, log_interval: int, max_steps: int, purge_step: int | None = None
+        self,
+        out_dir: Path,
+        *,
+        enabled: bool,
+        log_interval: int,
+        max_steps: int,
+        purge_step: int | None = None,
+        stop_stage: str | None = None,
     ) -> None:
         self.enabled, self.log_interval, self.max_steps = enabled, log_interval, max_steps
         self.out_dir = out_dir
@@ -121,6 +173,8 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             out_dir.mkdir(parents=True, exist_ok=True)
+            if purge_step is not None:
+                purge_after(out_dir / "metrics.jsonl", purge_step - 1, stop_stage)
             self._writer = SummaryWriter(str(out_dir / "tb"), purge_step=purge_step)
             self._file = open(out_dir / "metrics.jsonl", "a")
 

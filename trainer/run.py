@@ -34,6 +34,8 @@ from trainer.growth_events import maybe_grow, next_stage
 from trainer.loop import Batches, Progress, StepResult, flops_per_step, train_step
 from trainer.metrics import MetricsLogger, Throughput, max_rss_bytes
 
+RUN_LOCK = "train.lock"  # <out_dir>/train.lock: one train.py per run folder (growlm-run's is <out_dir>/driver/lock)
+
 
 @dataclass(frozen=True)
 class RunData:
@@ -90,6 +92,39 @@ def open_data(run: RunConfig, info: DistInfo) -> RunData:
             f"not the one the checkpoint trained on ({saved_sha}); resume with the same --data"
         )
     return RunData(windows, ResumableSampler(len(windows), run.seed), val_tokens, sha)
+
+
+def claim_out_dir(run: RunConfig, info: DistInfo) -> Any:
+    """Take ``<out_dir>/train.lock`` (runtime.lock) on global rank 0 before anything is written into --out_dir, so
+    two runs never stage into the same checkpoint folder; a collective: every rank learns whether rank 0 got it.
+    Only rank 0 takes it (on a shared filesystem the lock may work across nodes, where one lock per node would make
+    a run's nodes refuse each other). Returns the open lock file on rank 0 (keep it referenced; closing it releases
+    the lock), None on other ranks.
+
+    Raises:
+        UsageError: another process holds the lock (the message names the folder and the holder), or the folder
+            cannot be created (raised on every rank; printed by rank 0).
+    """
+    from runtime.lock import LockHeldError, hold_lock
+
+    lock, message = None, ""
+    if info.rank == 0:
+        try:
+            run.out_dir.mkdir(parents=True, exist_ok=True)
+            lock = hold_lock(run.out_dir / RUN_LOCK)
+        except LockHeldError as e:
+            message = (
+                f"--out_dir {run.out_dir} is in use by another growlm-train ({e.holder}; lock {e.path}): two runs in "
+                "one folder would mix their checkpoints; wait for it to end or stop it, or choose another --out_dir"
+            )
+        except OSError as e:
+            message = f"--out_dir {run.out_dir} cannot be used ({e.strerror or e}); choose a folder you can write"
+    shared = [message]
+    if info.world_size > 1:
+        dist.broadcast_object_list(shared, src=0)
+    if shared[0]:
+        raise UsageError(shared[0])
+    return lock
 
 
 def check_same_plan(run: RunConfig, info: DistInfo) -> None:
@@ -199,22 +234,23 @@ def train(
     log.start_bar(p.step)
     p.engine.train()
     meter = Throughput(data.global_batch * run.seq_len)
-    while p.step < run.max_steps:
-        if stop_before_stage(p, run, data.info, log, sha):
-            log.close_bar()
-            return meter, True
-        maybe_grow(p, run, data, log)
-        result = train_step(p, data, own_grad_norm=own_grad_norm)
-        meter.step()
-        if log.enabled:
-            log.train(step_record(p, result, run.seq_len), meter, flops_per_step(p.model, data))
-        hold_point(f"train.step:{p.step}")  # test-only (runtime.crash_points): killed while training
-        validate_periodically(ev, p, run, log, meter)
-        if p.step in run.save_steps:
-            path = save(p, run, data.info, sha)
-            log.console(f"growlm: saved checkpoint {path}")
-    log.close_bar()
-    return meter, False
+    try:
+        while p.step < run.max_steps:
+            if stop_before_stage(p, run, data.info, log, sha):
+                return meter, True
+            maybe_grow(p, run, data, log)
+            result = train_step(p, data, own_grad_norm=own_grad_norm)
+            meter.step()
+            if log.enabled:
+                log.train(step_record(p, result, run.seq_len), meter, flops_per_step(p.model, data))
+            hold_point(f"train.step:{p.step}")  # test-only (runtime.crash_points): killed while training
+            validate_periodically(ev, p, run, log, meter)
+            if p.step in run.save_steps:
+                path = save(p, run, data.info, sha)
+                log.console(f"growlm: saved checkpoint {path}")
+        return meter, False
+    finally:  # also on an error: its message then starts a line of its own, not the bar's
+        log.close_bar()
 
 
 def build(run: RunConfig) -> Any:
@@ -244,13 +280,28 @@ def run(args: argparse.Namespace) -> int:
     info = join(cfg)
     run_data = open_data(cfg, info)
     check_same_plan(cfg, info)
+    lock = claim_out_dir(cfg, info)
+    try:
+        return _train_locked(cfg, info, run_data)
+    finally:
+        if lock is not None:
+            lock.close()  # released: the next job of this folder (a growlm-run stage, a resume) may take it
+
+
+def _train_locked(cfg: RunConfig, info: DistInfo, run_data: RunData) -> int:
+    """``run`` once --out_dir is this run's: build, restore, train, evaluate, close. Returns the exit status."""
     engine = build(cfg)
     micro, gas = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     data = Batches(run_data.windows, run_data.sampler, micro, gas, info)
     p = restore(engine, cfg, info)
     purge = p.step + 1 if cfg.resume_state is not None else None  # scalars of an interrupted job after the checkpoint
     log = MetricsLogger(
-        cfg.out_dir, enabled=info.rank == 0, log_interval=cfg.log_interval, max_steps=cfg.max_steps, purge_step=purge
+        cfg.out_dir,
+        enabled=info.rank == 0,
+        log_interval=cfg.log_interval,
+        max_steps=cfg.max_steps,
+        purge_step=purge,
+        stop_stage=cfg.stop_before_stage,
     )
     announce(log, cfg, p, data, run_data)
     ev = Evaluator(run_data.val_tokens, cfg.seq_len, cfg.eval_batch_size, info)

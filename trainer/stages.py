@@ -25,16 +25,17 @@ def load_growth_plan(path: str) -> StageList:
     """The validated growth plan at ``path``.
 
     Raises:
-        UsageError: the file is missing, does not parse, or its stages do not chain (growth.stages.parse_stages).
+        UsageError: the file is missing or unreadable, is not valid YAML (FILE:LINE), or its stages do not chain
+            (growth.stages.parse_stages).
     """
     try:
         return load_stages(path)
     except FileNotFoundError:
         raise UsageError(f"--growth_plan {path}: no such file; see growth/plans/ for examples") from None
-    except GrowthError as e:
+    except GrowthError as e:  # YAML syntax, a tab or a repeated key (FILE:LINE), or a plan that does not validate
         raise UsageError(f"--growth_plan {path}: {e}") from None
-    except Exception as e:  # YAML syntax
-        raise UsageError(f"--growth_plan {path} does not parse: {e}") from None
+    except OSError as e:  # a folder, no permission: anything else is a bug and is not reported as bad input
+        raise UsageError(f"--growth_plan {path}: cannot be read ({e.strerror}); give a readable plan file") from None
 
 
 def shape_of(cfg: GPTConfig) -> dict:

@@ -36,7 +36,8 @@ STAGES = (0, 1, 2, 3)
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The growlm-bench argument parser (its flags; arguments after '--' go to train.py: ``parse_args``)."""
     p = argparse.ArgumentParser(
         prog="growlm-bench",
         description="Measure train.py's training throughput (tokens/s, model TFLOP/s, MFU, fp16 skipped steps, "
@@ -67,9 +68,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/bench", help="folder for the JSON records, bench.md and bench.png")
     p.add_argument("--keep_runs", action="store_true", help="keep the train.py run folders and logs in OUT/runs")
     p.add_argument("--timeout_s", type=float, default=3600.0, help="limit for one run")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     argv = sys.argv[1:] if argv is None else list(argv)
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    args = build_parser().parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     args.train_extra = extra
     return args
 
@@ -241,6 +246,39 @@ def bench_pytorch(args: argparse.Namespace, precision: str, work: Path, base: di
     }
 
 
+# flag -> (smallest value, what it counts): every count must be at least 1, --warmup at least 0
+_MIN = {
+    "seq_len": (1, "tokens per sequence"),
+    "micro_batch": (1, "sequences per rank per micro step"),
+    "grad_accum": (1, "micro steps per optimizer step"),
+    "world_size": (1, "ranks"),
+    "threads_per_rank": (1, "CPU threads per rank"),
+    "steps": (1, "optimizer steps per run"),
+    "warmup": (0, "leading steps left out"),
+    "n_layer": (1, "layers"),
+    "n_embd": (1, "embedding width"),
+    "n_head": (1, "attention heads"),
+    "n_inner": (1, "MLP width"),
+}
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse a numeric flag outside its range before anything runs.
+
+    Raises:
+        BenchError: a count below its minimum (``_MIN``: --world_size 0, --steps 0, --micro_batch 0, ...), or a
+            --peak_tflops / --timeout_s that is not a positive number.
+    """
+    for name, (low, what) in _MIN.items():
+        value = getattr(args, name)
+        if value is not None and value < low:
+            raise BenchError(f"--{name} {value}: must be >= {low} ({what}); give a value of at least {low}")
+    for name in ("peak_tflops", "timeout_s"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:  # also NaN
+            raise BenchError(f"--{name} {value}: must be a positive number; give a value above 0")
+
+
 def _resolve(args: argparse.Namespace):
     """Check the flags against this device and fill defaults; returns (device type, precisions, ZeRO stages, model
     config, model FLOPs per token).
@@ -250,6 +288,7 @@ def _resolve(args: argparse.Namespace):
     """
     from model.config import flops_per_token, from_preset
 
+    check_flags(args)
     device_name, avail = available_precisions()
     device_type = "cuda" if device_name.startswith("cuda") else "cpu"
     precisions = [p for p in PRECISIONS if p in avail] if args.sweep else list(dict.fromkeys(args.precision))
@@ -271,11 +310,14 @@ def _resolve(args: argparse.Namespace):
     try:
         shape = {k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head", "n_inner")}
         if args.growth_plan:  # the model starts at the plan's shape (the baseline trains that one)
+            from growth.errors import GrowthError
             from growth.stages import load_stages
 
             try:
                 cfg = load_stages(args.growth_plan).start
-            except Exception as e:  # missing file, YAML syntax, bad plan: train.py's own checks say more
+            except FileNotFoundError:
+                raise BenchError(f"--growth_plan {args.growth_plan}: no such file") from None
+            except (GrowthError, OSError) as e:  # YAML syntax (FILE:LINE), a bad plan, an unreadable file
                 raise BenchError(f"--growth_plan {args.growth_plan}: {e}") from None
             args.preset = "growth plan start"
         else:
@@ -345,7 +387,11 @@ def run(args: argparse.Namespace) -> list[dict]:
         base["peaks"][(p, args.threads_per_rank)] = device_peak(p, args.threads_per_rank, args.peak_tflops)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    work = out / "runs" if args.keep_runs else Path(tempfile.mkdtemp(prefix="growlm-bench-"))
+    if args.keep_runs:  # kept where the user looks: OUT/runs (train.py run folders, configs, logs)
+        work = out / "runs"
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        work = Path(tempfile.mkdtemp(prefix="growlm-bench-"))
     try:
         records = _measure(args, precisions, stages, base, work)
     finally:

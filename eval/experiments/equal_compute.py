@@ -318,8 +318,8 @@ PROFILES = {  # --quick / --device cuda change the defaults; explicit flags win
 }  # fmt: skip
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """Command-line flags; unset ones come from the profile (default, --quick, or --device cuda)."""
+def build_parser() -> argparse.ArgumentParser:
+    """The growlm-experiment (--protocol equal_compute, the default) argument parser."""
     p = argparse.ArgumentParser(prog="growlm-experiment", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("--out", type=Path, default=REPO / "runs" / "equal_compute", help="run folders")
@@ -344,7 +344,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, help="OMP threads per training process")
     p.add_argument("--report_only", action="store_true", help="only (re)write the report from finished runs")
     p.add_argument("--dry_run", action="store_true", help="print the runs (arm, seed, steps, growth) and exit")
-    args = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Command-line flags; unset ones come from the profile (default, --quick, or --device cuda)."""
+    args = build_parser().parse_args(argv)
     args.slope_window = _live_trigger_window()
     prof = PROFILES["quick" if args.quick else ("gpu" if args.device == "cuda" else "default")]
     for k, v in prof.items():
@@ -363,9 +368,48 @@ def _live_trigger_window() -> int:
     return int(inspect.signature(slope_trigger).parameters["window"].default)
 
 
+# flag -> smallest value (after the profile's defaults are filled in)
+_MIN = {"seeds": 1, "batch": 1, "seq_len": 2, "warmup": 0, "evals": 1, "eval_tokens": 1, "parallel": 1, "threads": 1,
+        "vocab_size": 1}  # fmt: skip
+
+
+def min_steps(arm_names: list[str]) -> int:
+    """The smallest --steps at which every growth of the named arms lands after step 0 and after the one before it
+    (growth step = round(fraction x steps))."""
+    fracs = [[f for f in a.grow if f != SLOPE] for a in ARMS if a.name in arm_names]
+    for steps in range(1, 10_000):
+        grows = ([round(f * steps) for f in fr] for fr in fracs)
+        if all(all(b > a for a, b in zip([0, *g], g, strict=False)) for g in grows):
+            return steps
+    return 10_000
+
+
+def check_flags(args: argparse.Namespace) -> str | None:
+    """The refusal line for a numeric flag out of range (--steps 0, --batch 0, --lr 0, ...), or None when all fit."""
+    for name, low in _MIN.items():
+        value = getattr(args, name)
+        if value < low:
+            return f"--{name} {value}: must be >= {low}; give a value of at least {low}"
+    if not args.lr > 0:
+        return f"--lr {args.lr}: must be a positive number"
+    names = [n.strip() for n in args.arms.split(",") if n.strip()]
+    need = min_steps(names)
+    if args.steps < need:
+        return (
+            f"--steps {args.steps}: must be >= {need}, so that every growth of the chosen arms falls after step 0 and "
+            f"after the growth before it (at round(fraction x steps)); give --steps {need} or more"
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the experiment (unfinished runs only) and write the report; exit 1 when a run failed."""
+    """Run the experiment (unfinished runs only) and write the report; exit 1 when a run failed, 2 on a flag out of
+    range."""
     args = parse_args(argv)
+    problem = check_flags(args)
+    if problem:
+        print(f"growlm-experiment: error: {problem}", file=sys.stderr)
+        return 2
     if args.dry_run:
         meta_file = args.data / "meta.json"
         vocab = json.loads(meta_file.read_text())["vocab_size"] if meta_file.is_file() else args.vocab_size

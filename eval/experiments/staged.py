@@ -110,7 +110,8 @@ def train_cmd(args: argparse.Namespace, plan: Path, ds: Path, out: Path) -> list
     ]  # fmt: skip
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The growlm-experiment --protocol equal_steps argument parser (this module's experiment)."""
     p = argparse.ArgumentParser(
         prog="growlm-experiment",
         description=__doc__.split("\n\n")[0],
@@ -136,7 +137,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--threads", type=int, default=2, help="OMP threads per training process")
     p.add_argument("--report_only", action="store_true", help="only (re)write the report from finished runs")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def build_protocol_parser() -> argparse.ArgumentParser:
+    """growlm-experiment's first parser: only --protocol, which picks the experiment whose parser reads the rest."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--protocol", choices=("equal_compute", "equal_steps"), default="equal_compute")
+    return pre
+
+
+_MIN = {"max_steps": 1, "batch": 1, "seq_len": 2, "warmup": 0, "ramp_steps": 0, "rewarm_steps": 0, "eval_interval": 1,
+        "eval_tokens": 1, "threads": 1, "vocab_size": 1}  # fmt: skip
+
+
+def check_flags(args: argparse.Namespace) -> str | None:
+    """The refusal line for a numeric flag out of range (--max_steps 0, --batch 0, --lr 0, a --grow_frac that puts
+    the growth at step 0 or at the end, ...), or None when all fit."""
+    for name, low in _MIN.items():
+        value = getattr(args, name)
+        if value < low:
+            return f"--{name} {value}: must be >= {low}; give a value of at least {low}"
+    if not args.lr > 0:
+        return f"--lr {args.lr}: must be a positive number"
+    grow = round(args.max_steps * args.grow_frac) if args.grow_frac == args.grow_frac else 0
+    if not 1 <= grow < args.max_steps:
+        return (f"--grow_frac {args.grow_frac} with --max_steps {args.max_steps} grows at step {grow}, outside "
+                f"[1, {args.max_steps - 1}]; choose a fraction in (0, 1) that lands on such a step")  # fmt: skip
+    return None
 
 
 def setup_text(args: argparse.Namespace, meta: dict) -> str:
@@ -166,14 +198,16 @@ def setup_text(args: argparse.Namespace, meta: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     """growlm-experiment: ``--protocol equal_compute`` (default; eval/experiments/equal_compute.py) or
     ``--protocol equal_steps`` (this module's older experiment: every arm stops at the same step)."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--protocol", choices=("equal_compute", "equal_steps"), default="equal_compute")
-    known, rest = pre.parse_known_args(argv)
+    known, rest = build_protocol_parser().parse_known_args(argv)
     if known.protocol == "equal_compute":
         from eval.experiments import equal_compute
 
         return equal_compute.main(rest)
     args = parse_args(rest)
+    problem = check_flags(args)
+    if problem:
+        print(f"growlm-experiment: error: {problem}", file=sys.stderr)
+        return 2
     names = [n.strip() for n in args.runs.split(",") if n.strip()]
     specs = [r for r in RUNS if r.name in names]
     if not specs or specs[0].name != "scratch":

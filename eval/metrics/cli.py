@@ -41,12 +41,12 @@ def check_windows(m: LoadedModel, context: int | None, stride: int | None) -> tu
         EvalInputError: context > n_positions, or stride outside [1, context].
     """
     n_pos = m.config.n_positions
-    context = context or n_pos
+    context = n_pos if context is None else context  # 0 is refused, not taken for "the default"
     if not 2 <= context <= n_pos:
         raise EvalInputError(
             f"--context {context} must be in [2, n_positions={n_pos}] of this model ({m.config.shape_str()})"
         )
-    stride = stride or max(1, context // 2)
+    stride = max(1, context // 2) if stride is None else stride
     if not 1 <= stride <= context:
         raise EvalInputError(f"--stride {stride} must be in [1, --context {context}]")
     return context, stride
@@ -120,6 +120,8 @@ def evaluate(
     ``skip_missing_wikipedia``: when the Wikipedia sample is not built, record it as skipped instead of failing
     (used for the default --sets; asking for it explicitly fails with the command that builds it).
     """
+    if batch_size < 1:
+        raise EvalInputError(f"--batch_size {batch_size} must be >= 1 (windows per forward pass)")
     unknown = [s for s in sets if s not in SETS]
     if unknown:
         raise EvalInputError(f"unknown eval set(s) {unknown}; choose from {', '.join(SETS)}")
@@ -171,7 +173,8 @@ def evaluate(
     return out
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The growlm-eval argument parser."""
     p = argparse.ArgumentParser(
         prog="growlm-eval",
         description=__doc__.split("\n\n")[0],
@@ -200,13 +203,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max_cloze_items", type=int, default=0, help="score only the first N cloze items (0: all)")
     p.add_argument("--out", default=None, help="write the JSON here too (it always goes to stdout)")
     p.add_argument("--no_progress", action="store_true", help="no progress bars")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Refuse a numeric flag out of range before anything is read (the model's own limits are checked once it is
+    loaded: ``check_windows``).
+
+    Raises:
+        EvalInputError: --context below 2, --stride or --batch_size below 1, or a negative --max_cloze_items.
+    """
+    lows = {"context": 2, "stride": 1, "batch_size": 1, "max_cloze_items": 0}
+    for name, low in lows.items():
+        value = getattr(args, name)
+        if value is not None and value < low:
+            default = {"context": " (omit it for the model's n_positions)", "stride": " (omit it for context // 2)",
+                       "max_cloze_items": " (0: all)"}.get(name, "")  # fmt: skip
+            raise EvalInputError(f"--{name} {value} must be >= {low}{default}")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """growlm-eval: 0 after printing the JSON results, 2 on bad input (one ``growlm-eval: error:`` line)."""
     args = parse_args(argv)
     sets = [s.strip() for s in args.sets.split(",") if s.strip()]
-    try:  # the user's files first: a bad file is refused before a model is loaded
+    try:  # the flags and the user's files first: bad input is refused before a model is loaded
+        check_flags(args)
         files = read_eval_files(args.wikitext, args.lambada)
         m = load(args.model, args.tokenizer)
         out = evaluate(

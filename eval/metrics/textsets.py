@@ -57,16 +57,33 @@ def wikipedia_documents(split: str = "test") -> dict[str, str]:
     return {p.stem: _read(p) for p in files}
 
 
+WIKITEXT_FILES = ("wiki.test.raw", "wiki.test.tokens")  # a WikiText folder's test split, raw first
+
+
 def read_text_file(path: str | Path) -> str:
-    """A user's eval file (UTF-8 text, .xz allowed, a leading BOM removed; data/text.py) as one document.
+    """A user's eval file (UTF-8 text, .xz allowed, a leading BOM removed; data/text.py) as one document. A
+    WikiText folder (e.g. wikitext-103-raw/) stands for its test split: its first file of ``WIKITEXT_FILES``.
 
     Raises:
-        EvalInputError: missing or empty (whitespace only).
+        EvalInputError: missing, a folder without a WikiText test file (the message names what is missing and
+            what the folder holds), or empty (whitespace only).
         data.text.InputError: undecodable bytes (``FILE:LINE: problem; fix``).
     """
     p = Path(path)
+    if p.is_dir():
+        found = [p / name for name in WIKITEXT_FILES if (p / name).is_file()]
+        if not found:
+            held = sorted(x.name for x in p.iterdir())
+            shown = ", ".join(held[:8]) + (f", ... ({len(held)} entries)" if len(held) > 8 else "") or "nothing"
+            raise EvalInputError(
+                f"eval folder {p} has no {' or '.join(WIKITEXT_FILES)} (it holds: {shown}); give the file to score "
+                f"itself, e.g. --wikitext {p / WIKITEXT_FILES[0]}"
+            )
+        p = found[0]
+    if not p.exists():
+        raise EvalInputError(f"eval file {p} does not exist; check the path")
     if not p.is_file():
-        raise EvalInputError(f"eval file {p} does not exist")
+        raise EvalInputError(f"eval file {p} is not a regular file; give a text file")
     text = _read(p)
     if not text.strip():
         raise EvalInputError(f"eval file {p} is empty; nothing to score")

@@ -89,9 +89,15 @@ def test_bench_reports_the_cost_of_a_live_growth(tmp_path, builtin_data):
     out = tmp_path / "bench"
     argv = ["--growth_plan", str(plan), "--seq_len", "32", "--zero", "2", "--precision", "fp32", "--micro_batch", "4",
             "--world_size", "2", "--threads_per_rank", "1", "--steps", "4", "--warmup", "1", "--no_baseline",
-            "--out", str(out)]  # fmt: skip
+            "--keep_runs", "--out", str(out)]  # fmt: skip
     assert bench.main(argv) == 0
     rec = json.loads((out / "zero2-fp32.json").read_text())
+    kept = out / "runs"  # --keep_runs: the train.py run folder and its DeepSpeed config stay in OUT/runs
+    assert json.loads((kept / "zero2-fp32.json").read_text())["zero_optimization"]["stage"] == 2
+    records = [json.loads(line) for line in (kept / "zero2-fp32" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["event"] == "train"] == [1, 2, 3, 4]
+    assert [r["step"] for r in records if r["event"] == "growth"] == [2]
+    assert sorted(p.name for p in (kept / "zero2-fp32" / "logs").iterdir()) == ["rank0.log", "rank1.log"]
     g = rec["growth"]
     assert g["events"] == 1 and g["per_event"][0]["step"] == 2 and g["seconds"] > 0
     assert g["equivalent_steps"] == pytest.approx(g["seconds"] / rec["step_time_s_median"])

@@ -111,8 +111,10 @@ def test_train_killed_while_committing_a_checkpoint(killed_in_save):
     # the same command, resuming in place, succeeds: steps 3 and 4 as the interrupted run trained them
     r = run_ranks([*args, "--resume", str(ck)], timeout=300)
     assert r.returncode == 0, r.stdout[-3000:]
-    after = read_metrics(out)[len(before) :]
-    assert [m["step"] for m in after] == [3, 4]
+    records = read_metrics(out)  # the resumed job replaced what the killed one logged after global_step2
+    assert [m["step"] for m in records] == [1, 2, 3, 4]
+    assert records[:2] == before[:2]
+    after = records[2:]
     for m in after:
         assert abs(m["loss"] - before[m["step"] - 1]["loss"]) <= 1e-6, (m, before[m["step"] - 1])
         assert m["lr"] == pytest.approx(before[m["step"] - 1]["lr"], rel=1e-12)
@@ -166,8 +168,9 @@ def test_live_growth_killed_mid_way(tmp_path, builtin_data):
     r = run_ranks([*common, "--out_dir", str(out), "--resume", str(ck)], timeout=300)  # the same command, resumed
     assert r.returncode == 0, r.stdout[-3000:]
     want = {m["step"]: m for m in read_metrics(ref)}
-    got = read_metrics(out)[len(before) :]
-    assert [m["step"] for m in got] == [3, 4]
+    records = read_metrics(out)  # each step once: the killed job's step 3 was dropped, then trained again
+    assert [m["step"] for m in records] == [1, 2, 3, 4] and records[:2] == before[:2]
+    got = records[2:]
     for m in got:  # step 3 before the growth, step 4 after it: as the uninterrupted run
         assert abs(m["loss"] - want[m["step"]]["loss"]) <= 1e-6, (m, want[m["step"]])
     (g_ref,), (g,) = read_metrics(ref, "growth"), read_metrics(out, "growth")

@@ -29,6 +29,11 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     """(driver flags, TRAIN_ARGS): everything after ``--`` goes to train.py."""
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
+    return build_parser().parse_args(argv[:split]), argv[split + 1 :]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The growlm-run argument parser (the driver's own flags, before ``--``)."""
     p = argparse.ArgumentParser(
         prog="growlm-run",
         usage="growlm-run PLAN.yaml [--dry_run] [--mem_per_rank_gib G] [--deepspeed PATH] -- TRAIN_ARGS",
@@ -49,7 +54,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
         help="warn (dry run) where a stage's model states per rank exceed G GiB (2^30 bytes)",
     )
     p.add_argument("--deepspeed", default=None, help="the deepspeed launcher (default: the one beside this Python)")
-    return p.parse_args(argv[:split]), argv[split + 1 :]
+    return p
 
 
 def train_namespace(train_args: list[str]) -> argparse.Namespace:

@@ -149,13 +149,15 @@ def hostfile_slots(path: str) -> list[tuple[str, int]]:
     """(host, slots) of each line of a DeepSpeed hostfile (``name slots=N``; blank lines and ``#`` comments skipped).
 
     Raises:
-        DriverError: the file is missing or a line is not ``name slots=N``.
+        DriverError: the file is missing, a line is not ``name slots=N``, or a host is listed twice (DeepSpeed's
+            launcher refuses that, but only when the job starts).
     """
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as e:
         raise DriverError(f"resources.hostfile {path}: {e.strerror}; write one line per node, 'name slots=N'") from None
-    out = []
+    out: list[tuple[str, int]] = []
+    first_line: dict[str, int] = {}
     for n, line in enumerate(lines, 1):
         line = line.split("#", 1)[0].strip()
         if not line:
@@ -163,6 +165,12 @@ def hostfile_slots(path: str) -> list[tuple[str, int]]:
         parts = line.split()
         if len(parts) != 2 or not parts[1].startswith("slots=") or not parts[1][6:].isdigit():
             raise DriverError(f"{path}:{n}: {line!r} is not 'name slots=N'")
+        if parts[0] in first_line:
+            raise DriverError(
+                f"{path}:{n}: host {parts[0]!r} is listed twice (first on line {first_line[parts[0]]}); DeepSpeed's "
+                "launcher refuses a repeated host: list each node once, its ranks as slots=N"
+            )
+        first_line[parts[0]] = n
         out.append((parts[0], int(parts[1][6:])))
     return out
 
@@ -171,8 +179,16 @@ def check_hostfile(res: Resources) -> list[tuple[str, int]] | None:
     """(host, slots) of the resources' own hostfile, checked against nodes x ranks_per_node; None without one.
 
     Raises:
-        DriverError: the hostfile is missing or malformed, or its nodes or slots differ from the resources.
+        DriverError: the hostfile is missing or malformed, or its nodes or slots differ from the resources; a host
+            named twice (in the hostfile or in ``resources.hosts``).
     """
+    if res.hosts is not None:
+        twice = sorted({h for h in res.hosts if res.hosts.count(h) > 1})
+        if twice:
+            raise DriverError(
+                f"resources.hosts {list(res.hosts)} names {', '.join(twice)} more than once; DeepSpeed's launcher "
+                "refuses a repeated host: name each node once (its ranks are resources.ranks_per_node)"
+            )
     if res.hostfile is None:
         return None
     slots = hostfile_slots(res.hostfile)

@@ -1,0 +1,50 @@
+"""The third-party warnings and log lines growlm hides, all in this one place (DESIGN.md, "Known third-party noise").
+
+Each entry is a message that growlm cannot fix at its cause because it comes from a library's own call, and that
+says nothing a growlm user can act on. Everything else a library warns about is shown. ``quiet_known_noise`` is
+called by ``runtime.dist.select_accelerator``, which every process that uses DeepSpeed runs before importing it.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+# (category, message regex, who emits it and why it is harmless)
+KNOWN_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
+    (
+        FutureWarning,
+        r"`torch\.distributed\.all_gather_into_tensor` is deprecated",
+        "DeepSpeed 0.19's ZeRO all-gathers call the name torch 2.13 renamed to all_gather_single (same collective)",
+    ),
+    (
+        FutureWarning,
+        r"`torch\.distributed\.reduce_scatter_tensor` is deprecated",
+        "DeepSpeed 0.19's ZeRO reduce-scatters call the name torch 2.13 renamed (same collective)",
+    ),
+)
+
+
+class _DropMessages(logging.Filter):
+    """A logging filter that drops records whose message starts with one of ``prefixes``."""
+
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(self.prefixes)
+
+
+# DeepSpeed logger records growlm hides: (message prefix, why)
+KNOWN_LOG_LINES: tuple[tuple[str, str], ...] = ()
+
+
+def quiet_known_noise() -> None:
+    """Install the filters for ``KNOWN_WARNINGS`` and ``KNOWN_LOG_LINES`` (idempotent)."""
+    for category, message, _why in KNOWN_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    if KNOWN_LOG_LINES:
+        logger = logging.getLogger("DeepSpeed")
+        if not any(isinstance(f, _DropMessages) for f in logger.filters):
+            logger.addFilter(_DropMessages(tuple(p for p, _ in KNOWN_LOG_LINES)))

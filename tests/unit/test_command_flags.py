@@ -1,0 +1,359 @@
+"""Flags of the console commands whose effect no other test showed (tests/unit/test_flag_coverage.py finds them):
+each test sets the flag and asserts what it changes. In-process and small: no train.py process, no download; where
+a command would start runs or fetch packages, that one call is replaced by a recorder and the flag's effect on what
+it is given is asserted."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import types
+from pathlib import Path
+
+import pytest
+
+from data import build_corpus
+from eval.bench import throughput as bench
+from eval.experiments import equal_compute as ec
+from eval.experiments import staged
+from growth import grow_checkpoint as grow
+from growth.apply import OptimizerPolicy
+from growth.errors import GrowthError
+from growth.schedule import ScheduleState, place_schedule
+from growth.stages import load_stages
+
+REPO = Path(__file__).resolve().parents[2]
+PLAN = REPO / "growth" / "plans" / "tiny_msg.yaml"  # tiny 2 x 64 -> 'deeper' 4 x 64 -> 'wider' 4 x 128
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# growlm-prepare
+
+
+def test_prepare_num_proc_gives_the_same_tokens_as_one_process(tmp_path, capsys):
+    from data import prepare
+    from data.prepare import open_tokens
+
+    docs = [f"Document number {i}: the quick brown fox jumps over the lazy dog {i} times." for i in range(6)]
+    src = tmp_path / "src"
+    src.mkdir()
+    for i, d in enumerate(docs):
+        (src / f"d{i}.txt").write_text(d)
+    train = [str(p) for p in sorted(src.glob("d*.txt"))]
+    base = ["--train", *train, "--val", train[0]]
+    assert prepare.main([*base, "--out", str(tmp_path / "one")]) == 0
+    assert prepare.main([*base, "--out", str(tmp_path / "two"), "--num_proc", "2"]) == 0
+    one, two = open_tokens(tmp_path / "one", "train").tolist(), open_tokens(tmp_path / "two", "train").tolist()
+    assert two == one and one.count(50256) == len(docs)  # same ids, same order, one EOT per document
+    capsys.readouterr()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# growlm-build-corpus (python -m data.build_corpus): the registries are not reached; build_documents is replaced
+
+
+def _committed_documents(work: Path) -> list[build_corpus.Document]:
+    """What build_documents would return today, read from the committed corpus (no download)."""
+    docs = []
+    for e in build_corpus.load_manifest()["files"]:
+        text = lzma.decompress((build_corpus.CORPUS_DIR / e["path"]).read_bytes()).decode("utf-8")
+        s = e["source"]
+        docs.append(
+            build_corpus.Document(e["name"], e["split"], text, s["registry"], s["package"], s["version"], e["licence"])
+        )
+    return docs
+
+
+def test_build_corpus_check_compares_a_rebuild_with_the_manifest_and_writes_nothing(monkeypatch, tmp_path, capsys):
+    before = sorted(p.name for p in build_corpus.CORPUS_DIR.rglob("*"))
+    monkeypatch.setattr(build_corpus, "build_documents", _committed_documents)
+    assert build_corpus.main(["--check"]) == 0
+    assert capsys.readouterr().out.strip().endswith("corpus matches MANIFEST.json")
+
+    def one_changed(work: Path) -> list:  # the first document's first character replaced: same bytes and words
+        docs = _committed_documents(work)
+        d = docs[0]
+        text = ("#" if d.text[0] != "#" else "%") + d.text[1:]
+        docs[0] = build_corpus.Document(d.name, d.split, text, d.registry, d.package, d.version, d.licence)
+        return docs
+
+    monkeypatch.setattr(build_corpus, "build_documents", one_changed)
+    assert build_corpus.main(["--check"]) == 1
+    first = build_corpus.load_manifest()["files"][0]
+    rebuilt = build_corpus._sha256(one_changed(tmp_path)[0].text.encode("utf-8"))
+    assert capsys.readouterr().out.splitlines() == [
+        f"MISMATCH {first['path']}: sha256 manifest {first['sha256']} rebuilt {rebuilt} (source {first['source']})",
+        "1 difference(s)",
+    ]
+    assert sorted(p.name for p in build_corpus.CORPUS_DIR.rglob("*")) == before  # --check writes nothing
+
+
+def test_build_corpus_extra_writes_each_named_source_under_out(monkeypatch, tmp_path, capsys):
+    calls = []
+
+    def fake_source(work: Path, out: Path) -> None:
+        calls.append(out.name.split(".")[1].removeprefix("tmp-"))  # built in .tmp-NAME.XXXX beside out/NAME
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "a.txt").write_text("article")
+
+    monkeypatch.setattr(build_corpus, "EXTRAS", {"alpha": fake_source, "beta": fake_source})
+    assert build_corpus.main(["--extra", " beta , alpha,", "--out", str(tmp_path / "x")]) == 0
+    assert calls == ["beta", "alpha"]  # the named sources, in the order given, spaces and empty names dropped
+    assert (tmp_path / "x" / "beta" / "a.txt").read_text() == "article"
+    assert sorted(p.name for p in (tmp_path / "x").iterdir()) == ["alpha", "beta"]  # no staging folder left
+    assert capsys.readouterr().out.splitlines() == [f"beta -> {tmp_path / 'x' / 'beta'}",
+                                                    f"alpha -> {tmp_path / 'x' / 'alpha'}"]  # fmt: skip
+    with pytest.raises(ValueError, match=r"unknown extra source\(s\) \['gamma'\]"):
+        build_corpus.main(["--extra", "gamma", "--out", str(tmp_path / "y")])
+    assert not (tmp_path / "y").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# growlm-grow: the stage the flags describe (stage_from_flags / stage_from_plan_file), no checkpoint needed
+
+
+def test_grow_export_hf_has_a_dashed_spelling():
+    assert grow.parse_args(["ck", "--export-hf", "hf"]).export_hf == "hf"
+    assert grow.parse_args(["ck", "--export_hf", "hf"]).export_hf == "hf"
+
+
+def test_grow_stage_picks_the_named_stage_of_the_plan():
+    sched = load_stages(PLAN)
+    deeper = sched.stages[0].target
+    args = grow.parse_args(["ck", "out", "--plan", str(PLAN), "--stage", "wider"])
+    stage, seed = grow.stage_from_plan_file(args.plan, args.stage, deeper)
+    assert (stage.name, stage.target.n_embd, seed) == ("wider", 128, 0)
+    wrong_start = "stage 'wider' of .* grows from L=4 d=64 .*the checkpoint's model is L=2 d=64"
+    with pytest.raises(GrowthError, match=wrong_start):
+        grow.stage_from_plan_file(args.plan, args.stage, sched.start)  # the tiny start is 'deeper''s
+    with pytest.raises(GrowthError, match=r"has no stage 'widest'; its stages are \['deeper', 'wider'\]"):
+        grow.stage_from_plan_file(str(PLAN), "widest", sched.start)
+
+
+def test_grow_optimizer_and_schedule_flags_make_the_stage():
+    cfg = load_stages(PLAN).start
+    argv = ["ck", "out", "--n_layer", str(2 * cfg.n_layer), "--family", "duplicate", "--option", "layer_order=stack",
+            "--option", "exact=false", "--moments", "reset", "--fresh_exp_avg_sq", "mean", "--schedule", "target",
+            "--constant_op", "2", "--rewarm_steps", "5", "--total_num_steps", "400",
+            "--warmup_num_steps", "40"]  # fmt: skip
+    stage = grow.stage_from_flags(grow.parse_args(argv), cfg, step=100)
+    assert stage.options == {"layer_order": "stack", "exact": False}  # VALUE read as JSON where it is JSON
+    assert stage.optimizer == OptimizerPolicy("reset", "mean")
+    before = ScheduleState(total_num_steps=200, warmup_num_steps=20, last_batch_iteration=99)
+    placed = place_schedule(before, 100, stage.schedule)
+    assert (placed.total_num_steps, placed.warmup_num_steps) == (400, 40)  # the target schedule
+    assert (placed.last_batch_iteration, placed.rewarm_start, placed.rewarm_steps) == (50, 100, 5)  # 99 / 2
+    defaults = grow.stage_from_flags(grow.parse_args(argv[:6]), cfg, step=100)
+    assert defaults.optimizer == OptimizerPolicy("carry", "zero")
+    kept = place_schedule(before, 100, defaults.schedule)  # 'continue': same schedule, same position
+    assert (kept.total_num_steps, kept.warmup_num_steps, kept.last_batch_iteration) == (200, 20, 99)
+    with pytest.raises(GrowthError, match="--option 'stack' must be KEY=VALUE"):
+        grow.stage_from_flags(grow.parse_args([*argv[:4], "--option", "stack"]), cfg, step=100)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# growlm-eval on a tiny random transformers model (no process)
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory) -> Path:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=1, n_embd=8, n_head=2, n_inner=16, n_positions=32, vocab_size=50257)
+    out = tmp_path_factory.mktemp("hf")
+    GPT2LMHeadModel(cfg).save_pretrained(out)
+    return out
+
+
+def _eval_json(model: Path, capsys, *args: str) -> dict:
+    from eval.metrics import cli
+
+    rc = cli.main([str(model), "--tokenizer", "gpt2", "--no_progress", *args])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    return json.loads(cap.out)
+
+
+def test_eval_stride_and_batch_size(tiny_hf, tmp_path, capsys):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(" ".join(f"word{i % 17} and more text" for i in range(40)))
+    base = ["--sets", "", "--wikitext", str(doc), "--context", "16"]
+    a = _eval_json(tiny_hf, capsys, *base, "--stride", "4", "--batch_size", "1")
+    b = _eval_json(tiny_hf, capsys, *base, "--stride", "4", "--batch_size", "7")
+    c = _eval_json(tiny_hf, capsys, *base, "--stride", "16")
+    assert (a["context"], a["stride"], c["stride"]) == (16, 4, 16)
+    ra, rb, rc = (x["results"]["wikitext_file"] for x in (a, b, c))
+    assert ra["tokens"] == rb["tokens"] == rc["tokens"]  # every token scored once, whatever the stride
+    assert rb["total_nll"] == pytest.approx(ra["total_nll"], rel=1e-5)  # batching changes no number
+    assert rc["total_nll"] != pytest.approx(ra["total_nll"], rel=1e-6)  # shorter contexts: another sum
+
+
+def test_eval_max_cloze_items_scores_only_the_first_n(tiny_hf, capsys):
+    three = _eval_json(tiny_hf, capsys, "--sets", "cloze", "--max_cloze_items", "3", "--context", "32")
+    assert three["results"]["cloze"]["n_items"] == 3
+    five = _eval_json(tiny_hf, capsys, "--sets", "cloze", "--max_cloze_items", "5", "--context", "32")
+    assert five["results"]["cloze"]["n_items"] == 5
+
+
+def test_eval_wiki_split_picks_the_held_out_articles(tiny_hf, tmp_path, monkeypatch, capsys):
+    extra = tmp_path / "extra"
+    for split, names in (("val", ["v1"]), ("test", ["t1", "t2"])):
+        (extra / "wikipedia" / split).mkdir(parents=True)
+        for n in names:
+            (extra / "wikipedia" / split / f"{n}.txt").write_text(f"Article {n} has a few words of text in it.")
+    monkeypatch.setattr(build_corpus, "EXTRA_DIR", extra)
+    val = _eval_json(tiny_hf, capsys, "--sets", "wikipedia", "--wiki_split", "val")["results"]["wikipedia"]
+    test = _eval_json(tiny_hf, capsys, "--sets", "wikipedia")["results"]["wikipedia"]  # default: test
+    assert (val["split"], val["documents"]) == ("val", 1)
+    assert (test["split"], test["documents"]) == ("test", 2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# growlm-experiment: the default protocol (equal_compute) and --protocol equal_steps (staged); no run is started
+
+
+def _token_folder(tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "meta.json").write_text(json.dumps({"vocab_size": 512, "tokenizer": "bpe512"}))
+    return data
+
+
+def test_experiment_seeds_evals_batch_lr_report_only(tmp_path, monkeypatch, capsys):
+    args = ec.parse_args(["--quick", "--arms", "scratch", "--seeds", "2", "--seed", "7", "--steps", "40",
+                          "--evals", "4", "--batch", "3", "--lr", "0.004", "--warmup", "6"])  # fmt: skip
+    jobs = ec.plan_jobs(args, 512)
+    assert [(j.key, j.eval_interval) for j in jobs] == [("scratch/seed7", 10), ("scratch/seed8", 10)]
+    cfg = ec.ds_config(args)
+    assert (cfg["train_micro_batch_size_per_gpu"], cfg["optimizer"]["params"]["lr"]) == (3, 0.004)
+    assert cfg["scheduler"]["params"]["warmup_num_steps"] == 6
+    assert ec.cost(ec.parse_args(["--quick", "--batch", "6"]), "target", 512) == 2 * ec.cost(args, "target", 512)
+
+    from eval.experiments import equal_compute_report
+
+    reported, ran = [], []
+    monkeypatch.setattr(equal_compute_report, "write_report", lambda a, j, m: reported.append(len(j)) or 0)
+    monkeypatch.setattr(ec, "run_all", lambda *a: ran.append(1) or [])
+    argv = ["--quick", "--arms", "scratch", "--seeds", "2", "--data", str(_token_folder(tmp_path)),
+            "--out", str(tmp_path / "out"), "--batch", "3"]  # fmt: skip
+    assert ec.main([*argv, "--report_only"]) == 0
+    assert (ran, reported) == ([], [2])  # the report from what exists, no run started
+    assert json.loads((tmp_path / "out" / "ds_config.json").read_text())["train_micro_batch_size_per_gpu"] == 3
+    assert ec.main(argv) == 0
+    assert (ran, reported) == ([1], [2, 2])
+
+
+def test_experiment_threads_and_parallel(tmp_path, monkeypatch, capsys):
+    args = ec.parse_args(["--quick", "--arms", "scratch", "--seeds", "4", "--out", str(tmp_path), "--threads", "3",
+                          "--parallel", "2"])  # fmt: skip
+    jobs = ec.plan_jobs(args, 512)
+    started = []
+
+    def popen(cmd, cwd, env, stdout, stderr):
+        started.append(env["OMP_NUM_THREADS"])
+        return types.SimpleNamespace()
+
+    monkeypatch.setattr(ec.subprocess, "Popen", popen)
+    proc = ec.start_job(args, jobs[0], 512)
+    proc.log.close()
+    assert started == ["3"]  # --threads: each training process's OMP threads
+
+    live, peak, finished = [0], [0], set()
+
+    def start(a, job, vocab):
+        live[0] += 1
+        peak[0] = max(peak[0], live[0])
+        job.out.mkdir(parents=True, exist_ok=True)
+
+        def poll():
+            live[0] -= 1
+            finished.add(job.key)
+            return 0
+
+        return types.SimpleNamespace(poll=poll, returncode=0, log=types.SimpleNamespace(close=lambda: None), t0=0.0)
+
+    monkeypatch.setattr(ec, "start_job", start)
+    monkeypatch.setattr(ec, "job_done", lambda a, job: job.key in finished)
+    assert ec.run_all(args, jobs, 512) == []
+    assert (len(finished), peak[0]) == (4, 2)  # --parallel: two at a time, never more
+    assert "4 runs, 0 already finished, 4 to run, 2 at a time" in capsys.readouterr().out
+
+
+def test_experiment_protocol_equal_steps_runs_grow_frac_batch_lr_threads(tmp_path, monkeypatch, capsys):
+    data = _token_folder(tmp_path)
+    # --runs without 'scratch' is refused by equal_steps' own check: --protocol chose that experiment
+    assert staged.main(["--protocol", "equal_steps", "--runs", "msg-depth", "--data", str(data)]) == 2
+    assert "--runs must include 'scratch'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the default protocol (equal_compute) has no --runs
+        staged.main(["--runs", "scratch", "--data", str(data)])
+    capsys.readouterr()
+    argv = ["--protocol", "equal_steps", "--runs", "scratch,msg-depth", "--max_steps", "40", "--grow_frac", "0.25",
+            "--batch", "3", "--lr", "0.005", "--data", str(data), "--out", str(tmp_path / "out"),
+            "--report", str(tmp_path / "report")]  # fmt: skip
+    assert staged.main([*argv, "--report_only"]) == 1  # no finished run to report on, and none started
+    assert "the scratch run has not finished; no report" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "scratch").exists()
+    plan = load_stages(tmp_path / "out" / "msg-depth.yaml")
+    assert [(s.name, s.when.value) for s in plan.stages] == [("depth-x2", 10.0)]  # round(40 x 0.25)
+    ds = json.loads((tmp_path / "out" / "ds_config.json").read_text())
+    assert (ds["train_micro_batch_size_per_gpu"], ds["optimizer"]["params"]["lr"]) == (3, 0.005)
+
+    calls = []
+    monkeypatch.setattr(staged.subprocess, "call", lambda cmd, cwd, env, stdout, stderr: calls.append(env) or 7)
+    assert staged.main([*argv, "--threads", "3"]) == 7  # the first run "fails": its exit status is returned
+    assert [c["OMP_NUM_THREADS"] for c in calls] == ["3"]
+    assert "run scratch failed (exit 7)" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# growlm-bench: what reaches train.py and the report, without starting it
+
+
+def test_bench_sweep_takes_every_stage_and_precision_this_device_has(monkeypatch):
+    monkeypatch.setattr(bench, "available_precisions", lambda: ("cpu", ["fp32", "bf16"]))
+    _, precisions, stages, _, _ = bench._resolve(bench.parse_args(["--preset", "tiny", "--precision", "fp32"]))
+    assert (precisions, stages) == (["fp32"], [2])
+    _, precisions, stages, _, _ = bench._resolve(bench.parse_args(["--preset", "tiny", "--sweep"]))
+    assert (precisions, stages) == (["fp32", "bf16"], [0, 1, 2, 3])
+
+
+def test_bench_grad_accum_and_timeout_reach_the_train_py_run(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "available_precisions", lambda: ("cpu", ["fp32"]))
+    args = bench.parse_args(["--preset", "tiny", "--precision", "fp32", "--micro_batch", "2", "--grad_accum", "3",
+                             "--world_size", "2", "--timeout_s", "7"])  # fmt: skip
+    device_type, _, _, cfg, fpt = bench._resolve(args)
+    common = bench._common(args, cfg, fpt, device_type)
+    assert (common["grad_accum"], common["global_batch"]) == (3, 2 * 3 * 2)
+    seen = {}
+
+    def launch(cmd, nproc, **kw):
+        seen.update(kw)
+        return types.SimpleNamespace(timed_out=True, returncode=-9, max_rss_bytes=[0, 0])
+
+    monkeypatch.setattr(bench, "launch_ranks", launch)
+    with pytest.raises(bench.BenchError, match="did not finish within --timeout_s 7"):
+        bench.bench_deepspeed(args, 2, "fp32", tmp_path, {"device_type": "cpu", "common": common})
+    assert seen["timeout_s"] == 7.0
+    assert json.loads((tmp_path / "zero2-fp32.json").read_text())["gradient_accumulation_steps"] == 3
+
+
+def test_bench_peak_tflops_replaces_the_measured_peak(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "available_precisions", lambda: ("cpu", ["fp32"]))
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def measure(args, precisions, stages, base, work):
+        seen.update(base["peaks"])
+        raise Stop
+
+    monkeypatch.setattr(bench, "_measure", measure)
+    args = bench.parse_args(["--preset", "tiny", "--precision", "fp32", "--world_size", "2",
+                             "--threads_per_rank", "1", "--peak_tflops", "3.5", "--out", str(tmp_path)])  # fmt: skip
+    with pytest.raises(Stop):
+        bench.run(args)
+    peak = seen[("fp32", 1)]
+    assert (peak.flops_per_s, peak.source) == (3.5e12, "given: 3.5 TFLOP/s")  # no matmul was timed
