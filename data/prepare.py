@@ -1,8 +1,8 @@
 """Tokenize text into the flat token files training reads: out_dir/{train.bin, val.bin, meta.json}.
 
-    growlm-prepare                                   # the built-in corpus -> data/cache/builtin (if not there yet)
-    growlm-prepare --train a.txt b.jsonl --val c.txt.xz --out data/cache/mine [--text_field body] [--overwrite]
-    python -m data.prepare ...                       # the same
+    growlm-prepare                                   # the built-in corpus -> ~/.cache/growlm/builtin (if not there yet)
+    growlm-prepare --train a.txt b.jsonl --val c.txt.xz --out runs/data/mine [--text_field body] [--overwrite]
+    python -m growlm.data.prepare ...                       # the same
 
 Each .bin is the concatenation of every document's GPT-2 token ids, each document followed by <|endoftext|>
 (50256), as a flat little-endian uint16 array (np.memmap(path, dtype=np.uint16, mode="r")), written by the
@@ -25,9 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
-from data.build_corpus import CORPUS_DIR, load_manifest, verify_corpus
-from data.sources import (
+from growlm.data.build_corpus import CORPUS_DIR, load_manifest, verify_corpus
+from growlm.data.sources import (
     HUB_PREFIX,
     ROW_FIX,
     Source,
@@ -37,16 +36,16 @@ from data.sources import (
     quiet_datasets,
     resolve_source,
 )
-from data.text import InputError, read_json_rows
-from data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer
-from data.tokens import DTYPE, FORMAT, SPLITS, TokenFolderWriter, load_meta, open_tokens
+from growlm.data.text import InputError, read_json_rows
+from growlm.data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer
+from growlm.data.tokens import DTYPE, FORMAT, SPLITS, TokenFolderWriter, cache_dir, load_meta, open_tokens
 
 __all__ = ["FORMAT", "DTYPE", "SPLITS", "prepare_dataset", "ensure_builtin_prepared", "load_meta", "open_tokens"]
 
 
 def default_data_dir() -> Path:
-    """Where the built-in corpus is prepared: data/cache/builtin inside the repo (gitignored)."""
-    return Path(__file__).resolve().parent / "cache" / "builtin"
+    """Where the built-in corpus is prepared: ``builtin`` in growlm's cache folder (data.tokens.cache_dir)."""
+    return cache_dir() / "builtin"
 
 
 def builtin_corpus_files() -> tuple[list[Path], list[Path]]:
@@ -61,7 +60,7 @@ def builtin_corpus_files() -> tuple[list[Path], list[Path]]:
         if not path.is_file():
             raise FileNotFoundError(
                 f"{path} is listed in {CORPUS_DIR / 'MANIFEST.json'} but missing; restore it "
-                "with `git checkout -- data/corpus` or `python -m data.build_corpus`"
+                "with `git checkout -- data/corpus` or `python -m growlm.data.build_corpus`"
             )
         files[entry["split"]].append(path)
     return files["train"], files["val"]
@@ -260,7 +259,7 @@ def ensure_builtin_prepared(data_dir: Source | None = None, *, num_proc: int | N
         if problems:
             raise ValueError(
                 f"the committed corpus does not match {CORPUS_DIR / 'MANIFEST.json'}: {problems[:3]}; "
-                "restore it with `git checkout -- data/corpus` or `python -m data.build_corpus`"
+                "restore it with `git checkout -- data/corpus` or `python -m growlm.data.build_corpus`"
             )
         train, val = builtin_corpus_files()
         return prepare_dataset(train, val, data_dir, overwrite=True, num_proc=num_proc)

@@ -1,7 +1,7 @@
 """A smaller BPE vocabulary for CPU-scale experiments: a ByteLevel BPE trained with HF ``tokenizers`` on the built-in
 corpus's *training* split only, and the corpus tokenized with it into the token-folder format train.py reads.
 
-    python -m data.small_vocab --vocab_size 4096 --out data/cache/bpe4096
+    python -m growlm.data.small_vocab --vocab_size 4096 --out ~/.cache/growlm/bpe4096
 
 With GPT-2's 50,257-token vocabulary, a 4 x 128 model spends most of its parameters and FLOPs on the tied
 embedding / LM head (6.4M of 7.2M parameters); at V = 4096 the transformer blocks dominate, which is where growth
@@ -23,9 +23,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
-from data.text import read_text
-from data.tokens import TokenFolderWriter
+from growlm.data.text import read_text
+from growlm.data.tokens import TokenFolderWriter, cache_dir
 
 EOT = "<|endoftext|>"
 
@@ -63,7 +62,7 @@ def prepare_small_vocab(
         FileExistsError: out exists and overwrite is False.
         ValueError: vocab_size outside [256 + 1, 65535].
     """
-    from data.prepare import builtin_corpus_files
+    from growlm.data.prepare import builtin_corpus_files
 
     writer = TokenFolderWriter(out, overwrite)
     if not 257 <= vocab_size <= 65535:
@@ -93,9 +92,9 @@ def prepare_small_vocab(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data.small_vocab", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m growlm.data.small_vocab", description=__doc__.split("\n\n")[0])
     p.add_argument("--vocab_size", type=int, default=4096)
-    p.add_argument("--out", default="data/cache/bpe4096")
+    p.add_argument("--out", default=str(cache_dir() / "bpe4096"))
     p.add_argument("--val_chunk", type=int, default=2048, help="tokens per interleaved validation chunk")
     p.add_argument("--overwrite", action="store_true")
     a = p.parse_args(argv)

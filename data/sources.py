@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from data.text import InputError, read_json_rows, read_text
+from growlm.data.text import InputError, read_json_rows, read_text
 
 HUB_PREFIX = "hf:"
 _TEXT_SUFFIXES = (".txt", ".txt.xz", ".txt.gz", ".txt.bz2")

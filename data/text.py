@@ -1,7 +1,7 @@
 """The one reader of user text files: every growlm command that reads a file a user wrote goes through here.
 
 Used by growlm-prepare (.txt[.xz|.gz|.bz2] documents and .jsonl/.json rows), growlm-eval (``--wikitext`` and
-``--lambada`` files) and growth plan files (growth/stages.py). The rules are the same everywhere:
+``--lambada`` files) and growth plan files (growth/stages/plan.py). The rules are the same everywhere:
 
 * bytes are decoded as strict UTF-8; a leading UTF-8 byte-order mark (EF BB BF) is accepted and removed; a file
   that starts with a UTF-16 byte-order mark is refused with the ``iconv -f utf-16`` fix;

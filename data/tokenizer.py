@@ -152,7 +152,7 @@ class Tokenizer:
         Returns:
             The three paths written.
         """
-        from runtime.atomic import write_json, write_text
+        from growlm.runtime.atomic import write_json, write_text
 
         out_dir = Path(out_dir)
         special = {"bos_token": self.eot_token, "eos_token": self.eot_token, "unk_token": self.eot_token}

@@ -21,8 +21,20 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+from growlm.runtime.atomic import commit_dir, fresh_dir
 
-from runtime.atomic import commit_dir, fresh_dir
+CACHE_ENV = "GROWLM_CACHE"
+
+
+def cache_dir() -> Path:
+    """Where growlm keeps folders it prepares itself (the built-in corpus as tokens, the small-vocabulary corpus,
+    extra sources): ``$GROWLM_CACHE``, else ``$XDG_CACHE_HOME/growlm``, else ``~/.cache/growlm``. Never inside the
+    installed package."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "growlm"
+
 
 FORMAT = "growlm-tokens-v1"
 DTYPE = np.uint16

@@ -25,10 +25,9 @@ import math
 
 import torch
 import torch.nn.functional as F
+from growlm.model.config import GPTConfig
+from growlm.model.masks import MASK_BUFFERS, MaskSpec, mask_values, new_unit_flags
 from torch import Tensor, nn
-
-from model.config import GPTConfig
-from model.masks import MASK_BUFFERS, MaskSpec, mask_values, new_unit_flags
 
 
 class Conv1D(nn.Module):

@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-
-from model.config import GPTConfig
-from model.gpt import GPT
+from growlm.model.config import GPTConfig
+from growlm.model.gpt import GPT
 
 if TYPE_CHECKING:
     from transformers import GPT2Config, GPT2LMHeadModel

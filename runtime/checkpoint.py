@@ -36,12 +36,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-
-from runtime.atomic import TMP_PREFIX, atomic_path, commit_dir, fix_mode, fresh_dir, unfinished, write_text
-from runtime.crash_points import hold_point
-from runtime.engine import repair_adam_steps
-from runtime.manifest import ManifestError, verify_manifest, write_manifest
-from runtime.run_state import STATE_FILE, STATE_FORMAT, RunState, RunStateError
+from growlm.runtime.atomic import TMP_PREFIX, atomic_path, commit_dir, fix_mode, fresh_dir, unfinished, write_text
+from growlm.runtime.crash_points import hold_point
+from growlm.runtime.engine import repair_adam_steps
+from growlm.runtime.manifest import ManifestError, verify_manifest, write_manifest
+from growlm.runtime.run_state import STATE_FILE, STATE_FORMAT, RunState, RunStateError
 
 __all__ = [
     "STATE_FILE",
@@ -119,7 +118,7 @@ def resolve(path: str | os.PathLike) -> tuple[Path, str]:
 def _safe_globals() -> list[Any]:
     """The types a genuine checkpoint's pickles may build: DeepSpeed's loss scalers, ZeRO stage enum and fragment
     addresses (optimizer states), and numpy's array reconstruction (RNG files written before this version)."""
-    from runtime.dist import select_accelerator
+    from growlm.runtime.dist import select_accelerator
 
     select_accelerator()  # before deepspeed's first import picks one
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler

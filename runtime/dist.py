@@ -21,9 +21,8 @@ import torch
 # process and destroy_process_group cannot free it (its worker threads then meet the interpreter's teardown).
 # Imported here, before any group exists, the defaults hold None (the default group at call time).
 import torch.distributed.nn  # noqa: F401, E402  (isort: keep this after torch)
-
-from runtime.launch import free_port
-from runtime.quiet import quiet_known_noise
+from growlm.runtime.launch import free_port
+from growlm.runtime.quiet import quiet_known_noise
 
 
 @dataclass(frozen=True)

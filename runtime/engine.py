@@ -1,7 +1,7 @@
 """DeepSpeed engine construction for growlm's GPT, and the few read-outs of an engine that need its internals.
 
 ``build_engine`` is the one place a ``deepspeed.initialize`` is made, for a fresh run, a resumed run (the checkpoint
-is loaded into it by runtime.checkpoint) and a live growth (growth.live builds the grown engine with it).
+is loaded into it by runtime.checkpoint) and a live growth (growth.live.engine builds the grown engine with it).
 deepspeed is imported lazily: runtime.dist.select_accelerator must run before its first import.
 """
 
@@ -14,10 +14,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-
-from model.config import GPTConfig
-from model.gpt import GPT
-from model.masks import MaskSpec
+from growlm.model.config import GPTConfig
+from growlm.model.gpt import GPT
+from growlm.model.masks import MaskSpec
 
 
 def precision_of(ds_cfg: dict) -> str:
@@ -51,7 +50,7 @@ def weights_uninitialised() -> Iterator[None]:
     """Build modules without drawing their initial weights: ``GPT.reset_parameters`` and the ``reset_parameters``
     of ``torch.nn.Linear``, ``Embedding`` and ``LayerNorm`` do nothing inside this block (restored on exit), so a
     parameter holds whatever ``torch.empty`` gave it. Only for a module whose every parameter is written right after
-    (a live growth writes every parameter of the grown model, growth.plan.check_plan): it saves the random draws
+    (a live growth writes every parameter of the grown model, growth.ops.rules.check_plan): it saves the random draws
     of N(0, 0.02) over every weight and torch's own throwaway init of lm_head (a (V, d) kaiming_uniform_ replaced
     by the tied embedding right after) and of the embeddings; measured for the 208.7M-parameter GPT (24 x 768) on
     one rank: 0.41 s of normal_ and 0.44 s of kaiming_uniform_ out of an 8.5 s build, and the first touch of pages

@@ -12,14 +12,14 @@ Standard library only.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from growlm.runtime.processes import kill_group, wait_procs
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -27,12 +27,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def pythonpath_with(folder: str | os.PathLike) -> str:
-    """PYTHONPATH for a child process that must import from ``folder`` (the repository) first: ``folder`` put in
-    front of this process's own PYTHONPATH, which is kept (a site folder given there must stay importable)."""
-    return os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
 
 
 def rank_env(rank: int, world_size: int, port: int, base: Mapping[str, str] | None = None, **extra: str) -> dict:
@@ -70,49 +64,6 @@ class LaunchResult:
     def output(self) -> str:
         """Every rank's output, rank by rank, each after a ``--- rank i`` line."""
         return "".join(f"--- rank {i}\n{o}" for i, o in enumerate(self.outputs))
-
-
-def kill_group(pgid: int) -> None:
-    """SIGKILL process group ``pgid`` (a process started in its own session, ``pgid`` = its PID, and anything it
-    started), if it is still there."""
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def wait_procs(
-    procs: Sequence[subprocess.Popen], timeout_s: float, grace_s: float, poll: Callable[[], None] | None = None
-) -> tuple[list[int], list[int], bool]:
-    """Reap every process: (exit codes, peak RSS in bytes, timed out). Kills the rest (their process groups)
-    ``grace_s`` seconds after the first failure, or all at ``timeout_s`` (``math.inf``: never); ``poll`` is called
-    every 0.05 s while any runs."""
-    codes: list[int | None] = [None] * len(procs)
-    rss = [0] * len(procs)
-    deadline, kill_at, timed_out = time.monotonic() + timeout_s, None, False
-    while any(c is None for c in codes):
-        for i, p in enumerate(procs):
-            if codes[i] is None:
-                pid, status, usage = os.wait4(p.pid, os.WNOHANG)
-                if pid:
-                    codes[i] = p.returncode = os.waitstatus_to_exitcode(status)
-                    rss[i] = usage.ru_maxrss * 1024  # Linux reports KiB
-        now = time.monotonic()
-        if kill_at is None and any(c not in (None, 0) for c in codes):
-            kill_at = now + grace_s
-        if now > deadline:
-            timed_out = True
-        if timed_out or (kill_at is not None and now > kill_at):
-            for i, p in enumerate(procs):
-                if codes[i] is None:
-                    kill_group(p.pid)
-                    _, status, usage = os.wait4(p.pid, 0)
-                    codes[i] = p.returncode = os.waitstatus_to_exitcode(status)
-                    rss[i] = usage.ru_maxrss * 1024
-        if poll is not None:
-            poll()
-        time.sleep(0.05)
-    return [int(c) for c in codes], rss, timed_out
 
 
 def launch_ranks(

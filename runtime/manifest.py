@@ -13,7 +13,7 @@ import json
 import os
 from pathlib import Path
 
-from runtime.atomic import TMP_PREFIX, write_text
+from growlm.runtime.atomic import TMP_PREFIX, write_text
 
 MANIFEST_FILE = "growlm_manifest.json"
 MANIFEST_FORMAT = "growlm-manifest-v1"
@@ -36,7 +36,7 @@ def file_sha256(path: Path) -> str:
 def write_manifest(tag_dir: str | os.PathLike, known: dict[str, tuple[int, str]] | None = None) -> Path:
     """Hash every file under ``tag_dir`` (except the manifest) and write ``growlm_manifest.json`` atomically.
 
-    ``known``: relative path -> (bytes, sha256) of files hashed while they were written (growth.universal.save);
+    ``known``: relative path -> (bytes, sha256) of files hashed while they were written (growth.offline.universal.save);
     such a file is not read again when its size still matches."""
     tag_dir, known = Path(tag_dir), known or {}
     files = {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import train
+from growlm import train
 
 
 def one_error_line(err: str, prog: str) -> str:

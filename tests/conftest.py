@@ -4,7 +4,7 @@
 minute); ``tests/distributed/`` holds tests that start real runs (train.py, growlm-grow, 2 ranks over gloo on
 loopback),
 marked ``dist`` here by folder. Tests import helpers from this folder (``dist_utils``, ``growth_helpers``) and the
-project from the repo root.
+project as the installed package ``growlm`` (``pip install -e .``).
 """
 
 from __future__ import annotations
@@ -14,16 +14,15 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-for p in (str(REPO), str(Path(__file__).resolve().parent)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
+TESTS = str(Path(__file__).resolve().parent)
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
 
 
 @pytest.fixture(scope="session")
 def builtin_data() -> Path:
     """The built-in corpus as a prepared token folder (prepared once, ~8 s, then reused)."""
-    from data.prepare import ensure_builtin_prepared
+    from growlm.data.prepare import ensure_builtin_prepared
 
     return ensure_builtin_prepared()
 

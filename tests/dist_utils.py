@@ -8,10 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runtime.launch import (  # free_port is re-exported: tests import it from here
+from growlm.runtime.launch import (  # free_port is re-exported: tests import it from here
     free_port,
     launch_ranks,
-    pythonpath_with,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +25,6 @@ def base_env(**extra: str) -> dict[str, str]:
         MASTER_PORT=str(free_port()),
         OMP_NUM_THREADS="1",
         DS_ACCELERATOR="cpu",
-        PYTHONPATH=pythonpath_with(REPO),
     )
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         env.pop(key, None)

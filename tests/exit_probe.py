@@ -16,17 +16,14 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from runtime.dist import close_distributed, init_distributed, live_comm_threads  # noqa: E402
+from growlm.runtime.dist import close_distributed, init_distributed, live_comm_threads  # noqa: E402
 
 info = init_distributed(120)
 
 import torch  # noqa: E402
 import torch.distributed.nn.functional as dist_nn  # noqa: E402
-
-from model.config import GPTConfig  # noqa: E402
-from runtime.engine import build_engine, release_engine  # noqa: E402
+from growlm.model.config import GPTConfig  # noqa: E402
+from growlm.runtime.engine import build_engine, release_engine  # noqa: E402
 
 ds_path, out_path = sys.argv[1:3]
 ds_cfg = json.loads(Path(ds_path).read_text())

@@ -4,12 +4,11 @@ state. Torch only."""
 from __future__ import annotations
 
 import torch
-
-from growth.apply import OptimizerPolicy, apply_plan
-from growth.plan import GrowthPlan
-from growth.stores import DictStore, ModuleStore, ParamState
-from model.config import GPTConfig
-from model.gpt import GPT
+from growlm.growth.ops.apply import OptimizerPolicy, apply_plan
+from growlm.growth.ops.rules import GrowthPlan
+from growlm.growth.ops.stores import DictStore, ModuleStore, ParamState
+from growlm.model.config import GPTConfig
+from growlm.model.gpt import GPT
 
 
 def small_cfg(n_layer: int = 2, n_head: int = 2, head_dim: int = 4, n_inner: int | None = None) -> GPTConfig:

@@ -17,22 +17,19 @@ import sys
 import weakref
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from runtime.dist import init_distributed  # noqa: E402
+from growlm.runtime.dist import init_distributed  # noqa: E402
 
 info = init_distributed(120)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-
-from growth.apply import OptimizerPolicy  # noqa: E402
-from growth.live import collect_old_engine, grow_engine, rss_bytes  # noqa: E402
-from growth.ops import make_plan  # noqa: E402
-from growth.schedule import ScheduleRule  # noqa: E402
-from model.config import GPTConfig  # noqa: E402
-from model.gpt import GPT  # noqa: E402
-from runtime.engine import build_engine, release_engine  # noqa: E402
+from growlm.growth.live.engine import collect_old_engine, grow_engine, rss_bytes  # noqa: E402
+from growlm.growth.ops import make_plan  # noqa: E402
+from growlm.growth.ops.apply import OptimizerPolicy  # noqa: E402
+from growlm.model.config import GPTConfig  # noqa: E402
+from growlm.model.gpt import GPT  # noqa: E402
+from growlm.runtime.engine import build_engine, release_engine  # noqa: E402
+from growlm.runtime.schedule import ScheduleRule  # noqa: E402
 
 ds_path, mode, out_path = sys.argv[1:4]
 ds_cfg = json.loads(Path(ds_path).read_text())

@@ -17,12 +17,10 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import train  # noqa: E402  (selects DeepSpeed's accelerator)
+from growlm import train  # noqa: E402  (selects DeepSpeed's accelerator)
 
 out_path, argv = sys.argv[1], sys.argv[2:]
-from trainer.config import resolve  # noqa: E402
+from growlm.trainer.config import resolve  # noqa: E402
 
 cfg = resolve(train.parse_args(argv))
 
@@ -31,14 +29,13 @@ import deepspeed.utils as dsu  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from growlm.runtime.engine import inner_optimizer  # noqa: E402
+from growlm.trainer.checkpointing import restore  # noqa: E402
+from growlm.trainer.init_from import stage0_masters  # noqa: E402
+from growlm.trainer.loop import Batches, train_step  # noqa: E402
+from growlm.trainer.run import build, join, open_data  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from transformers import GPT2LMHeadModel  # noqa: E402
-
-from runtime.engine import inner_optimizer  # noqa: E402
-from trainer.checkpointing import restore  # noqa: E402
-from trainer.init_from import stage0_masters  # noqa: E402
-from trainer.loop import Batches, train_step  # noqa: E402
-from trainer.run import build, join, open_data  # noqa: E402
 
 info = join(cfg)
 run_data = open_data(cfg, info)
@@ -93,6 +90,6 @@ if info.rank == 0:
         )
     )
 dist.barrier()
-from runtime.dist import close_distributed  # noqa: E402
+from growlm.runtime.dist import close_distributed  # noqa: E402
 
 close_distributed()

@@ -16,9 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from runtime.dist import init_distributed  # noqa: E402
+from growlm.runtime.dist import init_distributed  # noqa: E402
 
 info = init_distributed(120)
 
@@ -26,13 +24,12 @@ import deepspeed.utils as dsu  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from deepspeed.accelerator import get_accelerator  # noqa: E402
-
-from growth.apply import OptimizerPolicy, grow_param  # noqa: E402
-from growth.live import EngineStore, adam_step_of, grow_engine  # noqa: E402
-from growth.ops import make_plan  # noqa: E402
-from growth.schedule import ScheduleRule, engine_schedule, place_schedule, start_schedule  # noqa: E402
-from model.config import GPTConfig  # noqa: E402
-from runtime.engine import build_engine  # noqa: E402
+from growlm.growth.live.engine import EngineStore, adam_step_of, grow_engine  # noqa: E402
+from growlm.growth.ops import make_plan  # noqa: E402
+from growlm.growth.ops.apply import OptimizerPolicy, grow_param  # noqa: E402
+from growlm.model.config import GPTConfig  # noqa: E402
+from growlm.runtime.engine import build_engine  # noqa: E402
+from growlm.runtime.schedule import ScheduleRule, engine_schedule, place_schedule, start_schedule  # noqa: E402
 
 ds_path, family, out_path = sys.argv[1:4]
 fp16_native = bool(get_accelerator().is_fp16_supported())

@@ -7,7 +7,7 @@ loop.py           the training step: micro batches, gradient accumulation, optim
 evaluation.py     periodic validation and the before/after sliding-window perplexity
 checkpointing.py  save/restore of the whole run through runtime.checkpoint and RunState
 init_from.py      --init_from: a transformers GPT-2 folder checked, then loaded into the fresh engine's masters
-growth_events.py  the growth trigger, the live growth (growth.live.grow_engine) and its record
+growth_events.py  the growth trigger, the live growth (growth.live.engine.grow_engine) and its record
 metrics.py        the one logger of metrics.jsonl, TensorBoard and the console
 run.py            wires them: validate, build, train, close (``run(args)``)
 
@@ -15,6 +15,6 @@ Importing the package selects DeepSpeed's accelerator (runtime.dist.select_accel
 deepspeed is first imported.
 """
 
-from runtime.dist import select_accelerator
+from growlm.runtime.dist import select_accelerator
 
 select_accelerator()

@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from growth.schedule import apply_schedule, engine_schedule
-from runtime import checkpoint
-from runtime.dist import DistInfo
-from runtime.run_state import DataIdentity, RunState
-from trainer.config import RunConfig
-from trainer.errors import RankError
-from trainer.loop import Progress
+from growlm.runtime import checkpoint
+from growlm.runtime.dist import DistInfo
+from growlm.runtime.run_state import DataIdentity, RunState
+from growlm.runtime.schedule import apply_schedule, engine_schedule
+from growlm.trainer.config import RunConfig
+from growlm.trainer.errors import RankError
+from growlm.trainer.loop import Progress
 
 RESEED_STRIDE = 7919  # per-step offset of the fresh dropout seed after a resume at another world size
 

@@ -16,15 +16,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from growth.stages import StageList
-from model.config import GPTConfig, from_preset
-from runtime import checkpoint
-from runtime.engine import precision_of
-from runtime.run_state import RunState
-from trainer.errors import UsageError
-from trainer.stages import SHAPE_FLAGS, check_plan_fits_run, check_stop_stage, load_growth_plan, plan_config
+from growlm import DS_CONFIG_DIR
+from growlm.growth.stages.plan import StageList
+from growlm.model.config import GPTConfig, from_preset
+from growlm.runtime import checkpoint
+from growlm.runtime.engine import precision_of
+from growlm.runtime.run_state import RunState
+from growlm.trainer.errors import UsageError
+from growlm.trainer.plan_checks import SHAPE_FLAGS, check_plan_fits_run, check_stop_stage, load_growth_plan, plan_config
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PRESET = "cpu-small"
 DEFAULT_SEED = 1234
 ZERO_STAGES = (0, 1, 2, 3)
@@ -98,7 +98,7 @@ def load_ds_config(path: str, max_steps: int) -> dict[str, Any]:
     Raises:
         UsageError: no such file, a folder, unreadable, not a JSON object, or fp16 and bf16 both enabled.
     """
-    choices = f"pick one of {sorted(n for n in os.listdir(REPO / 'ds_configs') if n.endswith('.json'))}"
+    choices = f"pick one of {sorted(n for n in os.listdir(DS_CONFIG_DIR) if n.endswith('.json'))}"
     if Path(path).is_dir():
         raise UsageError(f"--ds_config {path} is a folder, not a DeepSpeed JSON file; {choices}")
     try:
@@ -146,7 +146,7 @@ def validate_data_dir(path: str | None) -> Path:
     Raises:
         UsageError: the folder is missing, is a text file, has no valid meta.json, or its train split is empty.
     """
-    from data.prepare import default_data_dir, load_meta
+    from growlm.data.prepare import default_data_dir, load_meta
 
     if path is None:
         return default_data_dir()
@@ -242,7 +242,7 @@ def check_token_files(data_dir: Path, seq_len: int) -> None:
     Raises:
         UsageError: names the file or the token counts and the fix.
     """
-    from data.prepare import open_tokens
+    from growlm.data.prepare import open_tokens
 
     if not (data_dir / "meta.json").is_file():
         return
@@ -453,7 +453,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
     Raises:
         UsageError, CheckpointError: the first problem found (see the functions above and trainer.init_from).
     """
-    from trainer import init_from  # here: it imports this module
+    from growlm.trainer import init_from  # here: it imports this module
 
     check_flag_ranges(args)
     out_dir = check_out_dir(args.out_dir)

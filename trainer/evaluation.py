@@ -13,12 +13,11 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-
-from eval.metrics.perplexity import NLL, token_nll
-from runtime.dist import DistInfo
-from trainer.config import RunConfig
-from trainer.loop import Progress, all_reduce_sum
-from trainer.metrics import MetricsLogger, Throughput
+from growlm.eval.metrics.perplexity import NLL, token_nll
+from growlm.runtime.dist import DistInfo
+from growlm.trainer.config import RunConfig
+from growlm.trainer.loop import Progress, all_reduce_sum
+from growlm.trainer.metrics import MetricsLogger, Throughput
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Growth events of a run with --growth_plan: the trigger of the next stage (step, tokens or validation-loss slope),
-the live growth itself (growth.live.grow_engine, which makes its checks through growth.prepare.prepare_growth), and
+the live growth itself (growth.live.engine.grow_engine, which makes its checks through growth.ops.preparation.prepare_growth), and
 its record (metrics.jsonl "growth" event, TensorBoard, console, and the RunState growth history).
 
 When to grow is described in DESIGN.md, section "When to grow"; what a growth carries in section "What growth
@@ -12,16 +12,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from growth.live import GROWTH_PHASES, GrowthResult, collect_old_engine, grow_engine
-from growth.stages import Stage
-from growth.trigger import equal_rate_reached, slope_trigger
-from model.config import GPTConfig, param_count
-from runtime.engine import build_engine
-from trainer.config import RunConfig
-from trainer.loop import Batches, Progress, fixed_batch_loss
-from trainer.metrics import MetricsLogger, max_rss_bytes, read_val_curve
+from growlm.growth.live.engine import GROWTH_PHASES, GrowthResult, collect_old_engine, grow_engine
+from growlm.growth.stages.plan import Stage
+from growlm.growth.stages.trigger import equal_rate_reached, slope_trigger
+from growlm.model.config import GPTConfig, param_count
+from growlm.runtime.engine import build_engine
+from growlm.trainer.config import RunConfig
+from growlm.trainer.loop import Batches, Progress, fixed_batch_loss
+from growlm.trainer.metrics import MetricsLogger, max_rss_bytes, read_val_curve
 
-# growth/<key> in TensorBoard: the growth, then its cost per phase (growth.live.GrowthResult) and the peak RSS
+# growth/<key> in TensorBoard: the growth, then its cost per phase (growth.live.engine.GrowthResult) and the peak RSS
 GROWTH_SCALARS = ("loss_before", "loss_after", "seconds", "bytes_moved", "params_to", "peak_rss_bytes_all_ranks")
 GROWTH_SCALARS += tuple(f"{phase}_{unit}" for phase in GROWTH_PHASES for unit in ("s", "bytes"))
 
@@ -39,9 +39,9 @@ def next_stage(p: Progress, run: RunConfig) -> Stage | None:
 
 def stage_due(stage: Stage, step: int, tokens: int, slope_points: list[tuple[float, float]]) -> bool:
     """Whether ``stage``'s trigger fires: ``{step: N}`` at step >= N, ``{tokens: N}`` once N training tokens are
-    consumed, ``{slope: X}`` when growth.trigger.slope_trigger fires on the validations since the last growth
+    consumed, ``{slope: X}`` when growth.stages.trigger.slope_trigger fires on the validations since the last growth
     (``slope_points``: cumulative training FLOPs, validation loss), ``{slope: auto, reference: PATH}`` when
-    growth.trigger.equal_rate_reached does on them against the reference run's validation curve."""
+    growth.stages.trigger.equal_rate_reached does on them against the reference run's validation curve."""
     kind, value = stage.when.kind, stage.when.value
     if kind == "step":
         return step >= value
@@ -77,7 +77,7 @@ def grow(p: Progress, stage: Stage, run: RunConfig, data: Batches) -> GrowthEven
     shape, stage index, placed schedule, slope history (cleared) and growth history.
 
     Raises:
-        GrowthError: see growth.live.grow_engine.
+        GrowthError: see growth.live.engine.grow_engine.
     """
     x, y = data.micro_batch(p.consumed, 0)
     loss_before = fixed_batch_loss(p.engine, x, y, data.info)
@@ -105,8 +105,8 @@ def grow(p: Progress, stage: Stage, run: RunConfig, data: Batches) -> GrowthEven
 
 def growth_record(p: Progress, stage: Stage, event: GrowthEvent, seq_len: int) -> dict[str, Any]:
     """The "growth" record of metrics.jsonl for ``event``, a growth into ``p.model`` at ``p.step``: shapes, losses,
-    cost (``seconds``, ``bytes_moved``; per phase of growth.live.GROWTH_PHASES ``<phase>_s`` and ``<phase>_bytes``,
-    as growth.live.GrowthResult defines them; ``build_<part>_s``: the engine build split; ``collectives``: gather
+    cost (``seconds``, ``bytes_moved``; per phase of growth.live.engine.GROWTH_PHASES ``<phase>_s`` and ``<phase>_bytes``,
+    as growth.live.engine.GrowthResult defines them; ``build_<part>_s``: the engine build split; ``collectives``: gather
     collectives) and memory (``peak_rss_bytes_all_ranks``: the largest host peak RSS of
     any rank)."""
     old = event.old

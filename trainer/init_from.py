@@ -11,7 +11,7 @@ gives every tensor's name and shape without reading it). ``load_weights`` then w
 built engine, at any ZeRO stage and precision: into the fp32 MASTER weights the optimizer steps (ZeRO-1/2/3 and
 DeepSpeed's bf16 optimizer through ``deepspeed.utils.safe_set_full_fp32_param``: each rank keeps only its own
 partition; ZeRO stage 0 through the fp16/bf16 wrapper's master tensors), then copies the masters into the working
-copies the forward pass uses (growth.live.refresh_working_copies). Loading into the module before
+copies the forward pass uses (growth.live.engine.refresh_working_copies). Loading into the module before
 ``deepspeed.initialize`` would not do: the engine casts the module to bf16/fp16 first and builds its masters from the
 rounded values (DESIGN.md, "Checkpoint failure kinds: stale fp32 master").
 """
@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from growth.stages import StageList
-from model.config import GPTConfig, from_preset
-from runtime import run_state
-from trainer.errors import UsageError
-from trainer.stages import SHAPE_FLAGS, shape_of
+from growlm.growth.stages.plan import StageList
+from growlm.model.config import GPTConfig, from_preset
+from growlm.runtime import run_state
+from growlm.trainer.errors import UsageError
+from growlm.trainer.plan_checks import SHAPE_FLAGS, shape_of
 
 WEIGHTS_FILE = "model.safetensors"
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -77,9 +76,8 @@ def read_config(path: Path) -> GPTConfig:
         UsageError: no such folder, no config.json, not JSON, not a GPT-2 (``model_type``), or a GPT-2 variant
             growlm's GPT does not implement.
     """
+    from growlm.model.hf import from_hf_config
     from transformers import GPT2Config
-
-    from model.hf import from_hf_config
 
     if not path.is_dir():
         raise _fail(path, "no such folder; give a transformers GPT-2 folder (config.json + model.safetensors)")
@@ -109,9 +107,8 @@ def map_tensors(path: Path, weights: Path, cfg: GPTConfig) -> dict[str, str]:
         UsageError: the file is not safetensors, a parameter is missing or has another shape, or the file holds
             tensors GPT-2 does not have.
     """
+    from growlm.growth.ops.rules import param_shapes
     from safetensors import SafetensorError, safe_open
-
-    from growth.plan import param_shapes
 
     try:
         with safe_open(str(weights), framework="pt") as f:
@@ -173,7 +170,7 @@ def open_init_from(args: argparse.Namespace) -> InitFolder | None:
         UsageError: see read_config, map_tensors and check_flags; weights only as a pickle (pytorch_model.bin) or
             none at all; a tokenizer.json that does not load or has more tokens than vocab_size.
     """
-    from data import tokenizer as tok
+    from growlm.data import tokenizer as tok
 
     if not args.init_from:
         return None
@@ -232,7 +229,7 @@ def check_data_tokenizer(src: InitFolder, data_dir: Path) -> None:
     Raises:
         UsageError: the two tokenizers encode the probe text differently, or the data's tokenizer is unknown.
     """
-    from data import tokenizer as tok
+    from growlm.data import tokenizer as tok
 
     if src.tokenizer is None:
         return
@@ -270,13 +267,12 @@ def load_weights(engine: Any, src: InitFolder) -> None:
     (step 0) and the LR schedule untouched.
 
     ZeRO-1/2/3 and DeepSpeed's bf16 optimizer: ``safe_set_full_fp32_param`` (each rank writes its own partition of
-    the master), then the masters are copied into the working parameters (growth.live.refresh_working_copies).
+    the master), then the masters are copied into the working parameters (growth.live.engine.refresh_working_copies).
     ZeRO stage 0: the module parameter is the master (fp32) or has one (fp16/bf16 wrappers); both are written.
     """
     import deepspeed.utils as dsu
+    from growlm.growth.live.engine import refresh_working_copies
     from safetensors import safe_open
-
-    from growth.live import refresh_working_copies
 
     masters = stage0_masters(engine)
     with safe_open(str(src.weights), framework="pt") as f, torch.no_grad():

@@ -13,11 +13,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from data.sampler import ResumableSampler, TokenWindows, micro_batch_start
-from growth.schedule import ScheduleState, apply_rewarm
-from model.config import GPTConfig, flops_per_token
-from runtime.dist import DistInfo
+from growlm.data.sampler import ResumableSampler, TokenWindows, micro_batch_start
+from growlm.model.config import GPTConfig, flops_per_token
+from growlm.runtime.dist import DistInfo
+from growlm.runtime.schedule import ScheduleState, apply_rewarm
 
 
 @dataclass

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from eval.metrics.perplexity import NLL
+from growlm.eval.metrics.perplexity import NLL
 
 TRAIN_SCALARS = ("loss", "lr", "grad_norm", "loss_scale")  # train/<key> in TensorBoard at every log interval
 
@@ -61,7 +60,7 @@ def read_val_curve(path: str | Path) -> tuple[list[float], list[float]]:
     Raises:
         UsageError: the file cannot be read or holds no validation record after training started.
     """
-    from trainer.errors import UsageError
+    from growlm.trainer.errors import UsageError
 
     if not Path(path).is_file():
         raise UsageError(f"cannot read the metrics file {path}: no such file; give a run's metrics.jsonl")
@@ -94,7 +93,7 @@ def purge_after(path: str | Path, step: int, stop_stage: str | None = None) -> i
     ``purge_step`` does for its scalars. Kept lines are copied byte for byte; a half-written line a killed writer left
     is dropped. The file is replaced atomically (runtime.atomic: a reader sees the old or the new file) and only when
     something changes. Returns the number of lines dropped (0 when the file does not exist)."""
-    from runtime.atomic import write_text
+    from growlm.runtime.atomic import write_text
 
     path = Path(path)
     if not path.is_file():

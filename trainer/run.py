@@ -17,22 +17,21 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-
-from data.sampler import ResumableSampler, TokenWindows
-from growth.schedule import start_schedule
-from model.config import param_count
-from runtime import checkpoint
-from runtime.crash_points import hold_point
-from runtime.dist import DistInfo
-from runtime.engine import build_engine, loss_scale_of, release_engine
-from trainer.checkpointing import restore, save
-from trainer.config import RunConfig, resolve
-from trainer.driver.procs import DRIVER_PID_ENV
-from trainer.errors import RankError, UsageError
-from trainer.evaluation import Evaluator, perplexity_after, perplexity_before, validate_periodically
-from trainer.growth_events import maybe_grow, next_stage
-from trainer.loop import Batches, Progress, StepResult, flops_per_step, train_step
-from trainer.metrics import MetricsLogger, Throughput, max_rss_bytes
+from growlm.data.sampler import ResumableSampler, TokenWindows
+from growlm.model.config import param_count
+from growlm.runtime import checkpoint
+from growlm.runtime.crash_points import hold_point
+from growlm.runtime.dist import DistInfo
+from growlm.runtime.engine import build_engine, loss_scale_of, release_engine
+from growlm.runtime.processes import DRIVER_PID_ENV
+from growlm.runtime.schedule import start_schedule
+from growlm.trainer.checkpointing import restore, save
+from growlm.trainer.config import RunConfig, resolve
+from growlm.trainer.errors import RankError, UsageError
+from growlm.trainer.evaluation import Evaluator, perplexity_after, perplexity_before, validate_periodically
+from growlm.trainer.growth_events import maybe_grow, next_stage
+from growlm.trainer.loop import Batches, Progress, StepResult, flops_per_step, train_step
+from growlm.trainer.metrics import MetricsLogger, Throughput, max_rss_bytes
 
 RUN_LOCK = "train.lock"  # <out_dir>/train.lock: one train.py per run folder (growlm-run's is <out_dir>/driver/lock)
 
@@ -55,7 +54,7 @@ def join(run: RunConfig) -> DistInfo:
         RankError: the group cannot be formed (every rank reports it: the rank that cannot reach the master is
             often not rank 0).
     """
-    from runtime.dist import init_distributed
+    from growlm.runtime.dist import init_distributed
 
     try:
         return init_distributed(run.dist_timeout_s)
@@ -70,7 +69,7 @@ def open_data(run: RunConfig, info: DistInfo) -> RunData:
         UsageError: the data's vocabulary is larger than the model's, or (resume) its train split is not the one
             the checkpoint trained on.
     """
-    from data.prepare import ensure_builtin_prepared, load_meta, open_tokens
+    from growlm.data.prepare import ensure_builtin_prepared, load_meta, open_tokens
 
     if run.builtin_data:
         if info.local_rank == 0:
@@ -105,7 +104,7 @@ def claim_out_dir(run: RunConfig, info: DistInfo) -> Any:
         UsageError: another process holds the lock (the message names the folder and the holder), or the folder
             cannot be created (raised on every rank; printed by rank 0).
     """
-    from runtime.lock import LockHeldError, hold_lock
+    from growlm.runtime.lock import LockHeldError, hold_lock
 
     lock, message = None, ""
     if info.rank == 0:
@@ -258,7 +257,7 @@ def build(run: RunConfig) -> Any:
     LR schedule at its start, and with --init_from the folder's weights loaded into it (built inside ``zero.Init`` at
     ZeRO-3 then, as every value is overwritten). A --resume checkpoint is loaded into it next (restore).
     """
-    from trainer.init_from import load_weights
+    from growlm.trainer.init_from import load_weights
 
     torch.manual_seed(run.seed)  # identical init on every rank
     masks = run.resume_state.growth_masks if run.resume_state else None

@@ -9,7 +9,7 @@ both run every matmul in the low precision. Tokens are random: speed does not de
 gloo on CPUs (loopback) and NCCL on GPUs, from the launcher's RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT; with
 WORLD_SIZE unset or 1 it is a single process without DDP.
 
-Run as ``python -m eval.bench.baseline --config_json '{...}' ...`` under a rank launcher (runtime.launch); every rank
+Run as ``python -m growlm.eval.bench.baseline --config_json '{...}' ...`` under a rank launcher (runtime.launch); every rank
 prints one JSON line (its step times in s).
 """
 
@@ -24,9 +24,8 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
-from model.config import GPTConfig
-from model.gpt import GPT
+from growlm.model.config import GPTConfig
+from growlm.model.gpt import GPT
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -110,7 +109,7 @@ def step_times(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m eval.bench.baseline", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m growlm.eval.bench.baseline", description=__doc__.splitlines()[0])
     p.add_argument("--config_json", required=True, help="GPTConfig.to_dict() as JSON")
     p.add_argument("--batch", type=int, required=True, help="global batch (sequences per optimizer step)")
     p.add_argument("--grad_accum", type=int, default=1)
@@ -127,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     device = "cpu"
     if not torch.cuda.is_available():
-        from runtime.dist import keep_freed_memory
+        from growlm.runtime.dist import keep_freed_memory
 
         keep_freed_memory()  # as train.py's ranks do on a CPU (runtime.dist.init_distributed)
     else:

@@ -1,7 +1,7 @@
 """Time and peak memory of growing a training state (fp32 weights + Adam moments) into a GPT2_base-sized one (124M
 parameters), per operator, on CPU in a single process.
 
-    python -m eval.bench.growth_ops --out bench.json [--only NAME]
+    python -m growlm.eval.bench.growth_ops --out bench.json [--only NAME]
 
 Each operator runs in its own subprocess so that its peak RSS (``resource.getrusage``) is its own. The old state is
 random (values do not change the cost); ``grow_state(..., release=True)`` frees old tensors as they are consumed.
@@ -19,12 +19,11 @@ import sys
 import time
 
 import torch
-
-from growth.ops import make_plan
-from growth.plan import param_shapes
-from growth.state import TrainingState, grow_state
-from growth.stores import ParamState
-from model.config import from_preset
+from growlm.growth.ops import make_plan
+from growlm.growth.ops.rules import param_shapes
+from growlm.growth.ops.single_process import TrainingState, grow_state
+from growlm.growth.ops.stores import ParamState
+from growlm.model.config import from_preset
 
 # name: (old preset, target preset or overrides, family, options)
 SCENARIOS = {
@@ -95,7 +94,7 @@ def main() -> None:
     rows = []
     for name in SCENARIOS:
         out = subprocess.run(
-            [sys.executable, "-m", "eval.bench.growth_ops", "--only", name, "--threads", str(args.threads)],
+            [sys.executable, "-m", "growlm.eval.bench.growth_ops", "--only", name, "--threads", str(args.threads)],
             capture_output=True,
             text=True,
             check=True,

@@ -3,7 +3,7 @@
 Per row (a growth case at one ZeRO stage and precision) two real ranks (gloo on CPU, NCCL on GPUs) are launched;
 they train a 60-80M-parameter GPT for one step, then:
 
-* live: ``growth.live.grow_engine`` grows it 2x (width or depth, staged-training duplication) into a new engine,
+* live: ``growth.live.engine.grow_engine`` grows it 2x (width or depth, staged-training duplication) into a new engine,
   then ``collect_old_engine`` frees the old one;
 * save -> load, in the same processes: the grown engine is saved with ``save_checkpoint``, released, and a fresh
   engine of the grown model (``runtime.engine.build_engine``; at ZeRO-3 inside ``zero.Init``, the cheaper of the
@@ -12,13 +12,13 @@ they train a 60-80M-parameter GPT for one step, then:
 
 Recorded per row (the slower rank's seconds, the larger rank's bytes): ``live_s``, ``save_load_s`` (save + build +
 load; ``fresh_build_s`` is the fresh engine's build inside it), ``ratio`` = live_s / save_load_s, the phases of the
-live growth (growth.live.GROWTH_PHASES) and the split of its engine build (runtime.engine.BUILD_SPLIT +
+live growth (growth.live.engine.GROWTH_PHASES) and the split of its engine build (runtime.engine.BUILD_SPLIT +
 adam_state), ``rss_after_bytes`` (VmRSS after the live growth, old engine freed) and ``rss_fresh_bytes`` (VmRSS
 with the fresh engine loaded instead, same processes, after the grown engine was released and freed). The ranks run
 with ``THP_MEM_ALLOC_ENABLE=1`` (torch's CPU allocator asks for transparent huge pages for tensors of 2 MiB and
 more; ``--no_thp`` turns it off): on this CPU VM the first touch of fresh pages costs about 6x a memset (0.6 s per
 400 MB, 0.16 s with huge pages), and every phase of both ways allocates (engine buffers, Adam state, gathered and
-grown tensors, checkpoint reads). Prints a table and writes a JSON list. Run ``python -m eval.bench.live_growth
+grown tensors, checkpoint reads). Prints a table and writes a JSON list. Run ``python -m growlm.eval.bench.live_growth
 --help``; ``--small`` runs the same rows on 1-2M-parameter models (a quick check, not the measurement).
 """
 
@@ -34,9 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from runtime.launch import pythonpath_with
+from growlm import DS_CONFIG_DIR, PACKAGE_DIR
 
-REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = {
     # name: (start shape, target shape); both starts have 60-80M parameters with the GPT-2 vocabulary
     "width x2": (dict(n_layer=24, n_embd=384, n_head=4), dict(n_layer=24, n_embd=768, n_head=8)),
@@ -51,21 +50,19 @@ ROWS = [(case, stage, prec) for case in SCENARIOS for stage in (2, 3) for prec i
 
 def worker(case: str, stage: int, precision: str, out: str, seq_len: int, small: bool) -> None:
     """One rank: build, one step, live growth, then save -> release -> fresh build -> load of the grown model."""
-    sys.path.insert(0, str(REPO))
-    from runtime.dist import init_distributed
+    from growlm.runtime.dist import init_distributed
 
     info = init_distributed(600)
     import torch
     import torch.distributed as dist
+    from growlm.growth.live.engine import collect_old_engine, grow_engine, release_heap, rss_bytes
+    from growlm.growth.ops import make_plan
+    from growlm.growth.ops.apply import OptimizerPolicy
+    from growlm.model.config import GPTConfig, param_count
+    from growlm.runtime.engine import build_engine, release_engine
+    from growlm.runtime.schedule import ScheduleRule
 
-    from growth.apply import OptimizerPolicy
-    from growth.live import collect_old_engine, grow_engine, release_heap, rss_bytes
-    from growth.ops import make_plan
-    from growth.schedule import ScheduleRule
-    from model.config import GPTConfig, param_count
-    from runtime.engine import build_engine, release_engine
-
-    ds_cfg = json.loads((REPO / "ds_configs" / f"zero{stage}_{precision}.json").read_text())
+    ds_cfg = json.loads((DS_CONFIG_DIR / f"zero{stage}_{precision}.json").read_text())
     ds_cfg["train_micro_batch_size_per_gpu"] = 1
     ds_cfg["scheduler"]["params"]["total_num_steps"] = 100
     shapes = (SMALL if small else SCENARIOS)[case]
@@ -84,7 +81,7 @@ def worker(case: str, stage: int, precision: str, out: str, seq_len: int, small:
     result = grow_engine(engine, plan, build, policy=OptimizerPolicy(), schedule_rule=ScheduleRule())
     new = result.engine
     del engine
-    result = collect_old_engine(result)  # the replaced engine is freed here (growth.live)
+    result = collect_old_engine(result)  # the replaced engine is freed here (growth.live.engine)
     rec["live_s"] = time.perf_counter() - t0
     rec.update(bytes_moved=result.bytes_moved, collectives=result.collectives, peak_rss_bytes=result.peak_rss_bytes)
     rec["phase_s"], rec["phase_bytes"], rec["build_split_s"] = (
@@ -154,15 +151,15 @@ def merge(case: str, stage: int, precision: str, ranks: list[dict]) -> dict:
 
 def run_row(case: str, stage: int, precision: str, args: argparse.Namespace) -> dict:
     """Launch ``args.world_size`` ranks of the worker for one row on loopback; the merged row."""
-    from runtime.launch import launch_ranks
+    from growlm.runtime.launch import launch_ranks
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rec.json"
-        cmd = [sys.executable, "-m", "eval.bench.live_growth", "--worker", case, "--stage", str(stage),
+        cmd = [sys.executable, "-m", "growlm.eval.bench.live_growth", "--worker", case, "--stage", str(stage),
                "--precision", precision, "--out", str(out), "--seq_len", str(args.seq_len)]  # fmt: skip
         cmd += ["--small"] if args.small else []
-        env = {"PYTHONPATH": pythonpath_with(REPO), "THP_MEM_ALLOC_ENABLE": "0" if args.no_thp else "1"}
-        res = launch_ranks(cmd, args.world_size, envs=[env] * args.world_size, cwd=REPO, timeout_s=3600)
+        env = {"THP_MEM_ALLOC_ENABLE": "0" if args.no_thp else "1"}
+        res = launch_ranks(cmd, args.world_size, envs=[env] * args.world_size, timeout_s=3600)
         if res.returncode or res.timed_out:
             raise SystemExit(f"benchmark ranks failed for {case!r}: exit codes {res.returncodes}\n{res.output[-3000:]}")
         return {**merge(case, stage, precision, json.loads(out.read_text())), "thp_mem_alloc": not args.no_thp}
@@ -189,8 +186,8 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m eval.bench.live_growth", description=__doc__.split("\n\n")[0])
-    default_out = REPO / "eval" / "results" / "live_growth.json"
+    p = argparse.ArgumentParser(prog="python -m growlm.eval.bench.live_growth", description=__doc__.split("\n\n")[0])
+    default_out = Path("runs") / "bench" / "live_growth.json"
     p.add_argument("--out", default=str(default_out), help="JSON file for the rows (a list)")
     p.add_argument("--seq_len", type=int, default=32, help="tokens per sequence of the one training step")
     p.add_argument("--world_size", type=int, default=2, help="ranks (processes on this machine)")
@@ -213,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(run_row(case, stage, prec, args))
                 print(f"done: {case} ZeRO-{stage} {prec}: ratio {rows[-1]['ratio']:.2f}", flush=True)
     out = Path(args.out)
-    command = ["python", "-m", "eval.bench.live_growth", *(argv if argv is not None else sys.argv[1:])]
-    words = [a.replace(f"{REPO}/", "") for a in command]  # relative to the repository; any other path as OUT
+    command = ["python", "-m", "growlm.eval.bench.live_growth", *(argv if argv is not None else sys.argv[1:])]
+    words = [a.replace(f"{PACKAGE_DIR}/", "") for a in command]  # relative to the package; any other path as OUT
     recorded = shlex.join("OUT" if w == args.out and Path(w).is_absolute() else w for w in words)
     for r in rows:
         r["recorded_command"] = recorded

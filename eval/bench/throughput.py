@@ -28,10 +28,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from eval.bench.report import BenchError, summarize_train, write_reports
-from runtime.launch import launch_ranks, pythonpath_with
+from growlm import DS_CONFIG_DIR, PACKAGE_DIR, TRAIN_SCRIPT
+from growlm.eval.bench.report import BenchError, summarize_train, write_reports
+from growlm.runtime.launch import launch_ranks
 
-REPO = Path(__file__).resolve().parents[2]
 STAGES = (0, 1, 2, 3)
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -81,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def available_precisions() -> tuple[str, list[str]]:
     """This machine's accelerator name and the precisions DeepSpeed can train with on it (train.py's check)."""
-    from runtime.dist import select_accelerator
+    from growlm.runtime.dist import select_accelerator
 
     select_accelerator()
     from deepspeed.accelerator import get_accelerator
@@ -112,7 +112,7 @@ def _launch(cmd: list[str], nproc: int, extra_env: dict, log_dir: Path, timeout_
     Raises:
         BenchError: a rank failed (train.py's own error line when it printed one) or ``timeout_s`` passed.
     """
-    res = launch_ranks(cmd, nproc, envs=[extra_env] * nproc, cwd=REPO, log_dir=log_dir, timeout_s=timeout_s,
+    res = launch_ranks(cmd, nproc, envs=[extra_env] * nproc, log_dir=log_dir, timeout_s=timeout_s,
                        grace_s=0)  # fmt: skip
     if res.timed_out:
         raise BenchError(f"a run did not finish within --timeout_s {timeout_s:.0f}; logs in {log_dir}")
@@ -135,7 +135,7 @@ def _failure(log_dir: Path, what: str) -> BenchError:
 def ds_config(stage: int, precision: str, micro_batch: int, grad_accum: int, steps: int, path: Path) -> Path:
     """ds_configs/zero{stage}_{precision}.json with the benchmark's micro batch and accumulation, and an LR warm-up
     no longer than the run (a growth plan's schedule rules refuse one that is)."""
-    cfg = json.loads((REPO / "ds_configs" / f"zero{stage}_{precision}.json").read_text())
+    cfg = json.loads((DS_CONFIG_DIR / f"zero{stage}_{precision}.json").read_text())
     cfg["train_micro_batch_size_per_gpu"] = micro_batch
     cfg["gradient_accumulation_steps"] = grad_accum
     sched = cfg.get("scheduler", {}).get("params", {})
@@ -146,10 +146,11 @@ def ds_config(stage: int, precision: str, micro_batch: int, grad_accum: int, ste
 
 
 def recorded_command(cmd: list[str], work: Path) -> str:
-    """``cmd`` as the results record it: relative to the repository (``python train.py ...``), with the benchmark's
+    """``cmd`` as the results record it: relative to the package (``python train.py ...``), with the benchmark's
     temporary folder written as WORK, so that no path of the measuring machine is committed."""
     words = [
-        "python" if a == sys.executable else a.replace(f"{REPO}{os.sep}", "").replace(str(work), "WORK") for a in cmd
+        "python" if a == sys.executable else a.replace(f"{PACKAGE_DIR}{os.sep}", "").replace(str(work), "WORK")
+        for a in cmd
     ]
     return shlex.join(words)
 
@@ -161,14 +162,14 @@ def bench_deepspeed(args: argparse.Namespace, stage: int, precision: str, work: 
     cfg_path = ds_config(stage, precision, args.micro_batch, args.grad_accum, args.steps, work / f"{name}.json")
     shape = [f"--{k}={getattr(args, k)}" for k in ("n_layer", "n_embd", "n_head", "n_inner") if getattr(args, k)]
     shape = [] if args.growth_plan else ["--preset", args.preset, *shape]  # a plan sets its own starting shape
-    cmd = [sys.executable, str(REPO / "train.py"), *shape, "--seq_len", str(args.seq_len)]
+    cmd = [sys.executable, str(TRAIN_SCRIPT), *shape, "--seq_len", str(args.seq_len)]
     cmd += ["--ds_config", str(cfg_path), "--max_steps", str(args.steps), "--no_eval", "--no_final_save"]
     cmd += ["--log_interval", str(args.steps), "--out_dir", str(run_dir)]
     cmd += ["--data", args.data] if args.data else []
     cmd += ["--growth_plan", args.growth_plan] if args.growth_plan else []
     cmd += args.train_extra
     ws = args.world_size
-    env = {"PYTHONPATH": pythonpath_with(REPO)}
+    env: dict[str, str] = {}
     if base["device_type"] == "cpu":
         env.update(OMP_NUM_THREADS=str(args.threads_per_rank), DS_ACCELERATOR="cpu")
     print(f"growlm-bench: {name}: {ws} rank(s), {args.steps} steps ...", flush=True)
@@ -200,10 +201,10 @@ def bench_pytorch(args: argparse.Namespace, precision: str, work: Path, base: di
     record. A step's time is the slowest rank's."""
     name = f"pytorch-{precision}"
     ws, common = args.world_size, base["common"]
-    cmd = [sys.executable, "-m", "eval.bench.baseline", "--config_json", json.dumps(common["model"])]
+    cmd = [sys.executable, "-m", "growlm.eval.bench.baseline", "--config_json", json.dumps(common["model"])]
     cmd += ["--batch", str(common["global_batch"]), "--grad_accum", str(args.grad_accum)]
     cmd += ["--seq_len", str(args.seq_len), "--precision", precision, "--steps", str(args.steps)]
-    env = {"PYTHONPATH": pythonpath_with(REPO)}
+    env: dict[str, str] = {}
     if base["device_type"] == "cpu":
         cmd += ["--threads", str(args.threads_per_rank)]
         env.update(OMP_NUM_THREADS=str(args.threads_per_rank))
@@ -286,7 +287,7 @@ def _resolve(args: argparse.Namespace):
     Raises:
         BenchError: an unsupported precision, --warmup >= --steps, or a bad model shape / growth plan.
     """
-    from model.config import flops_per_token, from_preset
+    from growlm.model.config import flops_per_token, from_preset
 
     check_flags(args)
     device_name, avail = available_precisions()
@@ -310,8 +311,8 @@ def _resolve(args: argparse.Namespace):
     try:
         shape = {k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head", "n_inner")}
         if args.growth_plan:  # the model starts at the plan's shape (the baseline trains that one)
-            from growth.errors import GrowthError
-            from growth.stages import load_stages
+            from growlm.growth.errors import GrowthError
+            from growlm.growth.stages.plan import load_stages
 
             try:
                 cfg = load_stages(args.growth_plan).start
@@ -330,7 +331,7 @@ def _resolve(args: argparse.Namespace):
 
 def _common(args: argparse.Namespace, cfg, fpt: int, device_type: str) -> dict:
     """The fields every record shares (model, batch, device, steps)."""
-    from model.config import param_count
+    from growlm.model.config import param_count
 
     global_batch = args.micro_batch * args.grad_accum * args.world_size
     return {
@@ -379,7 +380,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     Raises:
         BenchError: bad flags for this device, or a run that failed or timed out (train.py's error line).
     """
-    from eval.bench.peak import device_peak
+    from growlm.eval.bench.peak import device_peak
 
     device_type, precisions, stages, cfg, fpt = _resolve(args)
     base = {"device_type": device_type, "common": _common(args, cfg, fpt, device_type), "peaks": {}}

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
-from growth.apply import OptimizerPolicy, apply_plan
-from growth.ops import make_plan
-from growth.single_process import make_optimizer
-from growth.stores import ModuleStore
-from model.config import GPTConfig
-from model.gpt import GPT
+from growlm.growth.ops import make_plan
+from growlm.growth.ops.apply import OptimizerPolicy, apply_plan
+from growlm.growth.ops.single_process import make_optimizer
+from growlm.growth.ops.stores import ModuleStore
+from growlm.model.config import GPTConfig
+from growlm.model.gpt import GPT
 
 
 def _batch(train: np.ndarray, gen: np.random.Generator, batch: int, seq_len: int) -> torch.Tensor:
@@ -60,7 +59,7 @@ def growth_logit_ratio(
     after ``warm_steps`` AdamW steps of the small model on batches (batch x seq_len + 1) of ``train`` token ids.
 
     Args:
-        hparams: AdamW lr, betas, eps, weight_decay (growth.single_process.make_optimizer).
+        hparams: AdamW lr, betas, eps, weight_decay (growth.ops.single_process.make_optimizer).
 
     Returns:
         ||delta logits of the grown model|| / ||delta logits of the small model|| for one step (dimensionless).
@@ -68,7 +67,7 @@ def growth_logit_ratio(
     Raises:
         growth.errors.GrowthError: the operator cannot reach ``target``.
     """
-    from eval.metrics.dynamics import logit_step_ratio
+    from growlm.eval.metrics.dynamics import logit_step_ratio
 
     small, opt_s, big, opt_b, gen = _grow(start, target, options, train, hparams, warm_steps, batch, seq_len, seed)
     return logit_step_ratio(small, opt_s, big, opt_b, _batch(train, gen, batch, seq_len))
@@ -90,7 +89,7 @@ def width_copy_divergence(
     """How fast the copies of a width growth (n_embd x k) come apart: eval.metrics.dynamics.width_divergence
     (wte, wpe, residual stream, first c_fc block diagonal) after each number of post-growth AdamW steps in
     ``after`` (constant LR), on the same grown model. {steps: {part: divergence}}; 0 = identical copies."""
-    from eval.metrics.dynamics import width_divergence
+    from growlm.eval.metrics.dynamics import width_divergence
 
     k = target.n_embd // start.n_embd
     _, _, big, opt_b, gen = _grow(start, target, options, train, hparams, warm_steps, batch, seq_len, seed)

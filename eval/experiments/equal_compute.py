@@ -12,7 +12,7 @@ step count follows from its stages' costs, and its cosine LR schedule ends at it
 ``ARMS``): the scratch target; a longer scratch run (1.5 x the budget, first seed) that shapes the
 scratch compute-loss curve; a scratch run of the 2-layer model (first two seeds); depth growth 2 -> 4 layers
 (duplication, interleaved identity blocks) at three growth steps; the same growth fired by the slope trigger with a
-threshold derived from the seed's own curves (growth.trigger.equal_rate_threshold); and a multi-stage arm, 1 x 64
+threshold derived from the seed's own curves (growth.stages.trigger.equal_rate_threshold); and a multi-stage arm, 1 x 64
 -> 2 x 128 (width and depth at once; LEMON-style split plus zero-sum noise that breaks the copies' symmetry while
 keeping the function) -> 4 x 128. Runs go in ``--parallel`` single-thread processes; finished runs
 are skipped on a rerun; each run keeps its TensorBoard log in OUT/<arm>/seed<k>/tb.
@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+from growlm import DS_CONFIG_DIR, TRAIN_SCRIPT
+from growlm.data.tokens import cache_dir
+from growlm.eval.experiments import compute_protocol as cp
+from growlm.runtime.launch import free_port
+from growlm.trainer.metrics import read_records, val_points
 
-from eval.experiments import compute_protocol as cp
-from runtime.launch import free_port, pythonpath_with
-from trainer.metrics import read_records, val_points
-
-REPO = Path(__file__).resolve().parents[2]
 SLOPE = "slope"  # a growth point fired by the slope trigger
 DEPTH_OPTS = {"layer_order": "interleave", "exact": True}
 WIDTH_DEPTH_OPTS = {"pattern": "split", "alpha": 0.75, "symmetry": "noise", "noise_std": 1.0,
@@ -90,7 +90,7 @@ def shape(args: argparse.Namespace, name: str, vocab_size: int) -> dict:
 
 def cost(args: argparse.Namespace, name: str, vocab_size: int) -> int:
     """FLOPs per optimizer step of a named size (model.config.flops_per_token x batch x seq_len)."""
-    from model.config import GPTConfig, flops_per_token
+    from growlm.model.config import GPTConfig, flops_per_token
 
     cfg = GPTConfig(**shape(args, name, vocab_size))
     return cp.step_flops(flops_per_token(cfg, args.seq_len), args.batch, args.seq_len)
@@ -173,7 +173,7 @@ def plan_doc(args: argparse.Namespace, job: Job, vocab_size: int) -> dict:
 
 def ds_config(args: argparse.Namespace) -> dict:
     """The experiment's DeepSpeed config: ZeRO-2 fp32, micro batch, peak LR, warm-up; total steps = --max_steps."""
-    cfg = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())
+    cfg = json.loads((DS_CONFIG_DIR / "zero2_fp32.json").read_text())
     cfg["train_micro_batch_size_per_gpu"] = args.batch
     cfg["optimizer"]["params"]["lr"] = args.lr
     cfg["scheduler"]["params"]["warmup_num_steps"] = args.warmup
@@ -189,7 +189,7 @@ def fingerprint(args: argparse.Namespace, job: Job) -> dict:
     """The settings a finished run must have been made with to be reused on a rerun (else it is run again)."""
     keys = ("steps", "batch", "seq_len", "lr", "warmup", "evals", "eval_tokens", "slope_window", "quick", "device")
     data = args.data.resolve()
-    data = data.relative_to(REPO) if data.is_relative_to(REPO) else data
+    data = data.relative_to(Path.cwd()) if data.is_relative_to(Path.cwd()) else data
     fp = {k: getattr(args, k) for k in keys} | {"data": str(data), "eval_interval": job.eval_interval}
     return fp | ({} if SLOPE in job.arm.grow else {"grow_steps": job.grow_steps, "max_steps": job.max_steps})
 
@@ -207,8 +207,8 @@ def job_done(args: argparse.Namespace, job: Job) -> bool:
 
 def prepare_slope_job(args: argparse.Namespace, job: Job, done: dict[str, Job], vocab_size: int) -> None:
     """Derive the slope arm's threshold from the seed's own curves (the g50 arm's small-model evaluations and the
-    scratch target's), and size its budget for the predicted growth step (growth.trigger.equal_rate_threshold)."""
-    from growth.trigger import equal_rate_threshold, first_trigger_index
+    scratch target's), and size its budget for the predicted growth step (growth.stages.trigger.equal_rate_threshold)."""
+    from growlm.growth.stages.trigger import equal_rate_threshold, first_trigger_index
 
     ref = done[f"{job.arm.deps[1]}/seed{job.seed}"]
     small = [r for r in read_vals(ref.out) if r["step"] <= ref.grow_steps[0]]
@@ -234,20 +234,20 @@ def start_job(args: argparse.Namespace, job: Job, vocab_size: int) -> subprocess
             "grow_steps": job.grow_steps, "slope_threshold": job.slope_threshold,
             "fingerprint": fingerprint(args, job)}  # fmt: skip
     (job.out / "job.json").write_text(json.dumps(meta, indent=2) + "\n")
-    cmd = [sys.executable, str(REPO / "train.py"), "--growth_plan", str(plan), "--data", str(args.data),
+    cmd = [sys.executable, str(TRAIN_SCRIPT), "--growth_plan", str(plan), "--data", str(args.data),
            "--seq_len", str(args.seq_len), "--ds_config", str(args.out / "ds_config.json"),
            "--max_steps", str(job.max_steps), "--eval_interval", str(job.eval_interval),
            "--eval_tokens", str(args.eval_tokens), "--final_eval_tokens", str(args.eval_tokens),
            "--seed", str(job.seed), "--log_interval", str(max(1, job.max_steps // 20)), "--no_final_save",
            "--out_dir", str(job.out)]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-               PYTHONPATH=pythonpath_with(REPO), DS_ACCELERATOR=args.device)  # fmt: skip
+               DS_ACCELERATOR=args.device)  # fmt: skip
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         env.pop(k, None)
     if args.device == "cuda":
         env.setdefault("CUDA_VISIBLE_DEVICES", "0")
     log = open(job.out / "train.log", "w")  # noqa: SIM115 (closed when the process ends)
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     proc.log = log  # type: ignore[attr-defined]
     proc.t0 = time.perf_counter()  # type: ignore[attr-defined]
     return proc
@@ -322,11 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The growlm-experiment (--protocol equal_compute, the default) argument parser."""
     p = argparse.ArgumentParser(prog="growlm-experiment", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--out", type=Path, default=REPO / "runs" / "equal_compute", help="run folders")
-    p.add_argument("--report", type=Path, default=REPO / "eval" / "results" / "equal_compute", help="report folder")
-    p.add_argument(
-        "--data", type=Path, default=REPO / "data" / "cache" / "bpe4096", help="token folder (built if missing)"
-    )
+    p.add_argument("--out", type=Path, default=Path("runs") / "equal_compute", help="run folders")
+    p.add_argument("--report", type=Path, default=Path("runs") / "equal_compute" / "report", help="report folder")
+    p.add_argument("--data", type=Path, default=cache_dir() / "bpe4096", help="token folder (built if missing)")
     p.add_argument("--vocab_size", type=int, default=4096, help="BPE size when the token folder is built")
     p.add_argument("--arms", default=",".join(a.name for a in ARMS), help="comma-separated subset of the arms")
     p.add_argument("--quick", action="store_true", help="tiny models and runs: the whole pipeline in a few minutes")
@@ -359,11 +357,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _live_trigger_window() -> int:
-    """The window (evaluations) the live slope trigger uses: growth.trigger.slope_trigger's default, which
+    """The window (evaluations) the live slope trigger uses: growth.stages.trigger.slope_trigger's default, which
     trainer/growth_events.py calls it with; the derived threshold must be computed with the same window."""
     import inspect
 
-    from growth.trigger import slope_trigger
+    from growlm.growth.stages.trigger import slope_trigger
 
     return int(inspect.signature(slope_trigger).parameters["window"].default)
 
@@ -418,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{j.key:36s} steps {steps}  growth at {j.grow_steps or '-'}  eval every {j.eval_interval}")
         return 0
     if not (args.data / "meta.json").is_file():
-        from data.small_vocab import prepare_small_vocab
+        from growlm.data.small_vocab import prepare_small_vocab
 
         print(f"growlm-experiment: training a {args.vocab_size}-token BPE and tokenizing into {args.data}", flush=True)
         prepare_small_vocab(args.data, args.vocab_size)
@@ -427,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ds_config.json").write_text(json.dumps(ds_config(args), indent=2))
     failed = [] if args.report_only else run_all(args, jobs, meta["vocab_size"])
-    from eval.experiments import equal_compute_report as report
+    from growlm.eval.experiments import equal_compute_report as report
 
     rc = report.write_report(args, jobs, meta)
     return 1 if failed else rc

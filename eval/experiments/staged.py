@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from growlm import DS_CONFIG_DIR, TRAIN_SCRIPT
+from growlm.data.tokens import cache_dir
+from growlm.eval.experiments import staged_report as rep
+from growlm.runtime.launch import free_port
 
-from eval.experiments import staged_report as rep
-from runtime.launch import free_port, pythonpath_with
-
-REPO = Path(__file__).resolve().parents[2]
 TARGET = {"n_layer": 4, "n_embd": 128, "n_head": 4}
 HALF_WIDTH = {"n_layer": 4, "n_embd": 64, "n_head": 2}
 HALF_DEPTH = {"n_layer": 2, "n_embd": 128, "n_head": 4}
@@ -83,7 +83,7 @@ def plan_doc(spec: RunSpec, *, vocab_size: int, n_positions: int, grow_step: int
 
 def ds_config(batch: int, lr: float, warmup: int) -> dict:
     """The experiment's DeepSpeed config (ZeRO-2 fp32) with micro batch, peak LR and warmup steps set."""
-    cfg = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())
+    cfg = json.loads((DS_CONFIG_DIR / "zero2_fp32.json").read_text())
     cfg["train_micro_batch_size_per_gpu"] = batch
     cfg["optimizer"]["params"]["lr"] = lr
     cfg["scheduler"]["params"]["warmup_num_steps"] = warmup
@@ -102,7 +102,7 @@ def run_done(out: Path, max_steps: int) -> bool:
 def train_cmd(args: argparse.Namespace, plan: Path, ds: Path, out: Path) -> list[str]:
     """The train.py command of one run (same data, seed and evaluation for every run)."""
     return [
-        sys.executable, str(REPO / "train.py"), "--growth_plan", str(plan), "--data", str(args.data),
+        sys.executable, str(TRAIN_SCRIPT), "--growth_plan", str(plan), "--data", str(args.data),
         "--seq_len", str(args.seq_len), "--ds_config", str(ds), "--max_steps", str(args.max_steps),
         "--eval_interval", str(args.eval_interval), "--eval_tokens", str(args.eval_tokens),
         "--final_eval_tokens", str(args.eval_tokens), "--seed", str(args.seed), "--log_interval", "10",
@@ -117,11 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--out", type=Path, default=REPO / "runs" / "staged_experiment", help="run folders")
-    p.add_argument("--report", type=Path, default=REPO / "eval" / "results" / "staged", help="report folder")
-    p.add_argument(
-        "--data", type=Path, default=REPO / "data" / "cache" / "bpe4096", help="token folder (built if missing)"
-    )
+    p.add_argument("--out", type=Path, default=Path("runs") / "staged_experiment", help="run folders")
+    p.add_argument("--report", type=Path, default=Path("runs") / "staged_experiment" / "report", help="report folder")
+    p.add_argument("--data", type=Path, default=cache_dir() / "bpe4096", help="token folder (built if missing)")
     p.add_argument("--vocab_size", type=int, default=4096, help="BPE size when the token folder is built")
     p.add_argument("--runs", default=",".join(r.name for r in RUNS), help="comma-separated subset of the runs")
     p.add_argument("--max_steps", type=int, default=240)
@@ -200,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ``--protocol equal_steps`` (this module's older experiment: every arm stops at the same step)."""
     known, rest = build_protocol_parser().parse_known_args(argv)
     if known.protocol == "equal_compute":
-        from eval.experiments import equal_compute
+        from growlm.eval.experiments import equal_compute
 
         return equal_compute.main(rest)
     args = parse_args(rest)
@@ -214,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         print("growlm-experiment: error: --runs must include 'scratch' (the reference)", file=sys.stderr)
         return 2
     if not (args.data / "meta.json").is_file():
-        from data.small_vocab import prepare_small_vocab
+        from growlm.data.small_vocab import prepare_small_vocab
 
         print(f"growlm-experiment: training a {args.vocab_size}-token BPE and tokenizing into {args.data}", flush=True)
         prepare_small_vocab(args.data, args.vocab_size)
@@ -235,16 +233,14 @@ def main(argv: list[str] | None = None) -> int:
         if (out / "metrics.jsonl").exists():
             (out / "metrics.jsonl").rename(out / f"metrics.jsonl.incomplete-{int(time.time())}")
         env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(args.threads), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(free_port()), PYTHONPATH=pythonpath_with(REPO))  # fmt: skip
+                   MASTER_PORT=str(free_port()))  # fmt: skip
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
             env.pop(k, None)
         print(f"growlm-experiment: run {spec.name} -> {out}", flush=True)
         t0 = time.perf_counter()
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "train.log", "w") as log:
-            rc = subprocess.call(
-                train_cmd(args, plan, ds, out), cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
-            )
+            rc = subprocess.call(train_cmd(args, plan, ds, out), env=env, stdout=log, stderr=subprocess.STDOUT)
         walls[spec.name] = time.perf_counter() - t0
         (out / "wall_s.txt").write_text(f"{walls[spec.name]:.1f}\n")
         if rc:
@@ -299,9 +295,9 @@ def write_report(args: argparse.Namespace, specs: list[RunSpec], meta: dict) -> 
 
 
 def _rel(p: Path) -> str:
-    """p relative to the repository when inside it (so committed reports hold no machine paths)."""
+    """p relative to the working folder when inside it (so committed reports hold no machine paths)."""
     p = p.resolve()
-    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
+    return str(p.relative_to(Path.cwd())) if p.is_relative_to(Path.cwd()) else str(p)
 
 
 def _tensorboard_summary(path: Path, curves: list[rep.RunCurve]) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.metrics import read_records, val_points
+from growlm.trainer.metrics import read_records, val_points
 
 
 @dataclass
@@ -211,8 +211,8 @@ def planner_analysis(scratch: RunCurve, staged: list[RunCurve], dimensions: dict
 
     alpha is fitted when a curve has >= 6 points, else Kaplan's 0.76. ``dimensions``: run name -> 'width'|'depth'.
     """
-    from growth import scaling as planner
-    from growth.trigger import SLOPE_THRESHOLDS
+    from growlm.eval.experiments import scaling as planner
+    from growlm.growth.stages.trigger import SLOPE_THRESHOLDS
 
     if len(scratch.steps) < 3:
         return []

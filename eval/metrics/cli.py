@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eval.metrics.cloze import ClozeItem, build_cloze, read_lambada, score_cloze
-from eval.metrics.errors import EvalInputError, check_token_ids
-from eval.metrics.load import LoadedModel, load
-from eval.metrics.perplexity import document_nll, word_count, word_perplexity
-from eval.metrics.textsets import cloze_source, heldout_documents, read_text_file, wikipedia_documents
+from growlm.eval.metrics.cloze import ClozeItem, build_cloze, read_lambada, score_cloze
+from growlm.eval.metrics.errors import EvalInputError, check_token_ids
+from growlm.eval.metrics.load import LoadedModel, load
+from growlm.eval.metrics.perplexity import document_nll, word_count, word_perplexity
+from growlm.eval.metrics.textsets import cloze_source, heldout_documents, read_text_file, wikipedia_documents
 
 SETS = ("heldout", "cloze", "wikipedia")
 DEFAULT_SETS = ",".join(SETS)

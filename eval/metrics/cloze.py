@@ -23,12 +23,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from growlm.data.text import InputError, read_json_rows, read_lines
+from growlm.data.tokenizer import Tokenizer
+from growlm.eval.metrics.errors import EvalInputError, check_token_ids, token_id_error
+from growlm.eval.metrics.perplexity import checked_logits
 from torch import Tensor
-
-from data.text import InputError, read_json_rows, read_lines
-from data.tokenizer import Tokenizer
-from eval.metrics.errors import EvalInputError, check_token_ids, token_id_error
-from eval.metrics.perplexity import checked_logits
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"'\u201d\u2019)\]]*\s+")
 _FINAL_WORD = re.compile(r"([A-Za-z]+(?:'[A-Za-z]+)?)[^A-Za-z0-9]*$")

@@ -26,9 +26,8 @@ from __future__ import annotations
 import copy
 
 import torch
+from growlm.model.gpt import GPT
 from torch import Tensor
-
-from model.gpt import GPT
 
 
 def _lm_loss(model: GPT, batch: Tensor) -> Tensor:

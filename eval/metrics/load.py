@@ -8,7 +8,7 @@ weights; bf16/fp16 runs: the working copy, since stage 0 keeps no separate fp32 
 The shape comes from ``growlm_state.json`` (``model_config``) and is checked against every tensor. A checkpoint
 saved mid mask ramp (``growth_masks`` not null) is rebuilt with its masks at the saved step's ramp value.
 
-The tokenizer is the model's own unless ``--tokenizer`` names one: an export's tokenizer.json (growth/export.py
+The tokenizer is the model's own unless ``--tokenizer`` names one: an export's tokenizer.json (growth/offline/export.py
 writes it), or the token folder a checkpoint's RunState names. When neither can tell (an export without
 tokenizer.json, a checkpoint whose token folder is gone or rebuilt), a model with GPT-2's vocabulary (V >= 50257) is
 scored with GPT-2 BPE and any other model is refused with a message naming ``--tokenizer``. A tokenizer with more
@@ -25,13 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from growlm.data import tokenizer as tok
+from growlm.data.tokenizer import GPT2_VOCAB_SIZE, Tokenizer, TokenizerError
+from growlm.eval.metrics.errors import EvalInputError
+from growlm.model.config import GPTConfig
+from growlm.runtime.checkpoint import STATE_FILE, CheckpointError, OpenCheckpoint, open_checkpoint, safe_load
 from torch import Tensor
-
-from data import tokenizer as tok
-from data.tokenizer import GPT2_VOCAB_SIZE, Tokenizer, TokenizerError
-from eval.metrics.errors import EvalInputError
-from model.config import GPTConfig
-from runtime.checkpoint import STATE_FILE, CheckpointError, OpenCheckpoint, open_checkpoint, safe_load
 
 
 @dataclass
@@ -103,7 +102,7 @@ def _weights(tag_dir: Path, zero_stage: int | None) -> dict[str, Tensor]:
     """fp32 weights of a DeepSpeed tag folder, merged over ranks."""
     has_zero_shards = any(tag_dir.glob("*zero_pp_rank_*_optim_states.pt"))
     if has_zero_shards and zero_stage != 0:
-        from runtime.dist import select_accelerator
+        from growlm.runtime.dist import select_accelerator
 
         select_accelerator()
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -124,7 +123,7 @@ def load_deepspeed(path: str | Path, tokenizer: str | None = None) -> LoadedMode
     Raises:
         EvalInputError: not a growlm checkpoint, config missing/invalid, or weights that do not fit the config.
     """
-    from model.gpt import GPT
+    from growlm.model.gpt import GPT
 
     ckpt = open_deepspeed(Path(path))
     tag_dir, state, cfg = ckpt.tag_dir, ckpt.state, ckpt.state.model_config
@@ -164,9 +163,8 @@ def load_transformers(path: str | Path, tokenizer: str | None = None) -> LoadedM
         EvalInputError: not a loadable GPT-2 folder (or weights only as a pickle), a config growlm's GPT does not
             implement, or no usable tokenizer (see ``choose_tokenizer``).
     """
+    from growlm.model.hf import from_hf_config
     from transformers import GPT2LMHeadModel
-
-    from model.hf import from_hf_config
 
     path = Path(path)
     try:

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from growlm.eval.metrics.errors import EvalInputError, check_token_ids, token_id_error
 from torch import Tensor
-
-from eval.metrics.errors import EvalInputError, check_token_ids, token_id_error
 
 
 @dataclass(frozen=True)

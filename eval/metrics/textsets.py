@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from data.text import read_text
-from eval.metrics.errors import EvalInputError
+from growlm.data.text import read_text
+from growlm.eval.metrics.errors import EvalInputError
 
 CLOZE_NOVEL = "persuasion"
 _read = read_text  # every file is read by data/text.py, the one reader of text files
@@ -21,7 +21,7 @@ _read = read_text  # every file is read by data/text.py, the one reader of text 
 
 def heldout_documents() -> dict[str, str]:
     """name -> text of the built-in validation split, in MANIFEST.json order."""
-    from data.prepare import builtin_corpus_files
+    from growlm.data.prepare import builtin_corpus_files
 
     _, val = builtin_corpus_files()
     return {p.name.removesuffix(".txt.xz"): _read(p) for p in val}
@@ -33,8 +33,8 @@ def cloze_source() -> str:
 
 
 def wikipedia_dir() -> Path:
-    """Where ``python -m data.build_corpus --extra wikipedia`` writes the Wikipedia sample (split by article)."""
-    from data.build_corpus import EXTRA_DIR
+    """Where ``python -m growlm.data.build_corpus --extra wikipedia`` writes the Wikipedia sample (split by article)."""
+    from growlm.data.build_corpus import EXTRA_DIR
 
     return EXTRA_DIR / "wikipedia"
 
@@ -52,7 +52,7 @@ def wikipedia_documents(split: str = "test") -> dict[str, str]:
     if not files:
         raise EvalInputError(
             f"the held-out Wikipedia sample is not built ({folder} is empty or missing); build it once with "
-            "`python -m data.build_corpus --extra wikipedia` (downloads gensim's wheel, needs mwparserfromhell)"
+            "`python -m growlm.data.build_corpus --extra wikipedia` (downloads gensim's wheel, needs mwparserfromhell)"
         )
     return {p.stem: _read(p) for p in files}
 

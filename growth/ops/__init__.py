@@ -1,4 +1,4 @@
-"""Growth operator families; each returns a growth.plan.GrowthPlan. Torch only.
+"""Growth operator families; each returns a growth.ops.rules.GrowthPlan. Torch only.
 
 ``make_plan(old, new, family, **options)`` picks and chains the operators that take ``old`` to ``new``:
 - family 'masked': ops.masked.masked_growth (every dimension at once, any size, exact).
@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from growth.errors import GrowthError
-from growth.ops.depth import depth_growth
-from growth.ops.masked import masked_growth
-from growth.ops.width import check_width_target, ffn_growth, width_growth
-from growth.plan import GrowthPlan, compose
-from model.config import GPTConfig
+from growlm.growth.errors import GrowthError
+from growlm.growth.ops.depth import depth_growth
+from growlm.growth.ops.masked import masked_growth
+from growlm.growth.ops.rules import GrowthPlan, compose
+from growlm.growth.ops.width import check_width_target, ffn_growth, width_growth
+from growlm.model.config import GPTConfig
 
 FAMILIES = ("masked", "duplicate")
 _DUP_OPTIONS = {"layer_order", "exact", "pattern", "alpha", "symmetry", "noise_std", "seed"}

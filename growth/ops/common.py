@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from growth.errors import GrowthError
-from model.config import GPTConfig
+from growlm.growth.errors import GrowthError
+from growlm.model.config import GPTConfig
 
 BLOCK_PARAMS = (
     "ln_1.weight",

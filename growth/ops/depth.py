@@ -5,13 +5,12 @@
 
 from __future__ import annotations
 
+from growlm.growth.errors import GrowthError
+from growlm.growth.ops.common import BLOCK_PARAMS, check_no_shrink, layer_map
+from growlm.growth.ops.rules import GrowthPlan, Rule, identity, zeros
+from growlm.growth.ops.width import ZERO_ENTRY_UPDATE
+from growlm.model.config import GPTConfig
 from torch import Tensor
-
-from growth.errors import GrowthError
-from growth.ops.common import BLOCK_PARAMS, check_no_shrink, layer_map
-from growth.ops.width import ZERO_ENTRY_UPDATE
-from growth.plan import GrowthPlan, Rule, identity, zeros
-from model.config import GPTConfig
 
 
 def zero_entry_v(v: Tensor) -> Tensor:
@@ -19,7 +18,7 @@ def zero_entry_v(v: Tensor) -> Tensor:
     return v / ZERO_ENTRY_UPDATE**2
 
 
-zero_entry_v.elementwise = True  # a rank maps its own ZeRO-3 shard (growth.live_transfer.local_maps)
+zero_entry_v.elementwise = True  # a rank maps its own ZeRO-3 shard (growth.live.transfer.local_maps)
 
 ZEROED_IN_EXACT = ("attn.c_proj.weight", "attn.c_proj.bias", "mlp.c_proj.weight", "mlp.c_proj.bias")
 

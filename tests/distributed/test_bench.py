@@ -9,9 +9,8 @@ import json
 
 import pytest
 from dist_utils import fp16_supported
-
-from eval.bench import throughput as bench
-from model.config import flops_per_token, from_preset
+from growlm.eval.bench import throughput as bench
+from growlm.model.config import flops_per_token, from_preset
 
 
 def test_fp16_on_a_cpu_is_refused_naming_the_available_precisions(capsys, tmp_path):

@@ -20,11 +20,10 @@ from pathlib import Path
 
 import pytest
 from dist_utils import REPO, base_env, read_metrics, run_ranks, tiny_ds_config
-
-from growth.grow_checkpoint import main as grow_main
-from runtime import checkpoint
-from runtime.crash_points import HOLD_AT_ENV, HOLD_DIR_ENV
-from runtime.launch import rank_env
+from growlm.growth.offline.cli import main as grow_main
+from growlm.runtime import checkpoint
+from growlm.runtime.crash_points import HOLD_AT_ENV, HOLD_DIR_ENV
+from growlm.runtime.launch import rank_env
 
 TINY = ["--preset", "tiny", "--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--seq_len", "32", "--no_eval",
         "--log_interval", "1"]  # fmt: skip
@@ -131,7 +130,7 @@ def test_growlm_grow_killed_mid_way(killed_in_save, tmp_path):
     out = tmp_path / "grown"
     argv = [str(ck), str(out), "--family", "masked", "--n_layer", "2", "--n_embd", "64", "--n_head", "4",
             "--ramp_steps", "4"]  # fmt: skip
-    codes = killed_at("grow.commit", [[sys.executable, "-m", "growth.grow_checkpoint", *argv]], tmp_path)
+    codes = killed_at("grow.commit", [[sys.executable, "-m", "growlm.growth.offline.cli", *argv]], tmp_path)
     assert codes == [-signal.SIGKILL]
     # converted and grown tensors were written into .tmp-grown; no output exists and the partial folder is refused
     partial = tmp_path / ".tmp-grown"

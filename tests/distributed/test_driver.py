@@ -22,8 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from dist_utils import REPO, assert_close_tree, base_env, read_metrics, run_ranks, write_ds_config
-
-from trainer.driver.procs import group_members
+from growlm.runtime.processes import group_members
 
 pytestmark = pytest.mark.skipif(
     not any(Path(p, "numactl").exists() for p in os.environ.get("PATH", "").split(os.pathsep)),
@@ -60,7 +59,7 @@ def setup_run(tmp: Path, zero: int, last: str) -> tuple[Path, list[str]]:
 
 
 def driver_cmd(plan: Path, train_args: list[str], out: Path) -> list[str]:
-    return [sys.executable, "-m", "trainer.driver", str(plan), "--", *train_args, "--out_dir", str(out)]
+    return [sys.executable, "-m", "growlm.trainer.driver", str(plan), "--", *train_args, "--out_dir", str(out)]
 
 
 def run_driver(plan: Path, train_args: list[str], out: Path) -> subprocess.CompletedProcess:

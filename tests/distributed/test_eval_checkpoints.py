@@ -9,13 +9,12 @@ import shutil
 import pytest
 import torch
 from dist_utils import run_ranks, write_ds_config
-
-from eval.metrics import cli
-from eval.metrics.cloze import build_cloze, score_cloze
-from eval.metrics.errors import EvalInputError
-from eval.metrics.load import load, load_deepspeed, load_transformers
-from eval.metrics.perplexity import word_count
-from model.hf import to_hf
+from growlm.eval.metrics import cli
+from growlm.eval.metrics.cloze import build_cloze, score_cloze
+from growlm.eval.metrics.errors import EvalInputError
+from growlm.eval.metrics.load import load, load_deepspeed, load_transformers
+from growlm.eval.metrics.perplexity import word_count
+from growlm.model.hf import to_hf
 
 TEXT = (
     "It was a bright cold day in April, and the clocks were striking thirteen. Winston Smith, his chin nuzzled "
@@ -111,9 +110,8 @@ def test_checkpoint_saved_mid_mask_ramp_scores_as_train_py_did(tmp_path, builtin
     """A masked growth at step 2 ramping over 4 steps, saved at step 4 (ramp 0.5): the loaded model, masks rebuilt,
     must give the held-out loss train.py logged for the same tokens and windows."""
     from dist_utils import read_metrics
-
-    from data.prepare import open_tokens
-    from eval.metrics.perplexity import token_nll
+    from growlm.data.prepare import open_tokens
+    from growlm.eval.metrics.perplexity import token_nll
 
     plan = tmp_path / "plan.yaml"
     plan.write_text(

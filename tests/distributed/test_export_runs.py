@@ -13,17 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from dist_utils import run_ranks, write_ds_config
-
-from data import tokenizer as tok
-from data.prepare import builtin_corpus_files
-from data.small_vocab import EOT, train_tokenizer
-from data.text import read_text
-from data.tokens import TokenFolderWriter
-from eval.metrics import cli
-from eval.metrics.cloze import build_cloze
-from eval.metrics.errors import EvalInputError
-from eval.metrics.load import load
-from growth.grow_checkpoint import main as grow_main
+from growlm.data import tokenizer as tok
+from growlm.data.prepare import builtin_corpus_files
+from growlm.data.small_vocab import EOT, train_tokenizer
+from growlm.data.text import read_text
+from growlm.data.tokens import TokenFolderWriter
+from growlm.eval.metrics import cli
+from growlm.eval.metrics.cloze import build_cloze
+from growlm.eval.metrics.errors import EvalInputError
+from growlm.eval.metrics.load import load
+from growlm.growth.offline.cli import main as grow_main
 
 SMALL_V = 320
 MISMATCH = "tokenizer/model mismatch"

@@ -10,22 +10,21 @@ from pathlib import Path
 import pytest
 import torch
 from dist_utils import REPO, read_metrics, run_ranks, write_ds_config
-
-from data.prepare import open_tokens
-from data.sampler import TokenWindows
-from growth.apply import grow_param
-from growth.grow_checkpoint import main as grow_main
-from growth.grow_checkpoint import parse_args, stage_from_flags
-from growth.offline import open_source
-from growth.plan import param_shapes
-from growth.schedule import ScheduleState
-from growth.universal import UniversalStore, convert
-from model.config import GPTConfig
-from model.gpt import GPT
-from model.masks import MaskSpec
-from runtime import checkpoint
-from runtime.atomic import current_umask
-from runtime.run_state import VERSION, RunState
+from growlm.data.prepare import open_tokens
+from growlm.data.sampler import TokenWindows
+from growlm.growth.offline.cli import main as grow_main
+from growlm.growth.offline.cli import parse_args, stage_from_flags
+from growlm.growth.offline.pipeline import open_source
+from growlm.growth.offline.universal import UniversalStore, convert
+from growlm.growth.ops.apply import grow_param
+from growlm.growth.ops.rules import param_shapes
+from growlm.model.config import GPTConfig
+from growlm.model.gpt import GPT
+from growlm.model.masks import MaskSpec
+from growlm.runtime import checkpoint
+from growlm.runtime.atomic import current_umask
+from growlm.runtime.run_state import VERSION, RunState
+from growlm.runtime.schedule import ScheduleState
 
 TINY = ["--seq_len", "32", "--log_interval", "1", "--no_eval"]
 SAVE_STEP, MAX_STEPS = 3, 5

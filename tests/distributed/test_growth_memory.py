@@ -95,7 +95,7 @@ def test_growth_record_carries_the_cost_of_each_phase(tmp_path):
             + ", ".join(f"{p} {g[p + '_s']:.3f} s" for p in PHASES)
         )
     # width: every tensor changes shape, so all are gathered and expanded; depth at ZeRO-3: the kept and zeroed
-    # tensors are filled from each rank's own partition (growth.live_transfer.local_maps), never gathered
+    # tensors are filled from each rank's own partition (growth.live.transfer.local_maps), never gathered
     width, depth = growths
     assert width["gather_bytes"] > 0 and width["expand_bytes"] == width["write_bytes"]
     assert depth["gather_bytes"] < 3 * 4 * depth["params_from"] and depth["expand_bytes"] < depth["write_bytes"]

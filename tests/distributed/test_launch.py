@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import time
 
-from runtime.launch import launch_ranks
+from growlm.runtime.launch import launch_ranks
 
 
 def test_launch_ranks_sets_rendezvous_and_collects_output(tmp_path):

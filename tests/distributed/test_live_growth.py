@@ -19,7 +19,7 @@ SCENARIOS = [
     ("zero2_fp32", "duplicate"),
     ("zero3_fp32", "masked"),
     ("zero3_fp32", "duplicate"),
-    ("zero3_fp32", "depth"),  # every rule applied locally, no collective (growth.live_transfer.local_maps)
+    ("zero3_fp32", "depth"),  # every rule applied locally, no collective (growth.live.transfer.local_maps)
     ("zero0_bf16", "duplicate"),
     ("zero1_bf16", "masked"),
     ("zero2_bf16", "duplicate"),
@@ -58,7 +58,7 @@ def test_live_growth_carries_the_whole_training_state(tmp_path, template, family
     # parameters added mid-training")
     assert min(d["moved"].values()) > 0, [k for k, v in d["moved"].items() if v == 0]
     assert all(loss == loss and loss < 10 for loss in d["losses_after_growth"])
-    # few collectives (growth.live_transfer): the tiny model is one bucket, gathered by one all_gather (ZeRO-3) or
+    # few collectives (growth.live.transfer): the tiny model is one bucket, gathered by one all_gather (ZeRO-3) or
     # one broadcast per rank owning part of it (ZeRO-1/2); depth growth at ZeRO-3 moves nothing
     if family == "depth":
         assert d["collectives"] == 0 and d["bytes_moved"] == 0

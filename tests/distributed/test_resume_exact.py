@@ -1,6 +1,6 @@
 """Exactness of the optimizer across loads and of the first steps (real train.py runs, CPU, gloo).
 
-* The LR schedule starts at its first non-zero warm-up value: step 1 changes the weights (growth.schedule,
+* The LR schedule starts at its first non-zero warm-up value: step 1 changes the weights (runtime.schedule,
   ``start_schedule``).
 * A checkpoint resharded by growlm-grow (a DeepSpeed universal checkpoint) resumes exactly like the uninterrupted run
   at ZeRO 1, 2 and 3, and every parameter group's Adam step is the global step (runtime.engine.repair_adam_steps:
@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 from dist_utils import read_metrics, run_ranks, tiny_ds_config
-
-from growth.grow_checkpoint import main as grow_main
-from growth.schedule import FIRST_ITERATION, warmup_cosine_ratio
-from model.config import GPTConfig
-from model.gpt import GPT
+from growlm.growth.offline.cli import main as grow_main
+from growlm.model.config import GPTConfig
+from growlm.model.gpt import GPT
+from growlm.runtime.schedule import FIRST_ITERATION, warmup_cosine_ratio
 
 # the reproduction of the shared-Adam-step report: 2 layers, n_embd 64, micro batch 4, lr 3e-3, 2 warm-up steps
 SMALL = ["--preset", "cpu-small", "--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--seq_len", "64"]

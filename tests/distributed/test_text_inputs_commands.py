@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 from cli_utils import one_error_line
-
-from data.text import BOM
-from data.tokenizer import gpt2_tokenizer
+from growlm.data.text import BOM
+from growlm.data.tokenizer import gpt2_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 LATIN1 = "caf\u00e9 au lait\n".encode("latin-1")  # 0xe9 alone is not UTF-8
@@ -37,7 +36,7 @@ def tiny_export(tmp_path_factory) -> Path:
 
 
 def _eval(model: Path, capsys, *args: str) -> tuple[int, str, str]:
-    from eval.metrics import cli
+    from growlm.eval.metrics import cli
 
     rc = cli.main([str(model), "--sets", "", "--tokenizer", "gpt2", "--no_progress", *args])
     cap = capsys.readouterr()

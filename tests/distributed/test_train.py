@@ -183,8 +183,6 @@ def test_mpirun_with_mpi4py_discovery(tmp_path, builtin_data):
         "OMP_NUM_THREADS=1",
         "-x",
         "DS_ACCELERATOR=cpu",
-        "-x",
-        "PYTHONPATH",
         sys.executable,
         "train.py",
         *_train_args(tmp_path, "mpi"),

@@ -10,7 +10,7 @@ import torch
 
 # the reproduction of the shared-Adam-step report: 2 layers, n_embd 64, micro batch 4, lr 3e-3, 2 warm-up steps
 def test_repair_adam_steps_unshares_the_step_so_each_group_counts_once():
-    from runtime.engine import repair_adam_steps
+    from growlm.runtime.engine import repair_adam_steps
 
     class Engine:  # what repair_adam_steps reads: engine.optimizer (here the torch optimizer itself)
         def __init__(self, opt):

@@ -8,9 +8,8 @@ from __future__ import annotations
 import sys
 
 import pytest
-
-from eval.bench.peak import gpu_table_peak, measure_matmul_peak
-from eval.bench.report import BenchError, growth_cost, markdown, summarize_train
+from growlm.eval.bench.peak import gpu_table_peak, measure_matmul_peak
+from growlm.eval.bench.report import BenchError, growth_cost, markdown, summarize_train
 
 
 def train_records(times: list[float], tokens_per_step: int = 100, flops_per_tok: int = 10, skipped=None) -> list:
@@ -64,8 +63,9 @@ def test_gpu_peak_table_and_measured_cpu_peak():
     assert peak.flops_per_s > 0 and "1 thread" in peak.source and "fp32" in peak.source
 
 
-def test_recorded_command_is_relative_to_the_repository(tmp_path):
-    from eval.bench.throughput import REPO, recorded_command
+def test_recorded_command_is_relative_to_the_package(tmp_path):
+    from growlm import TRAIN_SCRIPT
+    from growlm.eval.bench.throughput import recorded_command
 
-    cmd = [sys.executable, str(REPO / "train.py"), "--ds_config", str(tmp_path / "z2.json"), "--out_dir", "runs/a b"]
+    cmd = [sys.executable, str(TRAIN_SCRIPT), "--ds_config", str(tmp_path / "z2.json"), "--out_dir", "runs/a b"]
     assert recorded_command(cmd, tmp_path) == "python train.py --ds_config WORK/z2.json --out_dir 'runs/a b'"

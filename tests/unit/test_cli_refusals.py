@@ -1,5 +1,5 @@
 """Bad input to the console commands, refused with exit status 2 and one ``PROG: error:`` line, nothing of the user's
-touched: malformed plan files through every command that reads one (one loader: growth.stages.load_stages),
+touched: malformed plan files through every command that reads one (one loader: growth.stages.plan.load_stages),
 --overwrite of a folder growlm did not write, numeric flags out of range, a repeated host, empty and UTF-16 sources,
 a WikiText folder without its files, a full disk, and growlm-grow's --help defaults."""
 
@@ -11,18 +11,17 @@ from types import SimpleNamespace
 
 import pytest
 from cli_utils import one_error_line, train_fails
-
-from data import prepare
-from data.text import InputError, read_text
-from data.tokens import SplitWriter
-from eval.bench import throughput as bench
-from eval.experiments import staged as experiment
-from eval.metrics import cli as eval_cli
-from growth import grow_checkpoint as grow
-from growth.errors import GrowthError
-from growth.export import EXPORT_MARKER, check_replaceable
-from growth.stages import load_stages
-from trainer.driver import cli as run_cli
+from growlm.data import prepare
+from growlm.data.text import InputError, read_text
+from growlm.data.tokens import SplitWriter
+from growlm.eval.bench import throughput as bench
+from growlm.eval.experiments import staged as experiment
+from growlm.eval.metrics import cli as eval_cli
+from growlm.growth.errors import GrowthError
+from growlm.growth.offline import cli as grow
+from growlm.growth.offline.export import EXPORT_MARKER, check_replaceable
+from growlm.growth.stages.plan import load_stages
+from growlm.trainer.driver import cli as run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD_PLAN = """seed: 0
@@ -107,7 +106,7 @@ def test_growlm_run_dry_run_refuses_a_malformed_plan(tmp_path, capsys, kind):
 
 
 def test_a_bug_in_loading_is_not_reported_as_a_parse_error(tmp_path, monkeypatch):
-    from trainer import stages as trainer_stages
+    from growlm.trainer import plan_checks as trainer_stages
 
     def broken(path):
         raise KeyError("a bug")
@@ -340,7 +339,7 @@ def test_prepare_on_a_full_disk_says_so_and_keeps_nothing(tmp_path, capsys, monk
 
 @pytest.mark.bad_input
 def test_export_overwrite_refuses_a_folder_growlm_did_not_write(tmp_path, capsys, monkeypatch):
-    from model.config import from_preset
+    from growlm.model.config import from_preset
 
     tag = tmp_path / "ckpt" / "global_step3"
     tag.mkdir(parents=True)

@@ -11,16 +11,15 @@ import types
 from pathlib import Path
 
 import pytest
-
-from data import build_corpus
-from eval.bench import throughput as bench
-from eval.experiments import equal_compute as ec
-from eval.experiments import staged
-from growth import grow_checkpoint as grow
-from growth.apply import OptimizerPolicy
-from growth.errors import GrowthError
-from growth.schedule import ScheduleState, place_schedule
-from growth.stages import load_stages
+from growlm.data import build_corpus
+from growlm.eval.bench import throughput as bench
+from growlm.eval.experiments import equal_compute as ec
+from growlm.eval.experiments import staged
+from growlm.growth.errors import GrowthError
+from growlm.growth.offline import cli as grow
+from growlm.growth.ops.apply import OptimizerPolicy
+from growlm.growth.stages.plan import load_stages
+from growlm.runtime.schedule import ScheduleState, place_schedule
 
 REPO = Path(__file__).resolve().parents[2]
 PLAN = REPO / "growth" / "plans" / "tiny_msg.yaml"  # tiny 2 x 64 -> 'deeper' 4 x 64 -> 'wider' 4 x 128
@@ -31,8 +30,8 @@ PLAN = REPO / "growth" / "plans" / "tiny_msg.yaml"  # tiny 2 x 64 -> 'deeper' 4 
 
 
 def test_prepare_num_proc_gives_the_same_tokens_as_one_process(tmp_path, capsys):
-    from data import prepare
-    from data.prepare import open_tokens
+    from growlm.data import prepare
+    from growlm.data.prepare import open_tokens
 
     docs = [f"Document number {i}: the quick brown fox jumps over the lazy dog {i} times." for i in range(6)]
     src = tmp_path / "src"
@@ -49,7 +48,7 @@ def test_prepare_num_proc_gives_the_same_tokens_as_one_process(tmp_path, capsys)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# growlm-build-corpus (python -m data.build_corpus): the registries are not reached; build_documents is replaced
+# growlm-build-corpus (python -m growlm.data.build_corpus): the registries are not reached; build_documents is replaced
 
 
 def _committed_documents(work: Path) -> list[build_corpus.Document]:
@@ -168,7 +167,7 @@ def tiny_hf(tmp_path_factory) -> Path:
 
 
 def _eval_json(model: Path, capsys, *args: str) -> dict:
-    from eval.metrics import cli
+    from growlm.eval.metrics import cli
 
     rc = cli.main([str(model), "--tokenizer", "gpt2", "--no_progress", *args])
     cap = capsys.readouterr()
@@ -231,7 +230,7 @@ def test_experiment_seeds_evals_batch_lr_report_only(tmp_path, monkeypatch, caps
     assert cfg["scheduler"]["params"]["warmup_num_steps"] == 6
     assert ec.cost(ec.parse_args(["--quick", "--batch", "6"]), "target", 512) == 2 * ec.cost(args, "target", 512)
 
-    from eval.experiments import equal_compute_report
+    from growlm.eval.experiments import equal_compute_report
 
     reported, ran = [], []
     monkeypatch.setattr(equal_compute_report, "write_report", lambda a, j, m: reported.append(len(j)) or 0)
@@ -251,7 +250,7 @@ def test_experiment_threads_and_parallel(tmp_path, monkeypatch, capsys):
     jobs = ec.plan_jobs(args, 512)
     started = []
 
-    def popen(cmd, cwd, env, stdout, stderr):
+    def popen(cmd, env, stdout, stderr):
         started.append(env["OMP_NUM_THREADS"])
         return types.SimpleNamespace()
 
@@ -301,7 +300,7 @@ def test_experiment_protocol_equal_steps_runs_grow_frac_batch_lr_threads(tmp_pat
     assert (ds["train_micro_batch_size_per_gpu"], ds["optimizer"]["params"]["lr"]) == (3, 0.005)
 
     calls = []
-    monkeypatch.setattr(staged.subprocess, "call", lambda cmd, cwd, env, stdout, stderr: calls.append(env) or 7)
+    monkeypatch.setattr(staged.subprocess, "call", lambda cmd, env, stdout, stderr: calls.append(env) or 7)
     assert staged.main([*argv, "--threads", "3"]) == 7  # the first run "fails": its exit status is returned
     assert [c["OMP_NUM_THREADS"] for c in calls] == ["3"]
     assert "run scratch failed (exit 7)" in capsys.readouterr().err

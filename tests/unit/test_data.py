@@ -9,17 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from data import prepare
-from data.build_corpus import CORPUS_DIR, VAL_NAMES, load_manifest, verify_corpus
-from data.prepare import (
+from growlm.data import prepare
+from growlm.data.build_corpus import CORPUS_DIR, VAL_NAMES, load_manifest, verify_corpus
+from growlm.data.prepare import (
     builtin_corpus_files,
     ensure_builtin_prepared,
     load_meta,
     open_tokens,
     prepare_dataset,
 )
-from data.tokenizer import (
+from growlm.data.tokenizer import (
     ENCODER_JSON_SHA256,
     EOT_TOKEN_ID,
     GPT2_BPE_DIR,

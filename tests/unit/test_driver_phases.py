@@ -11,12 +11,12 @@ import types
 from pathlib import Path
 
 import pytest
-
-from growth.stages import parse_stages
-from runtime.run_state import RunState
-from trainer.driver import cli
-from trainer.driver.phases import Run, drive, grow_phase, outcome, resume_point
-from trainer.driver.segments import DriverError, grown_path, make_segments
+from growlm import DS_CONFIG_DIR
+from growlm.growth.stages.plan import parse_stages
+from growlm.runtime.run_state import RunState
+from growlm.trainer.driver import cli
+from growlm.trainer.driver.phases import Run, drive, grow_phase, outcome, resume_point
+from growlm.trainer.driver.segments import DriverError, grown_path, make_segments
 
 DS = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 2}}
 PLAN = {
@@ -76,7 +76,7 @@ def test_outcome_and_resume_point_read_only_complete_checkpoints(tmp_path):
 
 
 def test_grow_phase_skips_a_committed_folder_and_recovers_its_seconds(tmp_path, monkeypatch):
-    import growth.offline
+    from growlm.growth.offline import pipeline
 
     run = make_run(tmp_path)
     write_tag(run, 5, 1)
@@ -89,7 +89,7 @@ def test_grow_phase_skips_a_committed_folder_and_recovers_its_seconds(tmp_path, 
     def no_grow(*a, **k):
         raise AssertionError("a committed grown folder was grown again")
 
-    monkeypatch.setattr(growth.offline, "grow_checkpoint", no_grow)
+    monkeypatch.setattr(pipeline, "grow_checkpoint", no_grow)
     grow_phase(run, prog)
     assert (prog["segment"], prog["phase"], prog["resume"], prog["start_step"]) == (1, "train", str(out), 5)
     assert prog["timings"]["wider"]["grow_s"] == pytest.approx(3.0) and prog["timings"]["wider"]["save_s"] == 0.5
@@ -167,7 +167,7 @@ def write_plan(tmp_path: Path, last_resources: str) -> Path:
 def test_dry_run_prints_each_stage_and_the_real_launch_commands(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     plan = write_plan(tmp_path, "{ranks_per_node: 2, grad_accum: 1}")
-    (tmp_path / "mine.json").write_text((Path(cli.REPO) / "ds_configs" / "zero2_fp32.json").read_text())
+    (tmp_path / "mine.json").write_text((DS_CONFIG_DIR / "zero2_fp32.json").read_text())
     args = ["plan.yaml", "--dry_run", "--mem_per_rank_gib", "0.001", "--deepspeed", "ds",
             "--", "--ds_config", "mine.json", "--seq_len", "32", "--out", "runs/x"]  # fmt: skip
     assert cli.main(args) == 0
@@ -207,8 +207,8 @@ def test_init_from_and_default_out_dir_are_refused(tmp_path, capsys):
 
 
 def test_stop_save_is_skipped_only_for_the_same_state(tmp_path):
-    from trainer.errors import UsageError
-    from trainer.run import stop_checkpoint_saved
+    from growlm.trainer.errors import UsageError
+    from growlm.trainer.run import stop_checkpoint_saved
 
     run = make_run(tmp_path)
     cfg = types.SimpleNamespace(save_dir=run.save_dir)

@@ -1,4 +1,4 @@
-"""growlm-run without processes: stage resources parsed and checked at load (growth/resources.py), the plan cut into
+"""growlm-run without processes: stage resources parsed and checked at load (trainer/driver/resources.py), the plan cut into
 jobs with their DeepSpeed configs and launcher commands (trainer/driver/segments.py), the model-state memory per
 rank (trainer/driver/memory.py, ZeRO paper Fig. 1) and the metrics trimming of a restarted driver."""
 
@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from growth.errors import GrowthError
-from growth.resources import Resources
-from growth.stages import parse_stages
-from trainer.driver.memory import model_state_bytes
-from trainer.driver.phases import trim_metrics
-from trainer.driver.segments import (
+from growlm.growth.errors import GrowthError
+from growlm.growth.stages.plan import parse_stages
+from growlm.trainer.driver.memory import model_state_bytes
+from growlm.trainer.driver.phases import trim_metrics
+from growlm.trainer.driver.resources import Resources
+from growlm.trainer.driver.segments import (
     DriverError,
     check_hostfile,
     config_defaults,
@@ -218,8 +217,8 @@ def test_trim_metrics_drops_what_a_resume_writes_again(tmp_path):
 
 @pytest.mark.bad_input
 def test_stop_before_stage_must_name_a_stage_still_ahead():
-    from trainer.errors import UsageError
-    from trainer.stages import check_stop_stage
+    from growlm.trainer.errors import UsageError
+    from growlm.trainer.plan_checks import check_stop_stage
 
     p = plan(START, None, {"ranks_per_node": 2, "grad_accum": 1})
     assert check_stop_stage("wider", p, 1) == "wider" and check_stop_stage(None, None, 0) is None
@@ -232,7 +231,7 @@ def test_stop_before_stage_must_name_a_stage_still_ahead():
 
 @pytest.mark.bad_input
 def test_driver_refuses_flags_it_sets_itself(tmp_path, capsys):
-    from trainer.driver.cli import main
+    from growlm.trainer.driver.cli import main
 
     plan_file = tmp_path / "plan.yaml"
     plan_file.write_text("start: {preset: tiny}\nstages: [{target: {n_layer: 3}, family: masked, when: {step: 2}}]\n")

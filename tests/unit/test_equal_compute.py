@@ -6,12 +6,11 @@ import math
 
 import numpy as np
 import pytest
-
-from eval.experiments import compute_protocol as cp
-from eval.experiments import equal_compute as ec
-from eval.experiments.ngram import ngram_losses
-from growth.stages import parse_stages
-from growth.trigger import equal_rate_threshold, first_trigger_index, loglog_slope
+from growlm.eval.experiments import compute_protocol as cp
+from growlm.eval.experiments import equal_compute as ec
+from growlm.eval.experiments.ngram import ngram_losses
+from growlm.growth.stages.plan import parse_stages
+from growlm.growth.stages.trigger import equal_rate_threshold, first_trigger_index, loglog_slope
 
 
 def test_arm_steps_spends_the_scratch_budget():
@@ -103,7 +102,7 @@ def test_every_arm_plan_is_a_valid_stage_list_and_dry_run_lists_the_runs(argv, c
 
 
 def test_limits_name_a_smaller_scratch_model_that_wins_and_a_slope_arm_that_fired_at_once():
-    from eval.experiments.equal_compute_report import limits
+    from growlm.eval.experiments.equal_compute_report import limits
 
     def arm(name, cap, mean, lo, hi, grew):
         return {"arm": name, "equal_steps_cap": cap, "saving_mean": mean, "saving_ci95_low": lo,

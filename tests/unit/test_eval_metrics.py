@@ -10,14 +10,13 @@ import re
 import numpy as np
 import pytest
 import torch
-
-from data.tokenizer import gpt2
-from eval.metrics.cloze import ClozeItem, build_cloze, read_lambada, score_cloze
-from eval.metrics.errors import EvalInputError
-from eval.metrics.perplexity import document_nll, word_count, word_perplexity
-from model.config import GPTConfig
-from model.gpt import GPT
-from model.hf import to_hf
+from growlm.data.tokenizer import gpt2
+from growlm.eval.metrics.cloze import ClozeItem, build_cloze, read_lambada, score_cloze
+from growlm.eval.metrics.errors import EvalInputError
+from growlm.eval.metrics.perplexity import document_nll, word_count, word_perplexity
+from growlm.model.config import GPTConfig
+from growlm.model.gpt import GPT
+from growlm.model.hf import to_hf
 
 
 def tiny_pair(n_positions: int = 16, vocab: int = 97):
@@ -54,7 +53,7 @@ def test_overlapping_stride_and_several_documents_add_up():
 
 def test_word_perplexity_counts_whitespace_words():
     assert word_count("  the cat\nsat\t on  ") == 4
-    from eval.metrics.perplexity import NLL
+    from growlm.eval.metrics.perplexity import NLL
 
     assert word_perplexity(NLL(8.0, 10), 4) == pytest.approx(math.exp(2.0))
     with pytest.raises(ValueError, match="at least one word"):

@@ -8,14 +8,13 @@ import math
 
 import numpy as np
 import pytest
-
-from eval.experiments import staged_report as rep
-from eval.experiments.staged import RUNS, plan_doc
-from growth import scaling
-from growth.stages import parse_stages
-from growth.trigger import SLOPE_THRESHOLDS, first_trigger_index, loglog_slope
-from model.config import GPTConfig, flops_per_token
-from model.gpt import GPT
+from growlm.eval.experiments import scaling
+from growlm.eval.experiments import staged_report as rep
+from growlm.eval.experiments.staged import RUNS, plan_doc
+from growlm.growth.stages.plan import parse_stages
+from growlm.growth.stages.trigger import SLOPE_THRESHOLDS, first_trigger_index, loglog_slope
+from growlm.model.config import GPTConfig, flops_per_token
+from growlm.model.gpt import GPT
 
 
 def power_law(c, floor=2.0, c_c=1e9, alpha=0.3):

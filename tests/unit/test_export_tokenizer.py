@@ -8,16 +8,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from data import tokenizer as tok
-from data.prepare import builtin_corpus_files
-from data.small_vocab import train_tokenizer
-from data.text import read_text
-from eval.metrics.cloze import ClozeItem, score_cloze
-from eval.metrics.errors import EvalInputError
-from eval.metrics.perplexity import document_nll, token_nll
-from model.config import GPTConfig
-from model.gpt import GPT
+from growlm.data import tokenizer as tok
+from growlm.data.prepare import builtin_corpus_files
+from growlm.data.small_vocab import train_tokenizer
+from growlm.data.text import read_text
+from growlm.eval.metrics.cloze import ClozeItem, score_cloze
+from growlm.eval.metrics.errors import EvalInputError
+from growlm.eval.metrics.perplexity import document_nll, token_nll
+from growlm.model.config import GPTConfig
+from growlm.model.gpt import GPT
 
 SMALL_V = 320
 MISMATCH = "tokenizer/model mismatch"

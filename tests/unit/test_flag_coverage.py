@@ -19,13 +19,13 @@ REPO = TESTS.parent
 
 
 def _parsers() -> dict[str, list[Callable[[], argparse.ArgumentParser]]]:
-    import train
-    from data import build_corpus, prepare
-    from eval.bench import throughput
-    from eval.experiments import equal_compute, staged
-    from eval.metrics import cli as eval_cli
-    from growth import grow_checkpoint
-    from trainer.driver import cli as driver_cli
+    from growlm import train
+    from growlm.data import build_corpus, prepare
+    from growlm.eval.bench import throughput
+    from growlm.eval.experiments import equal_compute, staged
+    from growlm.eval.metrics import cli as eval_cli
+    from growlm.growth.offline import cli as grow_checkpoint
+    from growlm.trainer.driver import cli as driver_cli
 
     return {
         "growlm-train": [train.build_parser],

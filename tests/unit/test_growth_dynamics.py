@@ -6,19 +6,24 @@ from dataclasses import replace
 
 import pytest
 import torch
+from growlm.eval.metrics.dynamics import (
+    clone_training,
+    copy_divergence,
+    logit_step_ratio,
+    ramp_loss_bump,
+    width_divergence,
+)
+from growlm.growth.errors import GrowthError
+from growlm.growth.ops import make_plan
+from growlm.growth.ops.apply import apply_plan
+from growlm.growth.ops.preparation import prepare_growth
+from growlm.growth.ops.rules import GrowthPlan
+from growlm.growth.ops.single_process import make_optimizer
+from growlm.growth.ops.stores import ModuleStore
+from growlm.growth.stages.plan import parse_stages
+from growlm.model.gpt import GPT
+from growlm.runtime.schedule import ScheduleRule, ScheduleState
 from growth_helpers import small_cfg
-
-from eval.metrics.dynamics import clone_training, copy_divergence, logit_step_ratio, ramp_loss_bump, width_divergence
-from growth.apply import apply_plan
-from growth.errors import GrowthError
-from growth.ops import make_plan
-from growth.plan import GrowthPlan
-from growth.prepare import prepare_growth
-from growth.schedule import ScheduleRule, ScheduleState
-from growth.single_process import make_optimizer
-from growth.stages import parse_stages
-from growth.stores import ModuleStore
-from model.gpt import GPT
 
 HP = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}  # ds_configs' AdamW
 V = 97

@@ -2,18 +2,16 @@
 
 import pytest
 import torch
+from growlm.growth.errors import GrowthError
+from growlm.growth.ops import make_plan
+from growlm.growth.ops.apply import OptimizerPolicy
+from growlm.growth.ops.single_process import TrainingState, grow_state, to_modules
+from growlm.growth.ops.stores import ParamState
+from growlm.model.config import GPTConfig
+from growlm.model.hf import to_hf
 from growth_helpers import grown_model, random_model, random_params, small_cfg, tokens
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-
-from growth.apply import OptimizerPolicy
-from growth.errors import GrowthError
-from growth.ops import make_plan
-from growth.single_process import to_modules
-from growth.state import TrainingState, grow_state
-from growth.stores import ParamState
-from model.config import GPTConfig
-from model.hf import to_hf
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True)
 
@@ -83,7 +81,7 @@ def test_masked_gradients_into_new_units_are_zero(target):
             torch.testing.assert_close(rule.exp_avg(old_grad)[~new_units], p_new.grad[~new_units], rtol=1e-4, atol=1e-6)
 
 
-def test_masked_save_load_mid_ramp_and_hf_after_ramp(tmp_path):
+def test_masked_mid_ramp_and_hf_after_ramp():
     old = small_cfg()
     small = random_model(old)
     params = random_params(small)
@@ -97,14 +95,9 @@ def test_masked_save_load_mid_ramp_and_hf_after_ramp(tmp_path):
     grown.adam_step = 110  # mid-ramp (as if 10 steps had run)
     mid, _, _ = to_modules(grown)
     assert mid.growth_masks is not None and mid.growth_mask_hidden[-1].item() == pytest.approx(0.5)
-    grown.save(str(tmp_path / "state.pt"))
-    again, _, _ = to_modules(TrainingState.load(str(tmp_path / "state.pt")))
-    with torch.no_grad():
-        torch.testing.assert_close(again.eval()(x), mid.eval()(x), rtol=0, atol=0)
-    # resuming at r=0 from disk is still the old function
+    # back at r = 0 the masked model is still the old function
     grown.adam_step = 100
-    grown.save(str(tmp_path / "state0.pt"))
-    at0, _, _ = to_modules(TrainingState.load(str(tmp_path / "state0.pt")))
+    at0, _, _ = to_modules(grown)
     with torch.no_grad():
         assert (at0.eval()(x) - small(x)).abs().max().item() <= 1e-5
     # ramp over: plain GPT-2, and transformers gives the same logits

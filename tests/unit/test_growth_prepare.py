@@ -1,14 +1,13 @@
-"""growth.prepare: the one growth preparation that live, offline and single-process growth share."""
+"""growth.ops.preparation: the one growth preparation that live, offline and single-process growth share."""
 
 from dataclasses import replace
 
 import pytest
-
-from growth.errors import GrowthError
-from growth.ops import make_plan
-from growth.prepare import prepare_growth
-from growth.schedule import ScheduleRule, ScheduleState, warmup_cosine_ratio
-from model.config import GPTConfig
+from growlm.growth.errors import GrowthError
+from growlm.growth.ops import make_plan
+from growlm.growth.ops.preparation import prepare_growth
+from growlm.model.config import GPTConfig
+from growlm.runtime.schedule import ScheduleRule, ScheduleState, warmup_cosine_ratio
 
 OLD = GPTConfig(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=97)
 DEEPER = replace(OLD, n_layer=2)

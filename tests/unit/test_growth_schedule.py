@@ -5,9 +5,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-
-from growth.errors import GrowthError
-from growth.schedule import (
+from growlm.growth.errors import GrowthError
+from growlm.runtime.schedule import (
     FIRST_ITERATION,
     ScheduleRule,
     ScheduleState,
@@ -51,7 +50,7 @@ def test_place_schedule_rules():
 
 
 class _Engine:
-    """The one attribute growth.schedule's engine functions use."""
+    """The one attribute runtime.schedule's engine functions use."""
 
     def __init__(self, scheduler):
         self.lr_scheduler = scheduler

@@ -3,9 +3,8 @@
 from pathlib import Path
 
 import pytest
-
-from growth.errors import GrowthError
-from growth.stages import load_stages, parse_stages
+from growlm.growth.errors import GrowthError
+from growlm.growth.stages.plan import load_stages, parse_stages
 
 PLANS = Path(__file__).resolve().parents[2] / "growth" / "plans"
 

@@ -2,15 +2,20 @@
 
 import pytest
 import torch
+from growlm.growth.errors import GrowthError
+from growlm.growth.ops import make_plan
+from growlm.growth.ops.apply import OptimizerPolicy
+from growlm.growth.ops.single_process import (
+    TrainingState,
+    from_modules,
+    grow_state,
+    make_optimizer,
+    make_scheduler,
+    to_modules,
+)
+from growlm.growth.ops.stores import ParamState
+from growlm.runtime.schedule import ScheduleRule, ScheduleState, warmup_cosine_ratio
 from growth_helpers import random_model, random_params, small_cfg, tokens
-
-from growth.apply import OptimizerPolicy
-from growth.errors import GrowthError
-from growth.ops import make_plan
-from growth.schedule import ScheduleRule, ScheduleState, warmup_cosine_ratio
-from growth.single_process import from_modules, make_optimizer, make_scheduler, to_modules
-from growth.state import TrainingState, grow_state
-from growth.stores import ParamState
 
 HP = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 SCHED = ScheduleState(total_num_steps=1000, warmup_num_steps=100, warmup_type="linear")

@@ -4,11 +4,16 @@ import json
 import math
 
 import pytest
-
-from growth.errors import GrowthError
-from growth.trigger import equal_rate_reached, equal_rate_threshold, first_trigger_index, loglog_slope, slope_trigger
-from trainer.errors import UsageError
-from trainer.metrics import read_val_curve
+from growlm.growth.errors import GrowthError
+from growlm.growth.stages.trigger import (
+    equal_rate_reached,
+    equal_rate_threshold,
+    first_trigger_index,
+    loglog_slope,
+    slope_trigger,
+)
+from growlm.trainer.errors import UsageError
+from growlm.trainer.metrics import read_val_curve
 
 
 def test_slope_of_a_power_law_and_trigger():
@@ -75,8 +80,8 @@ def _write(path, records):
 
 
 def test_a_plan_stage_with_a_reference_fires_at_the_equal_rate_point(tmp_path):
-    from growth.stages import parse_stages
-    from trainer.growth_events import stage_due
+    from growlm.growth.stages.plan import parse_stages
+    from growlm.trainer.growth_events import stage_due
 
     small_c, small_l, target_c, target_l = curves()
     pairs = zip(target_c, target_l, strict=True)

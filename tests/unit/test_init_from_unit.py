@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 from cli_utils import train_fails
+from growlm.runtime.run_state import InitSource, RunState
+from growlm.trainer.init_from import check_flags, open_init_from
 from init_from_helpers import TINY, make_hf_folder
-
-from runtime.run_state import InitSource, RunState
-from trainer.init_from import check_flags, open_init_from
 
 FLAGS = ["--seq_len", "32", "--no_eval", "--max_steps", "1", "--ds_config", "ds_configs/zero2_fp32.json"]
 
@@ -113,7 +112,7 @@ def test_growth_plan_must_start_at_the_loaded_shape(capsys, tmp_path, hf_dir):
 
 
 def test_tokenizer_must_match_the_data(capsys, tmp_path, hf_dir, builtin_data):
-    from data.small_vocab import train_tokenizer
+    from growlm.data.small_vocab import train_tokenizer
 
     d = copy_without(hf_dir, tmp_path / "othertok", "tokenizer.json")
     train_tokenizer(["a small text about tokenizers and models, " * 50], 300).save(str(d / "tokenizer.json"))
@@ -136,8 +135,7 @@ def test_stage0_masters_map_each_parameter_to_its_fp32_master():
     """ZeRO stage 0 wrappers: FP16_Optimizer (fused Adam, GPUs) keeps one flat fp32 master per group, and
     FP16_UnfusedOptimizer one per parameter; writing a parameter's master must write exactly its slice."""
     import torch
-
-    from trainer.init_from import stage0_masters
+    from growlm.trainer.init_from import stage0_masters
 
     groups = [[torch.ones(2, 3, dtype=torch.bfloat16), torch.ones(4, dtype=torch.bfloat16)], [torch.ones(5, 1)]]
     fused = Namespace(fp16_groups=groups, fp32_groups_flat=[torch.zeros(10), torch.zeros(5)])

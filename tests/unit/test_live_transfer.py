@@ -1,19 +1,18 @@
-"""Live growth's data path without processes: which rules a rank applies to its own shard (growth.live_transfer),
+"""Live growth's data path without processes: which rules a rank applies to its own shard (growth.live.transfer),
 bucket bounds, and the build without random init (runtime.engine.weights_uninitialised)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-
-from growth.apply import OptimizerPolicy, grow_param
-from growth.live_transfer import _buckets, local_maps
-from growth.ops import make_plan
-from growth.plan import Rule, identity, zeros
-from growth.stores import ParamState
-from model.config import GPTConfig
-from model.gpt import GPT
-from runtime.engine import weights_uninitialised
+from growlm.growth.live.transfer import _buckets, local_maps
+from growlm.growth.ops import make_plan
+from growlm.growth.ops.apply import OptimizerPolicy, grow_param
+from growlm.growth.ops.rules import Rule, identity, zeros
+from growlm.growth.ops.stores import ParamState
+from growlm.model.config import GPTConfig
+from growlm.model.gpt import GPT
+from growlm.runtime.engine import weights_uninitialised
 
 OLD = GPTConfig(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=97)
 

@@ -2,12 +2,11 @@
 
 import pytest
 import torch
+from growlm.growth.ops import make_plan
+from growlm.model.gpt import GPT, LayerNorm
+from growlm.model.hf import to_hf
+from growlm.model.masks import MaskSpec
 from growth_helpers import grown_model, random_model, small_cfg, tokens
-
-from growth.ops import make_plan
-from model.gpt import GPT, LayerNorm
-from model.hf import to_hf
-from model.masks import MaskSpec
 
 
 def grown_pair():

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from model.config import PRESETS, GPTConfig, flops_per_token, from_preset, param_count
-from model.gpt import GPT
-from model.hf import from_hf, to_hf, to_hf_config
+from growlm.model.config import PRESETS, GPTConfig, flops_per_token, from_preset, param_count
+from growlm.model.gpt import GPT
+from growlm.model.hf import from_hf, to_hf, to_hf_config
 
 
 @pytest.mark.parametrize("n_inner", [None, 48])

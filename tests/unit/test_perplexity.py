@@ -7,11 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
-
-from eval.metrics.perplexity import sliding_windows, token_nll
-from model.config import GPTConfig
-from model.gpt import GPT
-from model.hf import to_hf
+from growlm.eval.metrics.perplexity import sliding_windows, token_nll
+from growlm.model.config import GPTConfig
+from growlm.model.gpt import GPT
+from growlm.model.hf import to_hf
 
 
 @pytest.mark.parametrize("n, context, stride", [(2, 8, 8), (9, 8, 8), (17, 8, 8), (100, 8, 3), (5, 8, 1), (33, 8, 4)])

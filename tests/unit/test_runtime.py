@@ -11,10 +11,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from runtime import atomic
-from runtime.checkpoint import CheckpointError, check_pickles, open_checkpoint, rng_state, safe_load, set_rng_state
-from runtime.run_state import STATE_FILE, VERSION, RunState, RunStateError
+from growlm.runtime import atomic
+from growlm.runtime.checkpoint import (
+    CheckpointError,
+    check_pickles,
+    open_checkpoint,
+    rng_state,
+    safe_load,
+    set_rng_state,
+)
+from growlm.runtime.run_state import STATE_FILE, VERSION, RunState, RunStateError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TRAIN_V1 = FIXTURES / "growlm_state_train_v1.json"  # train.py before RunState: tiny, 1 rank, ZeRO-2, 2 steps
@@ -151,7 +157,7 @@ def test_open_checkpoint_resolves_reads_and_checks(tmp_path):
     for path in (tmp_path, tmp_path / "checkpoints", tag):  # run folder, checkpoint folder, tag folder
         ck = open_checkpoint(path)
         assert (ck.ckpt_dir, ck.tag, ck.state.global_step) == (tmp_path / "checkpoints", "global_step2", 2)
-    from runtime.manifest import write_manifest
+    from growlm.runtime.manifest import write_manifest
 
     write_manifest(tag)
     (tag / "rng_state_rank0.pt").write_bytes(b"x" * (tag / "rng_state_rank0.pt").stat().st_size)
@@ -176,13 +182,11 @@ def test_rng_state_file_is_tensors_only_and_restores(tmp_path):
 @pytest.mark.bad_input
 def test_a_crafted_pickle_is_refused_by_every_growlm_loader(tmp_path):
     """Where each loader reads: the checkpoint opener (resume, growlm-grow, growlm-eval: every .pt of the tag folder,
-    RNG files included), a universal checkpoint's tensor file, growlm-eval's module weights, TrainingState.load, and a
+    RNG files included), a universal checkpoint's tensor file, growlm-eval's module weights, and a
     transformers folder holding a pickle instead of safetensors. The file the payload would create never appears."""
-    from eval.metrics.errors import EvalInputError
-    from eval.metrics.load import load, load_transformers
-    from growth.errors import GrowthError
-    from growth.state import TrainingState
-    from growth.universal import load_file
+    from growlm.eval.metrics.errors import EvalInputError
+    from growlm.eval.metrics.load import load, load_transformers
+    from growlm.growth.offline.universal import load_file
 
     marker = tmp_path / "pwned"
     tag = _tag_folder(tmp_path)
@@ -200,8 +204,6 @@ def test_a_crafted_pickle_is_refused_by_every_growlm_loader(tmp_path):
     universal = _crafted(tmp_path / "fp32.pt", marker, lambda x: {"param": x, "cat_dim": 0})
     with pytest.raises(CheckpointError, match="fp32.pt: refusing to load"):
         load_file(universal, "fp32 of transformer.wte.weight")
-    with pytest.raises(GrowthError, match="refusing to load it as a TrainingState"):
-        TrainingState.load(str(_crafted(tmp_path / "state.pt", marker)))
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 1, "n_embd": 8, "n_head": 2}))

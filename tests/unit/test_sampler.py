@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from data.sampler import ResumableSampler, TokenWindows, micro_batch_start
+from growlm.data.sampler import ResumableSampler, TokenWindows, micro_batch_start
 
 
 def test_each_epoch_is_a_permutation_and_epochs_differ():

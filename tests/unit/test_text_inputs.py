@@ -13,10 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_utils import one_error_line
-
-from data import prepare
-from data.text import BOM, InputError, read_json_rows, read_lines, read_text
-from data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer
+from growlm.data import prepare
+from growlm.data.text import BOM, InputError, read_json_rows, read_lines, read_text
+from growlm.data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 LATIN1 = "caf\u00e9 au lait\n".encode("latin-1")  # 0xe9 alone is not UTF-8
@@ -150,7 +149,7 @@ PLAN = (REPO / "growth" / "plans" / "tiny_msg.yaml").read_bytes()
 
 
 def test_plan_file_with_a_bom_loads_like_without(tmp_path):
-    from growth.stages import load_stages
+    from growlm.growth.stages.plan import load_stages
 
     f = tmp_path / "plan.yaml"
     f.write_bytes(BOM + PLAN)
@@ -159,8 +158,8 @@ def test_plan_file_with_a_bom_loads_like_without(tmp_path):
 
 @pytest.mark.bad_input
 def test_plan_file_not_utf8_is_named_with_its_line(tmp_path):
-    from growth.errors import GrowthError
-    from growth.stages import load_stages
+    from growlm.growth.errors import GrowthError
+    from growlm.growth.stages.plan import load_stages
 
     f = tmp_path / "plan.yaml"
     f.write_bytes(b"# caf\xe9\n" + PLAN)

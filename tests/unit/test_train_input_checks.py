@@ -12,12 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_utils import train_fails as fails
-
-from runtime.dist import DistInfo
-from runtime.lock import LockHeldError, hold_lock
-from trainer.config import check_batch
-from trainer.errors import UsageError
-from trainer.metrics import MetricsLogger, purge_after, read_records
+from growlm.runtime.dist import DistInfo
+from growlm.runtime.lock import LockHeldError, hold_lock
+from growlm.trainer.config import check_batch
+from growlm.trainer.errors import UsageError
+from growlm.trainer.metrics import MetricsLogger, purge_after, read_records
 
 TINY = ["--preset", "tiny", "--seq_len", "32", "--no_eval", "--max_steps", "2"]
 FP32 = json.loads(Path("ds_configs/zero2_fp32.json").read_text())
@@ -187,8 +186,8 @@ def test_numeric_flag_out_of_range(capsys, tmp_path, flag, value, message):
 def test_zero_keeps_its_documented_meaning(capsys):
     """0 is valid where the help gives it a meaning: --save_interval 0 (only at the end), --eval_interval 0 (only
     before/after), --final_eval_tokens 0 (the whole split)."""
-    import train
-    from trainer.config import check_flag_ranges
+    from growlm import train
+    from growlm.trainer.config import check_flag_ranges
 
     check_flag_ranges(train.parse_args(["--save_interval", "0", "--eval_interval", "0", "--final_eval_tokens", "0"]))
     with pytest.raises(SystemExit):
@@ -219,8 +218,7 @@ def test_a_second_run_on_a_locked_out_dir_is_refused(tmp_path):
     from types import SimpleNamespace
 
     import torch
-
-    from trainer.run import RUN_LOCK, claim_out_dir
+    from growlm.trainer.run import RUN_LOCK, claim_out_dir
 
     out = tmp_path / "run"
     out.mkdir()

@@ -6,9 +6,8 @@ import os
 
 import pytest
 from cli_utils import train_fails as fails
-
-import train
-from trainer.config import resolve
+from growlm import train
+from growlm.trainer.config import resolve
 
 
 @pytest.mark.bad_input

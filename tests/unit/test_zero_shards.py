@@ -1,4 +1,4 @@
-"""growth.zero_shards and the one-pass writers of growth.universal, on small synthetic ZeRO shard files (no process
+"""growth.offline.shards and the one-pass writers of growth.offline.universal, on small synthetic ZeRO shard files (no process
 started): the merge of each rank's pieces into full tensors (ZeRO-1/2 fragment addresses, ZeRO-3 padded
 partitions), the refusal of shards of another model, and files hashed while written for the manifest. The real
 checkpoints, compared with DeepSpeed's ds_to_universal tensor by tensor, are in
@@ -11,11 +11,10 @@ from collections import OrderedDict
 
 import pytest
 import torch
-
-from growth.universal import UniversalStore, Written
-from growth.zero_shards import ZeroShardStore, drop_pages
-from runtime.checkpoint import CheckpointError, safe_load
-from runtime.manifest import file_sha256, verify_manifest, write_manifest
+from growlm.growth.offline.shards import ZeroShardStore, drop_pages
+from growlm.growth.offline.universal import UniversalStore, Written
+from growlm.runtime.checkpoint import CheckpointError, safe_load
+from growlm.runtime.manifest import file_sha256, verify_manifest, write_manifest
 
 SHAPES = {"a.weight": (3, 5), "b.bias": (7,), "c.weight": (2, 4)}  # 15 + 7 + 8 = 30 elements
 KEYS = ("fp32", "exp_avg", "exp_avg_sq")

@@ -1,7 +1,7 @@
-"""``python -m trainer.driver PLAN.yaml [--dry_run] -- TRAIN_ARGS``: growlm-run without the console script."""
+"""``python -m growlm.trainer.driver PLAN.yaml [--dry_run] -- TRAIN_ARGS``: growlm-run without the console script."""
 
 import sys
 
-from trainer.driver import main
+from growlm.trainer.driver import main
 
 sys.exit(main())

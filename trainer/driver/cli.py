@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from runtime.dist import select_accelerator
+from growlm import TRAIN_SCRIPT
+from growlm.runtime.dist import select_accelerator
 
-REPO = Path(__file__).resolve().parents[2]
 DRIVER_FLAGS = ("growth_plan", "resume", "stop_before_stage")
 
 
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
         "live growth inside a job while the resources stay, save -> offline grow + reshard -> relaunch where they "
         "change. Everything after '--' goes to train.py. Restart the same command to continue an interrupted run.",
     )
-    p.add_argument("plan", help="YAML growth plan with optional 'resources:' per stage (growth/resources.py)")
+    p.add_argument("plan", help="YAML growth plan with optional 'resources:' per stage (trainer/driver/resources.py)")
     p.add_argument(
         "--dry_run",
         action="store_true",
@@ -64,8 +64,8 @@ def train_namespace(train_args: list[str]) -> argparse.Namespace:
         DriverError: a flag the driver sets itself, --init_from (its jobs resume with --resume, which train.py does
             not combine with it), --no_final_save, or a missing --out_dir.
     """
-    import train
-    from trainer.driver.segments import DriverError
+    from growlm.trainer import cli as train
+    from growlm.trainer.driver.segments import DriverError
 
     ns = train.parse_args(train_args)
     given = [f"--{k}" for k in DRIVER_FLAGS if getattr(ns, k) is not None]
@@ -95,12 +95,9 @@ def deepspeed_path(given: str | None) -> str:
 
 
 def child_env() -> dict[str, str]:
-    """The jobs' environment: this one, the accelerator chosen (DS_ACCELERATOR), the repository importable, no
-    rank variables inherited."""
-    from runtime.launch import pythonpath_with
-
+    """The jobs' environment: this one (growlm importable as it is here), the accelerator chosen (DS_ACCELERATOR),
+    no rank variables inherited."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = pythonpath_with(REPO)
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
         env.pop(k, None)
     return env
@@ -108,10 +105,10 @@ def child_env() -> dict[str, str]:
 
 def make_launch(args: argparse.Namespace, train_args: list[str], plan_path: str, base_cfg: dict, driver_dir: Path):
     """``launch(segment, resume) -> (launcher processes, log files)`` for phases.Run."""
-    from runtime.atomic import write_json
-    from runtime.launch import free_port
-    from trainer.driver import procs
-    from trainer.driver.segments import (
+    from growlm.runtime import processes as procs
+    from growlm.runtime.atomic import write_json
+    from growlm.runtime.launch import free_port
+    from growlm.trainer.driver.segments import (
         DriverError,
         ds_config_path,
         hostfile_for,
@@ -128,7 +125,7 @@ def make_launch(args: argparse.Namespace, train_args: list[str], plan_path: str,
             seg.resources,
             deepspeed_path(args.deepspeed),
             free_port(),
-            str(REPO / "train.py"),
+            str(TRAIN_SCRIPT),
             job_args(train_args, plan_path, cfg_path, resume, seg.stop_stage),
             hostfile,
         )
@@ -156,9 +153,9 @@ def start_progress(path: Path, plan_sha: str, train_args: list[str], save_dir: P
         DriverError: the progress file is damaged or of another version; the run folder holds another plan's or
             command's run, or checkpoints growlm-run did not write.
     """
-    from runtime import checkpoint
-    from trainer.driver.phases import PROGRESS_VERSION
-    from trainer.driver.segments import DriverError
+    from growlm.runtime import checkpoint
+    from growlm.trainer.driver.phases import PROGRESS_VERSION
+    from growlm.trainer.driver.segments import DriverError
 
     if path.exists():
         try:
@@ -201,7 +198,7 @@ def hold_lock(driver_dir: Path) -> Any:
     Raises:
         DriverError: another growlm-run holds it (two drivers on one run folder would kill each other's jobs).
     """
-    from trainer.driver.segments import DriverError
+    from growlm.trainer.driver.segments import DriverError
 
     f = open(driver_dir / "lock", "a+")
     try:
@@ -218,14 +215,14 @@ def hold_lock(driver_dir: Path) -> Any:
 def main(argv: list[str] | None = None) -> int:
     """growlm-run: 0 when the plan ran to --max_steps, 2 on bad input, a failed job's exit status otherwise."""
     select_accelerator()  # DS_ACCELERATOR=cpu without CUDA, inherited by the jobs
-    from growth.errors import GrowthError
-    from runtime.checkpoint import CheckpointError
-    from runtime.manifest import ManifestError
-    from trainer.config import load_ds_config
-    from trainer.driver.phases import Run, drive
-    from trainer.driver.segments import DriverError, check_hostfile, make_segments
-    from trainer.errors import UsageError
-    from trainer.stages import load_growth_plan
+    from growlm.growth.errors import GrowthError
+    from growlm.runtime.checkpoint import CheckpointError
+    from growlm.runtime.manifest import ManifestError
+    from growlm.trainer.config import load_ds_config
+    from growlm.trainer.driver.phases import Run, drive
+    from growlm.trainer.driver.segments import DriverError, check_hostfile, make_segments
+    from growlm.trainer.errors import UsageError
+    from growlm.trainer.plan_checks import load_growth_plan
 
     args, train_args = parse_args(argv)
     try:
@@ -237,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             check_hostfile(seg.resources)
         out_dir = Path(ns.out_dir).resolve()  # absolute: the jobs' command lines name it (procs.kill_stale)
         if args.dry_run:
-            from trainer.driver.dry_run import print_dry_run
+            from growlm.trainer.driver.dry_run import print_dry_run
 
             return print_dry_run(plan, segments, base_cfg, ns, args, train_args)
         run = Run(plan, segments, out_dir, ns.max_steps)

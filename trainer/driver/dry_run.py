@@ -8,11 +8,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from growth.stages import StageList
-from model.config import GPTConfig, param_count
-from runtime.engine import precision_of
-from trainer.driver.memory import GIB, model_state_bytes
-from trainer.driver.segments import (
+from growlm.growth.stages.plan import StageList
+from growlm.model.config import GPTConfig, param_count
+from growlm.runtime.engine import precision_of
+from growlm.trainer.driver.memory import GIB, model_state_bytes
+from growlm.trainer.driver.segments import (
     Segment,
     ds_config_path,
     grown_path,
@@ -46,7 +46,8 @@ def print_dry_run(
     train_args: list[str],
 ) -> int:
     """Print the dry run (module docstring); returns 0."""
-    from trainer.driver.cli import REPO, deepspeed_path
+    from growlm import TRAIN_SCRIPT
+    from growlm.trainer.driver.cli import deepspeed_path
 
     precision = precision_of(base_cfg)
     driver_dir = Path(ns.out_dir).resolve() / "driver"
@@ -81,7 +82,7 @@ def print_dry_run(
             resume = str(grown_path(driver_dir, seg.first_stage)) if seg.index else None
             cfg = ds_config_path(driver_dir, seg.index)
             job = job_args(train_args, plan_path, cfg, resume, seg.stop_stage)
-            ds, script = deepspeed_path(args.deepspeed), str(REPO / "train.py")
+            ds, script = deepspeed_path(args.deepspeed), str(TRAIN_SCRIPT)
             for cmd in launcher_commands(r, ds, 29500, script, job, hostfile):
                 print(f"  launch: {' '.join(cmd)}")
     print(f"\ngrowlm-run dry run: {warnings} warning(s)")

@@ -1,7 +1,7 @@
 """The driver's phases and its crash-safe progress (DESIGN.md, "Multi-stage driver").
 
 Per segment (trainer.driver.segments): **train** (launch the job; it trains, grows live, and at the next segment's
-first stage saves a checkpoint and exits 0: ``train.py --stop_before_stage``), **grow** (growth.offline grows and
+first stage saves a checkpoint and exits 0: ``train.py --stop_before_stage``), **grow** (growth.offline.pipeline grows and
 reshards that checkpoint into ``<out_dir>/driver/grown/stage<i>``, i the stage's index in the plan, built in a
 temporary folder and renamed when complete), **relaunch** (the next segment's job resumes from the grown
 checkpoint). The progress file ``<out_dir>/driver/progress.json`` (segment, phase, the checkpoint to resume, the
@@ -20,16 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from growth.stages import StageList
-from model.config import param_count
-from runtime import checkpoint
-from runtime.atomic import write_json, write_text
-from runtime.crash_points import hold_point
-from runtime.launch import wait_procs
-from runtime.run_state import RunState, RunStateError
-from trainer.driver import procs
-from trainer.driver.segments import DriverError, Segment, grown_path
-from trainer.metrics import read_records
+from growlm.growth.stages.plan import StageList
+from growlm.model.config import param_count
+from growlm.runtime import checkpoint
+from growlm.runtime import processes as procs
+from growlm.runtime.atomic import write_json, write_text
+from growlm.runtime.crash_points import hold_point
+from growlm.runtime.run_state import RunState, RunStateError
+from growlm.trainer.driver.segments import DriverError, Segment, grown_path
+from growlm.trainer.metrics import read_records
 
 PROGRESS_VERSION = 1
 RECORD_KEYS = ("save_s", "grow_s", "relaunch_s", "seconds")
@@ -192,7 +191,7 @@ def log_driver_record(run: Run, rec: dict[str, Any]) -> None:
 
 
 def wait_job(run: Run, prog: dict[str, Any], seg: Segment, jobs: list, t_launch: float) -> int:
-    """Wait for the segment's launcher(s) (runtime.launch.wait_procs: when one fails the others get 10 s, then
+    """Wait for the segment's launcher(s) (runtime.processes.wait_procs: when one fails the others get 10 s, then
     their process groups are killed); meanwhile, after a relaunch, log the driver's growth record once the first
     step after the grown checkpoint is in metrics.jsonl (its ``relaunch_s``: launch to that step). Then wait until
     no process of the jobs' groups is left. Returns the first non-zero exit status (0: all succeeded).
@@ -214,7 +213,7 @@ def wait_job(run: Run, prog: dict[str, Any], seg: Segment, jobs: list, t_launch:
             prog["record_written"] = True
             save_progress(run, prog)
 
-    codes, _, _ = wait_procs(jobs, math.inf, grace_s=10.0, poll=poll)
+    codes, _, _ = procs.wait_procs(jobs, math.inf, grace_s=10.0, poll=poll)
     left = procs.kill_groups_and_wait([j.pid for j in jobs])
     if left:
         raise DriverError(f"processes of segment {seg.index}'s job (process groups {left}) survived SIGKILL for 60 s")
@@ -290,7 +289,7 @@ def grow_phase(run: Run, prog: dict[str, Any]) -> None:
     Raises:
         DriverError: see ``stop_checkpoint``.
     """
-    from growth.offline import grow_checkpoint, open_source
+    from growlm.growth.offline.pipeline import grow_checkpoint, open_source
 
     seg, nxt = run.segments[prog["segment"]], run.segments[prog["segment"] + 1]
     stage = run.plan.stages[nxt.first_stage]

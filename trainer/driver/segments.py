@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from growth.errors import GrowthError
-from growth.resources import Resources, check_change
-from growth.stages import StageList
+from growlm.growth.errors import GrowthError
+from growlm.growth.stages.plan import StageList
+from growlm.trainer.driver.resources import Resources, check_change
 
 
 class DriverError(Exception):
@@ -55,7 +55,7 @@ def config_defaults(ds_cfg: dict[str, Any], start: Resources) -> tuple[int, int,
     Raises:
         DriverError: train_batch_size does not divide, or is not micro batch x accumulation x ranks of ``start``.
     """
-    from trainer.config import zero_stage_of
+    from growlm.trainer.config import zero_stage_of
 
     zero = zero_stage_of(ds_cfg)
     micro, gas = ds_cfg.get("train_micro_batch_size_per_gpu"), ds_cfg.get("gradient_accumulation_steps")
@@ -86,7 +86,7 @@ def make_segments(plan: StageList, ds_cfg: dict[str, Any]) -> list[Segment]:
     """Cut ``plan`` into segments (module docstring), each resource change checked with the config's values.
 
     Raises:
-        DriverError: a change the driver cannot carry out (growth.resources.check_change), named by stage, or a
+        DriverError: a change the driver cannot carry out (trainer.driver.resources.check_change), named by stage, or a
             train_batch_size that disagrees with the start's resources (config_defaults).
     """
     defaults = config_defaults(ds_cfg, plan.resources)

@@ -1,4 +1,4 @@
-"""Where each rank's part of a live engine's training state lives, and how to move it (growth.live_transfer).
+"""Where each rank's part of a live engine's training state lives, and how to move it (growth.live.transfer).
 
 Each rank of a ZeRO-1/2/3 (or bf16-optimizer) engine holds one contiguous fragment of every parameter's fp32
 master and of its exp_avg / exp_avg_sq: ``Fragment`` (ZeRO-3: the parameter's own partition, the same padded size
@@ -15,10 +15,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from growlm.growth.errors import GrowthError
+from growlm.growth.ops.stores import ParamState
 from torch import Tensor
-
-from growth.errors import GrowthError
-from growth.stores import ParamState
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 

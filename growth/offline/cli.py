@@ -9,7 +9,7 @@ export its weights to a transformers GPT-2 folder.
 CKPT is a checkpoint folder (its ``latest`` tag) or a tag folder written by train.py at ZeRO stage 1, 2 or 3 (or an
 output of this command). OUT becomes a checkpoint folder ``OUT/<tag>`` + ``latest`` that ``train.py --resume OUT``
 loads at any world size, at the saved ZeRO stage's family (1/2, or 3). This module is the command line only: the
-pipeline is growth/offline.py, the export growth/export.py, the universal-checkpoint files growth/universal.py.
+pipeline is growth/offline/pipeline.py, the export growth/offline/export.py, the universal-checkpoint files growth/offline/universal.py.
 """
 
 from __future__ import annotations
@@ -21,22 +21,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from growth.apply import OptimizerPolicy
-from growth.errors import GrowthError
-from growth.export import export_hf
-from growth.offline import grow_checkpoint, open_source
-from growth.prepare import same_shape
-from growth.schedule import ScheduleRule
-from growth.stages import Stage, StageList, Trigger, load_stages
-from model.config import GPTConfig
-from runtime.checkpoint import CheckpointError
-from runtime.manifest import ManifestError
+from growlm.growth.errors import GrowthError
+from growlm.growth.offline.export import export_hf
+from growlm.growth.offline.pipeline import grow_checkpoint, open_source
+from growlm.growth.ops.apply import OptimizerPolicy
+from growlm.growth.ops.preparation import same_shape
+from growlm.growth.stages.plan import Stage, StageList, Trigger, load_stages
+from growlm.model.config import GPTConfig
+from growlm.runtime.checkpoint import CheckpointError
+from growlm.runtime.manifest import ManifestError
+from growlm.runtime.schedule import ScheduleRule
 
 _SHAPE_FLAGS = ("n_layer", "n_embd", "n_head", "n_inner")
 
 
 def load_plan_file(path: str) -> StageList:
-    """The validated plan file of ``--plan`` (growth.stages.load_stages, the one plan-file loader).
+    """The validated plan file of ``--plan`` (growth.stages.plan.load_stages, the one plan-file loader).
 
     Raises:
         GrowthError: the file is missing or unreadable, not valid YAML (``FILE:LINE: problem; fix``), or invalid.
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace the output if it exists (only once complete)")
     p.add_argument("--zero_stage", type=int, help="ZeRO stage the resuming job will use: refuse impossible crossings")
     g = p.add_argument_group("growth stage from a plan file")
-    g.add_argument("--plan", help="YAML growth plan (growth/stages.py)")
+    g.add_argument("--plan", help="YAML growth plan (growth/stages/plan.py)")
     g.add_argument("--stage", help="stage name (default: the stage that starts from the checkpoint's shape)")
     f = p.add_argument_group("growth stage from flags")
     f.add_argument("--family", choices=("masked", "duplicate"), help="operator family (default: masked)")

@@ -1,16 +1,16 @@
 """Offline growth: grow a saved ZeRO-1/2/3 checkpoint into one that resumes at any world size, or only reshard it.
 
 How (DESIGN.md, "Architecture"): one pass over the parameters. Each old parameter is read whole, straight out of the
-native ZeRO shards (growth.zero_shards.ZeroShardStore: the merge DeepSpeed's ``ds_to_universal`` performs, without
+native ZeRO shards (growth.offline.shards.ZeroShardStore: the merge DeepSpeed's ``ds_to_universal`` performs, without
 its temporary files) or out of a universal checkpoint's per-parameter files; the stage's growth plan expands it
-(growth.apply.apply_plan; an identity copy when only resharding) and it is written as the universal checkpoint's
-per-parameter files (growth.universal.UniversalStore), hashed while written for the manifest. Memory: a few full
+(growth.ops.apply.apply_plan; an identity copy when only resharding) and it is written as the universal checkpoint's
+per-parameter files (growth.offline.universal.UniversalStore), hashed while written for the manifest. Memory: a few full
 tensors of the largest parameter, never the model. The small metadata files are written for the grown model (LR
 placement, Adam step, loss scaler, param shapes) and growlm_state.json records the grown config, masks, consumed
-samples, the schedule and the growth history. Every check runs before anything is written (growth.prepare.
+samples, the schedule and the growth history. Every check runs before anything is written (growth.ops.preparation.
 prepare_growth, the same checks as a live growth); the output is built in a temporary sibling folder with a sha256
 manifest and renamed into place only when complete (runtime.atomic); the input is never modified. The command line
-is growth/grow_checkpoint.py.
+is growth/offline/cli.py.
 """
 
 from __future__ import annotations
@@ -26,13 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from growth.apply import apply_plan
-from growth.plan import param_shapes
-from growth.prepare import GrowthPrep, prepare_growth
-from growth.schedule import checkpoint_schedule
-from growth.stages import Stage
-from growth.universal import (
+from growlm.growth.offline.shards import ZeroShardStore
+from growlm.growth.offline.universal import (
     LATEST_UNIVERSAL,
     UniversalStore,
     Written,
@@ -45,15 +40,19 @@ from growth.universal import (
     write_model_states,
     write_optimizer_state,
 )
-from growth.zero_shards import ZeroShardStore
-from model.config import GPTConfig
-from model.masks import MaskSpec, mask_values, new_unit_flags
-from runtime import checkpoint
-from runtime.atomic import atomic_dir
-from runtime.checkpoint import CheckpointError
-from runtime.crash_points import hold_point
-from runtime.manifest import write_manifest
-from runtime.run_state import RunState
+from growlm.growth.ops.apply import apply_plan
+from growlm.growth.ops.preparation import GrowthPrep, prepare_growth
+from growlm.growth.ops.rules import param_shapes
+from growlm.growth.stages.plan import Stage
+from growlm.model.config import GPTConfig
+from growlm.model.masks import MaskSpec, mask_values, new_unit_flags
+from growlm.runtime import checkpoint
+from growlm.runtime.atomic import atomic_dir
+from growlm.runtime.checkpoint import CheckpointError
+from growlm.runtime.crash_points import hold_point
+from growlm.runtime.manifest import write_manifest
+from growlm.runtime.run_state import RunState
+from growlm.runtime.schedule import checkpoint_schedule
 
 SUPPORTED_STAGES = (1, 2, 3)
 
@@ -148,7 +147,7 @@ def check_target_stage(src: Source, target_zero_stage: int | None) -> None:
 
 
 def prepare_offline(src: Source, stage: Stage, seed: int) -> GrowthPrep:
-    """The growth preparation (growth.prepare.prepare_growth) of ``stage`` applied to checkpoint ``src``: its shape,
+    """The growth preparation (growth.ops.preparation.prepare_growth) of ``stage`` applied to checkpoint ``src``: its shape,
     masks and LR schedule (position read from the saved LR scheduler state) at its global step.
 
     Raises:

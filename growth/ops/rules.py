@@ -12,11 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from growlm.growth.errors import GrowthError
+from growlm.model.config import GPTConfig
+from growlm.model.masks import MaskSpec
 from torch import Tensor
-
-from growth.errors import GrowthError
-from model.config import GPTConfig
-from model.masks import MaskSpec
 
 Map = Callable[[Tensor], Tensor]
 
@@ -137,7 +136,7 @@ def compose_maps(first: Map, second: Map) -> Map:
 
 def param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every parameter of GPT(cfg) (tied lm_head listed once, as ``named_parameters`` does)."""
-    from model.gpt import GPT  # local: building on meta costs nothing, but keep import order simple
+    from growlm.model.gpt import GPT  # local: building on meta costs nothing, but keep import order simple
 
     with torch.device("meta"):
         model = GPT(cfg)

@@ -9,11 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from growlm.growth.errors import GrowthError
+from growlm.growth.ops.rules import GrowthPlan, Rule
+from growlm.growth.ops.stores import ParamState, ParamStore
 from torch import Tensor
-
-from growth.errors import GrowthError
-from growth.plan import GrowthPlan, Rule
-from growth.stores import ParamState, ParamStore
 
 MOMENT_POLICIES = ("carry", "carry_old", "reset")
 FRESH_POLICIES = ("zero", "mean")
@@ -30,7 +29,7 @@ class OptimizerPolicy:
     step, bias correction is ~1 and the first update of such an entry is about (1-b1)/sqrt(1-b2) * lr * sign(g)
     = 3.2 lr for b = (0.9, 0.999). 'mean' starts their exp_avg_sq at the mean exp_avg_sq of the tensor's carried
     entries (or of the old tensor when none are carried), which makes their first updates of the tensor's usual
-    size. A linear LR re-warm (growth.schedule) is the other remedy.
+    size. A linear LR re-warm (runtime.schedule) is the other remedy.
     """
 
     moments: str = "carry"

@@ -1,6 +1,6 @@
 """The growth stage list (``--growth_plan``) checked against the run before launch: it loads, its start is the
 model being built or resumed, and every stage fits the DeepSpeed config, the step budget and the LR schedule
-(growth.stages holds the stage list itself; this module only judges it against one run). Errors are
+(growth.stages.plan holds the stage list itself; this module only judges it against one run). Errors are
 ``UsageError`` (one message, exit status 2).
 """
 
@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from growth.errors import GrowthError
-from growth.stages import StageList, load_stages
-from growth.trigger import SLOPE_WINDOW
-from model.config import GPTConfig
-from runtime.engine import precision_of
-from runtime.run_state import RunState
-from trainer.errors import UsageError
-from trainer.metrics import read_val_curve
+from growlm.growth.errors import GrowthError
+from growlm.growth.stages.plan import StageList, load_stages
+from growlm.growth.stages.trigger import SLOPE_WINDOW
+from growlm.model.config import GPTConfig
+from growlm.runtime.engine import precision_of
+from growlm.runtime.run_state import RunState
+from growlm.trainer.errors import UsageError
+from growlm.trainer.metrics import read_val_curve
 
 SHAPE_FLAGS = ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "vocab_size")  # GPTConfig overrides
 
@@ -26,7 +26,7 @@ def load_growth_plan(path: str) -> StageList:
 
     Raises:
         UsageError: the file is missing or unreadable, is not valid YAML (FILE:LINE), or its stages do not chain
-            (growth.stages.parse_stages).
+            (growth.stages.plan.parse_stages).
     """
     try:
         return load_stages(path)
@@ -65,7 +65,7 @@ def plan_config(args, growth: StageList, cfg: GPTConfig, resume_state: RunState 
 
 
 def check_stage_schedules(growth: StageList, stage_index: int, ds_cfg: dict, saved: Any = None) -> None:
-    """Refuse a stage whose LR placement would be refused at its growth (growth.schedule.place_schedule: target
+    """Refuse a stage whose LR placement would be refused at its growth (runtime.schedule.place_schedule: target
     total_num_steps < warmup_num_steps), which would otherwise stop the run only when that stage is reached.
 
     Each stage's schedule lengths are its rule's ``total_num_steps``/``warmup_num_steps`` when given, else the

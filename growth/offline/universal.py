@@ -13,8 +13,8 @@ ZeRO-1/2 store ``{"param": tensor of the parameter's shape, "cat_dim": 0}`` per 
 loaders never read the module weights of ``*model_states.pt`` (weights come from ``fp32.pt``), and the ZeRO-3 loader
 does not check sizes, so this module checks every tensor's element count against the config itself.
 
-Only this module, growth/zero_shards.py (the native ZeRO shards) and runtime/checkpoint.py know DeepSpeed's file
-layout. growlm-grow writes universal checkpoints itself (growth/offline.py); ``convert`` runs DeepSpeed's own
+Only this module, growth/offline/shards.py (the native ZeRO shards) and runtime/checkpoint.py know DeepSpeed's file
+layout. growlm-grow writes universal checkpoints itself (growth/offline/pipeline.py); ``convert`` runs DeepSpeed's own
 ``ds_to_universal`` as a subprocess (its worker pools and memory stay out of the caller) for the tests and the
 benchmark that compare against it. Every file written here can be hashed while it is written (``Written``), so the
 checkpoint's manifest (runtime.manifest) does not read the files a second time.
@@ -34,11 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from growlm.growth.errors import GrowthError
+from growlm.growth.ops.stores import ParamState
+from growlm.runtime.checkpoint import CheckpointError, safe_load
 from torch import Tensor
-
-from growth.errors import GrowthError
-from growth.stores import ParamState
-from runtime.checkpoint import CheckpointError, safe_load
 
 MOMENT_KEYS = ("fp32", "exp_avg", "exp_avg_sq")
 OPTIMIZER_STATE = "optimizer_state.pt"
@@ -165,7 +164,7 @@ class UniversalStore:
 
     Args:
         zero_dir: the ``zero`` folder.
-        shapes: name -> shape of every parameter (growth.plan.param_shapes of the config), in the model's order.
+        shapes: name -> shape of every parameter (growth.ops.rules.param_shapes of the config), in the model's order.
         flat: ZeRO-3 layout (bare flat tensors, no step.pt) instead of ZeRO-1/2 (dicts, step.pt).
         step: the Adam step tensor written as ``step.pt`` (ZeRO-1/2 writes).
         written: the output's ``Written`` (hash while writing, background fsync); None: plain torch.save.
@@ -379,7 +378,7 @@ def write_optimizer_state(
     sd: dict[str, Any], dst_zero: Path, *, lr: float | None, flat: bool, step: Tensor, written: Written | None = None
 ) -> None:
     """``zero/optimizer_state.pt`` from the saved global optimizer state ``sd`` (``read_optimizer_state``, or
-    growth.zero_shards.ZeroShardStore.optimizer_state): the loss scaler and hyperparameters carried, the LR of the
+    growth.offline.shards.ZeroShardStore.optimizer_state): the loss scaler and hyperparameters carried, the LR of the
     first post-growth step set (``lr``; None keeps the saved one). For ZeRO-3 any old rank-0 partition tensors (old
     shapes) are dropped; only the Adam step the loader reads is kept. ``written``: see ``save``."""
     sd = dict(sd)

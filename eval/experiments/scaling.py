@@ -2,8 +2,8 @@
 growth proposal (where to grow and what it saves).
 
 Pure functions of numbers (numpy only); no training, no files. The trigger itself (smoothed log-log slope of the
-validation curve against compute) is ``growth.trigger.loglog_slope`` / ``slope_trigger`` with the thresholds
-``growth.trigger.SLOPE_THRESHOLDS``; this module predicts where it will fire and what a growth there saves.
+validation curve against compute) is ``growth.stages.trigger.loglog_slope`` / ``slope_trigger`` with the thresholds
+``growth.stages.trigger.SLOPE_THRESHOLDS``; this module predicts where it will fire and what a growth there saves.
 
 Constants and their sources:
 * Kaplan et al. 2020 ("Scaling Laws for Neural Language Models", arXiv 2001.08361), as used by the staged-training
@@ -16,9 +16,9 @@ Constants and their sources:
   functional forms (and, by default, Kaplan's exponents).
 * Slope thresholds -0.0575 (depth), -0.0475 (width), -0.03 (both) and the compute-optimal slope -0.052: Shen et al.
   2022 ("Staged Training for Transformer Language Models", arXiv 2203.06211), section 4
-  (DESIGN.md, "When to grow"); in growth.trigger.
+  (DESIGN.md, "When to grow"); in growth.stages.trigger.
 * constant_op (S' = S / constant_op on the target schedule): 1.4 depth, 1.8 width, 2.5 both, measured by the
-  staged-training seed (DESIGN.md, "What growth carries"); in growth.schedule.CONSTANT_OP.
+  staged-training seed (DESIGN.md, "What growth carries"); in runtime.schedule.CONSTANT_OP.
 * FLOPs per token 6N + 12 L H Q T: PaLM (Chowdhery et al. 2022, arXiv 2204.02311) appendix B;
   model.config.flops_per_token.
 
@@ -31,8 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from model.config import GPTConfig, flops_per_token
+from growlm.model.config import GPTConfig, flops_per_token
 
 KAPLAN_N_C = 8.8e13  # non-embedding parameters; Kaplan et al. 2020 eq. 1.1
 KAPLAN_ALPHA_N = 0.076

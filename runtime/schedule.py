@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from growth.errors import GrowthError
+from growlm.growth.errors import GrowthError
 
 SCHEDULE_RULES = ("target", "continue", "rewind")
 REWARM_FROM = ("zero", "current")

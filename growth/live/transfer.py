@@ -1,7 +1,7 @@
 """The data path of a live growth: read every parameter of the old engine, expand it by the plan, write it into the
 new engine, with few, large collectives and a bounded working set (DESIGN.md, "Live growth").
 
-Every rank holds its fragments of the fp32 masters and Adam moments (growth.live_shards); ``transfer`` moves them:
+Every rank holds its fragments of the fp32 masters and Adam moments (growth.live.shards); ``transfer`` moves them:
 
 * **gather**: consecutive source parameters are grouped into buckets of at most ``BUCKET_BYTES`` (full fp32 size of
   weight + both moments); per bucket every rank contributes only its fragments, packed in one buffer, weight and
@@ -27,14 +27,13 @@ from typing import Any
 
 import deepspeed.utils as dsu
 import torch
+from growlm.growth.errors import GrowthError
+from growlm.growth.live.shards import Fragment, gather_bucket, layout_of, no_adam_state, write_fragment
+from growlm.growth.ops.apply import OptimizerPolicy, grow_param
+from growlm.growth.ops.rules import GrowthPlan, Rule, identity, zeros
+from growlm.growth.ops.stores import ParamState
+from growlm.runtime.engine import inner_optimizer
 from torch import Tensor
-
-from growth.apply import OptimizerPolicy, grow_param
-from growth.errors import GrowthError
-from growth.live_shards import Fragment, gather_bucket, layout_of, no_adam_state, write_fragment
-from growth.plan import GrowthPlan, Rule, identity, zeros
-from growth.stores import ParamState
-from runtime.engine import inner_optimizer
 
 BUCKET_BYTES = 64 * 2**20
 """Largest full fp32 size (bytes: 12 x numel, weight + exp_avg + exp_avg_sq) of the parameters gathered in one
@@ -162,7 +161,7 @@ def local_maps(rule: Rule, policy: OptimizerPolicy) -> tuple[Any, Any, Any] | No
         m = v = zeros
     if not all(elementwise(f) for f in (rule.weight, m, v)):
         return None
-    if policy.fresh_exp_avg_sq == "mean":  # fresh entries (growth.apply.fresh_entries) get a tensor-wide mean
+    if policy.fresh_exp_avg_sq == "mean":  # fresh entries (growth.ops.apply.fresh_entries) get a tensor-wide mean
         no_fresh = policy.moments == "carry" and v is not zeros and bool(v(torch.ones(1)).ne(0).all())
         if not no_fresh:
             return None

@@ -3,8 +3,8 @@
 growlm-grow used to run DeepSpeed's ``ds_to_universal`` (which writes every parameter's fragments to a temporary
 folder, merges them into per-parameter files, and copies the metadata) and then rewrote every file a second time
 for the grown model. ``ZeroShardStore`` instead reads each parameter's fragments out of the rank files themselves and
-hands full fp32 tensors to growth.apply, so the grown (or only resharded) universal checkpoint is written in one pass
-(growth/offline.py). The merge is the one ``ds_to_universal`` performs (DeepSpeed 0.19; DESIGN.md, "DeepSpeed
+hands full fp32 tensors to growth.ops.apply, so the grown (or only resharded) universal checkpoint is written in one pass
+(growth/offline/pipeline.py). The merge is the one ``ds_to_universal`` performs (DeepSpeed 0.19; DESIGN.md, "DeepSpeed
 facts"), and tests/distributed/test_grow_checkpoint.py checks it against ``ds_to_universal`` tensor by tensor:
 
 - ZeRO-1/2 (``*zero_pp_rank_R_mp_rank_00_optim_states.pt``): per parameter group, each rank holds a contiguous slice
@@ -31,10 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from growlm.growth.ops.stores import ParamState
+from growlm.runtime.checkpoint import CheckpointError, safe_load
 from torch import Tensor
-
-from growth.stores import ParamState
-from runtime.checkpoint import CheckpointError, safe_load
 
 MOMENT_KEYS = ("fp32", "exp_avg", "exp_avg_sq")
 _MADV_DONTNEED = 4
@@ -85,7 +84,7 @@ class ZeroShardStore:
 
     Args:
         tag_dir: the tag folder (``global_stepN``).
-        shapes: name -> shape of every parameter (growth.plan.param_shapes of the checkpoint's config).
+        shapes: name -> shape of every parameter (growth.ops.rules.param_shapes of the checkpoint's config).
         zero_stage: 1, 2 or 3.
         world: the data-parallel world size it was saved with.
 

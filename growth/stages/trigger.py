@@ -1,7 +1,7 @@
 """When to grow: the slope trigger. Growth fires once the smoothed log-log slope of the validation loss against
 training compute, d log10 L / d log10 C, has flattened to a threshold: the small model has stopped being the
 compute-efficient way down (Shen et al. 2022, "Staged Training for Transformer Language Models", arXiv 2203.06211,
-section 4). Pure functions of numbers; growth.scaling predicts where the trigger fires and what a growth saves.
+section 4). Pure functions of numbers; eval.experiments.scaling predicts where the trigger fires and what a growth saves.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from growth.errors import GrowthError
+from growlm.growth.errors import GrowthError
 
 # d log10 L / d log10 C at which to grow, per growth dimension (Shen et al. 2022, section 4)
 SLOPE_THRESHOLDS = {"depth": -0.0575, "width": -0.0475, "both": -0.03}

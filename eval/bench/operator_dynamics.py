@@ -1,6 +1,6 @@
 """Training dynamics of the growth operators on a tiny GPT, single process, CPU (DESIGN.md, "Growth dynamics"):
 
-    python -m eval.bench.dynamics --data data/cache/bpe4096 --out dynamics.json
+    python -m growlm.eval.bench.operator_dynamics --data data/cache/bpe4096 --out dynamics.json
 
 1. One-step logit ratio (eval/metrics/dynamics.py ``logit_step_ratio``) per duplication operator, with the moment
    rules of issue 12 ("after") and the rules before it ("before": exp_avg_sq by the gradient rule alone, so entries
@@ -25,16 +25,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from eval.metrics.dynamics import clone_training, logit_change, ramp_loss_bump, width_divergence
-from growth.apply import apply_plan
-from growth.ops import make_plan
-from growth.ops.masked import DEFAULT_RAMP_FRAC
-from growth.plan import GrowthPlan
-from growth.single_process import make_optimizer
-from growth.stores import ModuleStore
-from model.config import GPTConfig
-from model.gpt import GPT
+from growlm.eval.metrics.dynamics import clone_training, logit_change, ramp_loss_bump, width_divergence
+from growlm.growth.ops import make_plan
+from growlm.growth.ops.apply import apply_plan
+from growlm.growth.ops.masked import DEFAULT_RAMP_FRAC
+from growlm.growth.ops.rules import GrowthPlan
+from growlm.growth.ops.single_process import make_optimizer
+from growlm.growth.ops.stores import ModuleStore
+from growlm.model.config import GPTConfig
+from growlm.model.gpt import GPT
 
 HP = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 DUP_CASES = {
@@ -172,7 +171,7 @@ def main() -> None:
     opt = make_optimizer(small, HP)
     train(small, opt, data, range(args.small_steps))
     res: dict[str, object] = {
-        "command": shlex.join(["python", "-m", "eval.bench.dynamics", *sys.argv[1:]]),
+        "command": shlex.join(["python", "-m", "growlm.eval.bench.operator_dynamics", *sys.argv[1:]]),
         "small_steps": args.small_steps,
     }
     if args.only in (None, "ratio"):

@@ -1,5 +1,5 @@
 """The stage list of a growth run, as YAML (or JSON, a subset): the starting shape and the stages, validated as a
-chain when loaded (``load_stages`` -> ``StageList``). Each stage builds its per-parameter ``GrowthPlan`` (growth.plan).
+chain when loaded (``load_stages`` -> ``StageList``). Each stage builds its per-parameter ``GrowthPlan`` (growth.ops.rules).
 
     seed: 0
     start: {preset: tiny, vocab_size: 512}          # a model preset (model/config.py) with overrides, or fields
@@ -13,8 +13,8 @@ chain when loaded (``load_stages`` -> ``StageList``). Each stage builds its per-
         ramp_steps: 500                             # masked family: mask ramp length (optimizer steps), or
         ramp_frac: 0.25                             #   a fraction of the run left at growth (the default)
         optimizer: {moments: carry, fresh_exp_avg_sq: mean}
-        schedule: {kind: continue, rewarm_steps: 0} # growth.schedule.ScheduleRule fields
-        resources: {ranks_per_node: 2, grad_accum: 1}  # optional, also in start: where it runs (growth.resources)
+        schedule: {kind: continue, rewarm_steps: 0} # runtime.schedule.ScheduleRule fields
+        resources: {ranks_per_node: 2, grad_accum: 1}  # optional, also in start: where it runs (trainer.driver.resources)
 
 Every stage's operator plan is built when the file is loaded, so a target the family cannot reach fails here, with
 the stage named, before any training starts.
@@ -28,16 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from data.text import InputError, read_text
-from growth.apply import OptimizerPolicy
-from growth.errors import GrowthError
-from growth.ops import make_plan
-from growth.plan import GrowthPlan
-from growth.resources import Resources, parse_resources
-from growth.schedule import CONSTANT_OP, ScheduleRule
-from growth.trigger import SLOPE_THRESHOLDS
-from model.config import GPTConfig, from_preset
+from growlm.data.text import InputError, read_text
+from growlm.growth.errors import GrowthError
+from growlm.growth.ops import make_plan
+from growlm.growth.ops.apply import OptimizerPolicy
+from growlm.growth.ops.rules import GrowthPlan
+from growlm.growth.stages.trigger import SLOPE_THRESHOLDS
+from growlm.model.config import GPTConfig, from_preset
+from growlm.runtime.schedule import CONSTANT_OP, ScheduleRule
+from growlm.trainer.driver.resources import Resources, parse_resources
 
 TRIGGERS = ("step", "tokens", "slope")
 
@@ -45,13 +44,13 @@ TRIGGERS = ("step", "tokens", "slope")
 @dataclass(frozen=True)
 class Trigger:
     """When a stage starts: after ``value`` optimizer steps ('step'), training tokens ('tokens'), or when the
-    smoothed d log10 L / d log10 C reaches ``value`` ('slope'; growth.trigger.slope_trigger).
+    smoothed d log10 L / d log10 C reaches ``value`` ('slope'; growth.stages.trigger.slope_trigger).
 
     ``{slope: auto}`` alone takes Shen et al. 2022's GPT-2 threshold for what grows (SLOPE_THRESHOLDS), which need
     not transfer to another model, corpus or batch. ``{slope: auto, reference: PATH}`` derives the moment from the
     run's own curves instead: ``reference`` is the metrics.jsonl of a scratch run of this stage's target shape, and
     the stage starts once the small model's loss falls no faster per FLOP than the reference's did at the same loss
-    (growth.trigger.equal_rate_reached); ``value`` is then NaN.
+    (growth.stages.trigger.equal_rate_reached); ``value`` is then NaN.
     """
 
     kind: str
@@ -79,7 +78,7 @@ class Stage:
     ramp_frac: float | None = None
     optimizer: OptimizerPolicy = field(default_factory=OptimizerPolicy)
     schedule: ScheduleRule = field(default_factory=ScheduleRule)
-    resources: Resources = field(default_factory=Resources)  # where it runs (growth.resources)
+    resources: Resources = field(default_factory=Resources)  # where it runs (trainer.driver.resources)
 
     def plan(self, current: GPTConfig, seed: int = 0) -> GrowthPlan:
         """The operator plan of this stage from ``current`` (the previous stage's shape)."""
@@ -102,7 +101,7 @@ class StageList:
     start: GPTConfig
     stages: tuple[Stage, ...]
     seed: int = 0
-    resources: Resources = field(default_factory=Resources)  # where the start shape runs (growth.resources)
+    resources: Resources = field(default_factory=Resources)  # where the start shape runs (trainer.driver.resources)
 
 
 def _config(base: GPTConfig | None, d: dict[str, Any], where: str) -> GPTConfig:
@@ -152,7 +151,7 @@ def parse_stages(doc: dict[str, Any]) -> StageList:
     seed = int(doc.get("seed", 0))
     start_doc = dict(doc["start"]) if isinstance(doc["start"], dict) else doc["start"]
     start_raw = start_doc.pop("resources", None) if isinstance(start_doc, dict) else None
-    res = start_res = parse_resources(start_raw, None, "start")  # where each stage runs: growth.resources
+    res = start_res = parse_resources(start_raw, None, "start")  # where each stage runs: trainer.driver.resources
     current = _config(None, start_doc, "start")
     start, stages = current, []
     last: dict[str, float] = {}

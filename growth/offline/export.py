@@ -8,7 +8,7 @@ meta.json says GPT-2 BPE or names a trained tokenizer.json), or the ``--tokenize
 say (no folder recorded, the folder gone or rebuilt), the export is refused with a message naming ``--tokenizer``.
 
 The weights are the fp32 masters of any ZeRO stage 1-3 checkpoint at any world size, read through its universal
-form or straight from the native ZeRO shards (growth.zero_shards); the HF naming and Conv1D layout are model.hf's.
+form or straight from the native ZeRO shards (growth.offline.shards); the HF naming and Conv1D layout are model.hf's.
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from data import tokenizer as tok
-from growth.offline import Source, check_output
-from growth.plan import param_shapes
-from growth.universal import UniversalStore
-from growth.zero_shards import ZeroShardStore
-from runtime.atomic import atomic_dir
-from runtime.checkpoint import CheckpointError
+from growlm.data import tokenizer as tok
+from growlm.growth.offline.pipeline import Source, check_output
+from growlm.growth.offline.shards import ZeroShardStore
+from growlm.growth.offline.universal import UniversalStore
+from growlm.growth.ops.rules import param_shapes
+from growlm.runtime.atomic import atomic_dir
+from growlm.runtime.checkpoint import CheckpointError
 
 EXPORT_MARKER = "growlm_export.json"  # written into every export: what --overwrite may replace
 EXPORT_FORMAT = "growlm-hf-export-v1"
@@ -105,8 +104,8 @@ def export_hf(
             ``check_replaceable``) or overlaps the input; the checkpoint's growth
             masks are still ramping (a masked model is not GPT-2); its tokenizer is unknown or does not fit.
     """
-    from model.gpt import GPT
-    from model.hf import to_hf
+    from growlm.model.gpt import GPT
+    from growlm.model.hf import to_hf
 
     step, masks = src.state.global_step, src.state.growth_masks
     if masks is not None and masks.value(step) < 1.0:
@@ -122,7 +121,7 @@ def export_hf(
         shapes, flat = param_shapes(src.config), src.zero_stage == 3
         if src.universal:
             store = UniversalStore(src.tag_dir / "zero", shapes, flat=flat)
-        else:  # the native shards, read directly (growth.zero_shards)
+        else:  # the native shards, read directly (growth.offline.shards)
             store = ZeroShardStore(src.tag_dir, shapes, zero_stage=src.zero_stage, world=src.state.world_size)
         model = GPT(src.config)
         with torch.no_grad():

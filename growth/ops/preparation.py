@@ -1,10 +1,10 @@
-"""The one growth preparation, shared by every growth path: live growth (growth.live.grow_engine, fired by the
-training loop's stage trigger), offline growth (growth.offline.grow_checkpoint, the growlm-grow command) and the
-single-process state (growth.state.grow_state).
+"""The one growth preparation, shared by every growth path: live growth (growth.live.engine.grow_engine, fired by the
+training loop's stage trigger), offline growth (growth.offline.pipeline.grow_checkpoint, the growlm-grow command) and the
+single-process state (growth.ops.single_process.grow_state).
 
 It makes every check a growth needs before any tensor is touched, and decides what the grown model starts with
 besides its parameters: the growth masks (masked family) and the LR schedule placed by the stage's rule. The paths
-differ only in where the parameters live (an engine, universal-checkpoint folders, a dict), which growth.apply's
+differ only in where the parameters live (an engine, universal-checkpoint folders, a dict), which growth.ops.apply's
 stores hide.
 """
 
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from growth.errors import GrowthError
-from growth.plan import GrowthPlan, check_plan, ramp_length
-from growth.schedule import ScheduleRule, ScheduleState, place_schedule
-from model.config import GPTConfig
-from model.masks import MaskSpec
+from growlm.growth.errors import GrowthError
+from growlm.growth.ops.rules import GrowthPlan, check_plan, ramp_length
+from growlm.model.config import GPTConfig
+from growlm.model.masks import MaskSpec
+from growlm.runtime.schedule import ScheduleRule, ScheduleState, place_schedule
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,12 @@ def prepare_growth(
     """Check a growth of a model of shape ``current`` at optimizer step ``step`` and decide its masks and schedule.
 
     Args:
-        plan: the stage's per-parameter plan (growth.ops.make_plan / growth.stages.Stage.plan).
+        plan: the stage's per-parameter plan (growth.ops.make_plan / growth.stages.plan.Stage.plan).
         current: the shape being grown (the engine's, the checkpoint's or the state's config).
         step: optimizer steps taken so far (the growth happens before step ``step + 1``).
         masks: the current model's masks (None when it has none or their ramp has ended).
         schedule: the current LR schedule (a WarmupCosineLR with its position and re-warm), or None without one.
-        rule: where the LR schedule goes (growth.schedule.ScheduleRule).
+        rule: where the LR schedule goes (runtime.schedule.ScheduleRule).
         ramp_steps: the new masks' ramp length in optimizer steps (default: the plan's, ``ramp_length``: its
             ramp_frac of the steps the LR schedule has left, or its fixed ramp_steps without a schedule).
 

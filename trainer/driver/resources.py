@@ -1,5 +1,5 @@
 """Where a stage of a growth plan runs: the optional ``resources:`` mapping of ``start`` and of each stage
-(growth.stages), parsed into a frozen ``Resources`` and checked when the plan is loaded.
+(growth.stages.plan), parsed into a frozen ``Resources`` and checked when the plan is loaded.
 
     start: {preset: tiny, resources: {ranks_per_node: 1, zero_stage: 2, micro_batch: 4, grad_accum: 2}}
     stages:
@@ -9,7 +9,7 @@
 
 A stage without ``resources`` runs where the previous one ran and grows live inside the running job; a stage whose
 resources differ is reached by the multi-stage driver (growlm-run, trainer/driver/) through save -> offline growth
-and reshard (growth.offline) -> relaunch. The global batch (micro_batch x grad_accum x nodes x ranks_per_node
+and reshard (growth.offline.pipeline) -> relaunch. The global batch (micro_batch x grad_accum x nodes x ranks_per_node
 sequences) must stay the same across such a change unless the stage states the new one (``global_batch: N``), and
 the ZeRO stage may change only within 1/2 or stay at 3 (DeepSpeed's universal checkpoints: DESIGN.md, "DeepSpeed
 facts"). ``None`` for zero_stage, micro_batch or grad_accum means "the DeepSpeed config's"; the driver then checks
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from growth.errors import GrowthError
+from growlm.growth.errors import GrowthError
 
 RESOURCE_KEYS = (
     "nodes",

@@ -1,4 +1,4 @@
-"""Where the tensors of a training state live, behind one small interface that growth.apply drives.
+"""Where the tensors of a training state live, behind one small interface that growth.ops.apply drives.
 
 A store holds, per parameter name (HF GPT-2 names), three full fp32 tensors of the parameter's shape: the weight and
 Adam's exp_avg and exp_avg_sq. Stores for a live DeepSpeed engine (``deepspeed.utils.safe_get/set_full_*``, each call
@@ -12,9 +12,8 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
+from growlm.growth.errors import GrowthError
 from torch import Tensor, nn
-
-from growth.errors import GrowthError
 
 
 class ParamState(NamedTuple):

@@ -1,13 +1,13 @@
 """Benchmark: seconds and peak RSS of ``growlm-grow`` on a >= 50M-parameter checkpoint, against DeepSpeed's own
 ``ds_to_universal`` conversion of the same checkpoint, as ratios (issue 13: growth at most 1.5x the conversion).
 
-    python -m eval.bench.grow_checkpoint [--work DIR] [--json OUT.json] [--repeat N]
+    python -m growlm.eval.bench.offline_growth [--work DIR] [--json OUT.json] [--repeat N]
 
 Steps: train.py writes the checkpoint (2 ranks, ZeRO-2 fp32, 2 steps, micro batch 1, seq_len 32; preset cpu-medium
 widened to 8 x 512, ~51M parameters); then, each in a fresh process and ``--repeat`` times in turn (the fastest
 time of each case counts, since other jobs may share the CPU): (a) ds_to_universal alone, (b) growlm-grow reshard
 only, (c) growlm-grow masked growth 8 -> 12 layers. growlm-grow reads the ZeRO shards itself and writes the
-universal checkpoint in one pass (growth/offline.py); it also verifies the input's manifest and fsyncs its output,
+universal checkpoint in one pass (growth/offline/pipeline.py); it also verifies the input's manifest and fsyncs its output,
 which ds_to_universal does not. Peak RSS is the largest ``ru_maxrss`` of the measured process and of its waited-for
 children (the process tree's largest process; growlm-grow starts none).
 
@@ -29,16 +29,15 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from runtime.launch import pythonpath_with
+from growlm import DS_CONFIG_DIR, TRAIN_SCRIPT
 
-REPO = Path(__file__).resolve().parents[2]
 MODEL = ["--preset", "cpu-medium", "--n_layer", "8", "--n_embd", "512", "--n_head", "8"]
 
 _MEASURE = """
 import json, resource, subprocess, sys, time
 t = time.perf_counter()
 if sys.argv[1] == "grow":
-    from growth.grow_checkpoint import main
+    from growlm.growth.offline.cli import main
     rc = main(sys.argv[2:])
 else:
     rc = subprocess.run(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
@@ -52,7 +51,7 @@ print(json.dumps({"rc": rc, "seconds": dt, "self_rss_bytes": self_kib * 1024, "c
 def env() -> dict[str, str]:
     """The environment of the measured subprocesses: loopback master, 1 thread, DeepSpeed's CPU accelerator."""
     e = dict(os.environ)
-    e.update(MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", PYTHONPATH=pythonpath_with(REPO))
+    e.update(MASTER_ADDR="127.0.0.1", OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
     return e
 
 
@@ -75,15 +74,15 @@ def write_checkpoint(work: Path) -> Path:
     ckpt = work / "run" / "checkpoints"
     if (ckpt / "latest").is_file():
         return ckpt
-    cfg = json.loads((REPO / "ds_configs" / "zero2_fp32.json").read_text())
+    cfg = json.loads((DS_CONFIG_DIR / "zero2_fp32.json").read_text())
     cfg["train_micro_batch_size_per_gpu"] = 1
     cfg["scheduler"]["params"]["total_num_steps"] = 1000
     (work / "ds.json").write_text(json.dumps(cfg))
     args = [*MODEL, "--seq_len", "32", "--no_eval", "--max_steps", "2", "--ds_config", str(work / "ds.json")]
     args += ["--out_dir", str(work / "run")]
-    from runtime.launch import launch_ranks
+    from growlm.runtime.launch import launch_ranks
 
-    res = launch_ranks([sys.executable, str(REPO / "train.py"), *args], 2, base_env=env(), cwd=REPO, timeout_s=1800)
+    res = launch_ranks([sys.executable, str(TRAIN_SCRIPT), *args], 2, base_env=env(), timeout_s=1800)
     if res.returncode or res.timed_out:
         raise SystemExit("train.py failed:\n" + res.outputs[0][-3000:])
     return ckpt
@@ -122,7 +121,7 @@ def measure_all(ckpt: Path, work: Path, repeat: int) -> dict[str, list[dict]]:
 
 def rows(runs: dict[str, list[dict]], ckpt: Path, work: Path, params: int, grown: int) -> list[dict]:
     """The saved rows: the fastest repetition of each case against the fastest ds_to_universal."""
-    from eval.bench.throughput import recorded_command
+    from growlm.eval.bench.throughput import recorded_command
 
     best = {k: min(v, key=lambda r: r["seconds"]) for k, v in runs.items()}
     ds = best["ds_to_universal"]
@@ -143,7 +142,7 @@ def rows(runs: dict[str, list[dict]], ckpt: Path, work: Path, params: int, grown
             "ds_to_universal_all_s": [x["seconds"] for x in runs["ds_to_universal"]],
             "command": recorded_command(["growlm-grow", str(ckpt), str(work / "out"), *extra], work),
             "ds_to_universal_command": recorded_command(ds_command(ckpt / "TAG", work / "out"), work),
-            "benchmark_command": "python -m eval.bench.grow_checkpoint --repeat " + str(len(runs[case])),
+            "benchmark_command": "python -m growlm.eval.bench.offline_growth --repeat " + str(len(runs[case])),
             "load_average_1m": os.getloadavg()[0],  # other jobs on the CPU: the times are noisy when this is high
         })  # fmt: skip
     return out
@@ -152,7 +151,7 @@ def rows(runs: dict[str, list[dict]], ckpt: Path, work: Path, params: int, grown
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", default=None, help="working folder (default: a temporary one, removed)")
-    default_json = REPO / "eval" / "results" / "grow_checkpoint.json"
+    default_json = Path("runs") / "bench" / "offline_growth.json"
     p.add_argument("--json", default=str(default_json), help="where to save the results")
     p.add_argument("--repeat", type=int, default=2, help="runs of each case (the fastest counts)")
     args = p.parse_args(argv)
@@ -162,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     ckpt = write_checkpoint(work)
     print(f"checkpoint {ckpt} ({time.perf_counter() - t:.0f} s)", flush=True)
-    from model.config import param_count
-    from runtime.run_state import STATE_FILE, RunState
+    from growlm.model.config import param_count
+    from growlm.runtime.run_state import STATE_FILE, RunState
 
     tag = ckpt / (ckpt / "latest").read_text().strip()
     cfg = RunState.from_json((tag / STATE_FILE).read_text()).model_config

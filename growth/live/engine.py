@@ -1,6 +1,6 @@
 """Live growth of a ZeRO-sharded run: gather the old engine's shards, expand them, write them into a new engine.
 
-``growth.live_transfer.transfer`` moves the training state: every rank contributes its own fragments of the fp32
+``growth.live.transfer.transfer`` moves the training state: every rank contributes its own fragments of the fp32
 masters and Adam moments, gathered in buckets of consecutive parameters (one collective per bucket, weight and both
 moments together); the growth plan's rule computes the grown tensors (identically on every rank: new random
 entries are seeded by parameter name, not by the global RNG); each rank writes only its own fragment of the new
@@ -22,7 +22,7 @@ DeepSpeed call:
   subgroup's partition), so the master and the working copy agree and a training step keeps the grown values
   (DESIGN.md, "Checkpoint failure kinds: stale fp32 master");
 * global step, samples, skipped steps and the fp16 loss scaler are copied; the LR schedule is placed by the
-  stage's rule (growth.schedule) before the first post-growth step;
+  stage's rule (runtime.schedule) before the first post-growth step;
 * the old engine is released (runtime.engine.release_engine: destroyed, its ZeRO-3 hooks removed, its module taken
   out of DeepSpeed's module stack) and collected before training continues, so its memory returns (DESIGN.md,
   "Checkpoint failure kinds: stale ZeRO-3 hooks").
@@ -43,16 +43,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-from growth.apply import OptimizerPolicy
-from growth.errors import GrowthError
-from growth.live_transfer import EngineStore, link_optimizer_state, transfer
-from growth.plan import GrowthPlan
-from growth.prepare import prepare_growth
-from growth.schedule import ScheduleRule, ScheduleState, apply_schedule, engine_schedule
-from model.masks import MaskSpec
-from runtime.crash_points import hold_point
-from runtime.engine import inner_optimizer, release_engine, repair_adam_steps, weights_uninitialised
+from growlm.growth.errors import GrowthError
+from growlm.growth.live.transfer import EngineStore, link_optimizer_state, transfer
+from growlm.growth.ops.apply import OptimizerPolicy
+from growlm.growth.ops.preparation import prepare_growth
+from growlm.growth.ops.rules import GrowthPlan
+from growlm.model.masks import MaskSpec
+from growlm.runtime.crash_points import hold_point
+from growlm.runtime.engine import inner_optimizer, release_engine, repair_adam_steps, weights_uninitialised
+from growlm.runtime.schedule import ScheduleRule, ScheduleState, apply_schedule, engine_schedule
 
 __all__ = ["EngineStore", "GrowthResult", "collect_old_engine", "ensure_adam_state", "grow_engine"]
 
@@ -90,7 +89,7 @@ def adam_step_of(engine: Any) -> int:
 def refresh_working_copies(engine: Any, *, replicated_done: bool = False) -> None:
     """Copy the fp32 master partitions into the parameters the forward pass uses (after ``safe_set_full_fp32_param``,
     which only writes the master). ``replicated_done``: ZeRO-1/2's whole working model was already written on every
-    rank (growth.live_transfer.TransferStats.working_copies_written), so its all-gather is skipped."""
+    rank (growth.live.transfer.TransferStats.working_copies_written), so its all-gather is skipped."""
     opt = engine.optimizer
     if hasattr(opt, "_reassign_or_swap_out_partitioned_parameters"):  # ZeRO-3
         for i in range(len(opt.fp16_groups)):
@@ -187,8 +186,8 @@ def grow_engine(
         old: the running DeepSpeed engine (after at least one optimizer step).
         plan: the growth plan from the old engine's config (growth.ops.make_plan).
         build: ``build(config, masks)`` -> a new DeepSpeed engine for that config (its scheduler from the ds config).
-        policy: Adam-state policy (growth.apply.OptimizerPolicy).
-        schedule_rule: where the LR schedule goes (growth.schedule.ScheduleRule).
+        policy: Adam-state policy (growth.ops.apply.OptimizerPolicy).
+        schedule_rule: where the LR schedule goes (runtime.schedule.ScheduleRule).
         ramp_steps: mask ramp length for the masked family (default: the plan's).
         rewarm: the schedule state of the last growth, whose re-warm may still run (position and schedule
             arguments are read from the old engine's scheduler).

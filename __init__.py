@@ -1,0 +1,16 @@
+"""growlm: DeepSpeed GPT-2 pretraining that grows the model while it trains.
+
+One import namespace, the repository's top level: ``model`` (the growth-aware GPT-2) < ``runtime`` (DeepSpeed:
+process group, engine, checkpoints) < ``data`` (tokenizer, corpus, token files) < ``growth`` (operators, live and
+offline growth, the plan's stages) < ``eval.metrics`` (scores training uses) < ``trainer`` (the run behind
+``train``) < the commands (``train``, ``trainer.driver``, ``eval.bench``, ``eval.experiments``). An import only points
+down this list (DESIGN.md, "Layers"; checked by tests/unit/test_layers.py).
+"""
+
+from pathlib import Path
+
+__version__ = "0.2.0"
+
+PACKAGE_DIR = Path(__file__).resolve().parent  # the repository in a clone, site-packages/growlm when installed
+DS_CONFIG_DIR = PACKAGE_DIR / "ds_configs"  # the shipped DeepSpeed configs (package data)
+TRAIN_SCRIPT = PACKAGE_DIR / "train.py"  # the script every launcher runs on each rank (growlm.train)

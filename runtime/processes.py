@@ -1,0 +1,165 @@
+"""Process groups: start a child in its own, kill a group and wait until it is gone, reap children, die with a driver.
+
+The one home of process-group handling for the rank launcher (``runtime.launch``), the multi-stage driver
+(growlm-run) and the ranks it starts. Every child is started in a new session, so its PID is its process group id
+and killing the group reaches everything it started.
+
+growlm-run's children never outlive it: a stage's job is a launcher (``deepspeed ...``) started by ``spawn`` with
+``PR_SET_PDEATHSIG = SIGKILL`` (Linux ``prctl``, through ctypes in the child before it runs the launcher), so the
+launcher dies with the driver. The ranks are grandchildren, which a parent-death signal does not reach, so each rank
+started under the driver (``GROWLM_DRIVER_PID`` in its environment) runs a watchdog thread (``watch_driver``) that
+kills its whole process group once the driver is gone. A restarted driver also kills the process groups its
+progress file still lists (``kill_stale``) before it starts anything. Process tables are read with psutil.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import psutil
+
+DRIVER_PID_ENV = "GROWLM_DRIVER_PID"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL process group ``pgid`` (a process started in its own session, ``pgid`` = its PID, and anything it
+    started), if it is still there."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def wait_procs(
+    procs: Sequence[subprocess.Popen], timeout_s: float, grace_s: float, poll: Callable[[], None] | None = None
+) -> tuple[list[int], list[int], bool]:
+    """Reap every process: (exit codes, peak RSS in bytes, timed out). Kills the rest (their process groups)
+    ``grace_s`` seconds after the first failure, or all at ``timeout_s`` (``math.inf``: never); ``poll`` is called
+    every 0.05 s while any runs. Exit codes are negative for a process ended by a signal (-9: SIGKILL)."""
+    codes: list[int | None] = [None] * len(procs)
+    rss = [0] * len(procs)
+    deadline, kill_at, timed_out = time.monotonic() + timeout_s, None, False
+    while any(c is None for c in codes):
+        for i, p in enumerate(procs):
+            if codes[i] is None:
+                pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+                if pid:
+                    codes[i] = p.returncode = os.waitstatus_to_exitcode(status)
+                    rss[i] = usage.ru_maxrss * 1024  # Linux reports KiB
+        now = time.monotonic()
+        if kill_at is None and any(c not in (None, 0) for c in codes):
+            kill_at = now + grace_s
+        if now > deadline:
+            timed_out = True
+        if timed_out or (kill_at is not None and now > kill_at):
+            for i, p in enumerate(procs):
+                if codes[i] is None:
+                    kill_group(p.pid)
+                    _, status, usage = os.wait4(p.pid, 0)
+                    codes[i] = p.returncode = os.waitstatus_to_exitcode(status)
+                    rss[i] = usage.ru_maxrss * 1024
+        if poll is not None:
+            poll()
+        time.sleep(0.05)
+    return [int(c) for c in codes], rss, timed_out
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: ask the kernel to SIGKILL this child when its parent (the driver) dies (Linux only)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the ranks' watchdog and kill_stale still apply
+        pass
+
+
+def spawn(cmd: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen:
+    """Start ``cmd`` in a new session (its PID is its process group id) that dies with this process, output
+    (stdout and stderr) appended to ``log_path``; ``env`` gets ``GROWLM_DRIVER_PID`` = ``<host name>:<this PID>``."""
+    full_env = {**env, DRIVER_PID_ENV: f"{socket.gethostname()}:{os.getpid()}"}
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            list(cmd),
+            env=full_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (a killed driver its parent has not reaped yet)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs of the live (non-zombie) processes in process group ``pgid``."""
+    members = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(p.pid) == pgid:
+                members.append(p.pid)
+        except (ProcessLookupError, psutil.Error):  # ended meanwhile
+            continue
+    return members
+
+
+def kill_groups_and_wait(pgids: Sequence[int], timeout_s: float = 60.0) -> list[int]:
+    """SIGKILL process groups ``pgids`` and poll until none of their processes is left (a killed rank may take a
+    moment to exit and free its port and memory), at most ``timeout_s`` seconds; returns the groups that still have
+    members then ([] normally)."""
+    for pgid in pgids:
+        kill_group(pgid)
+    deadline = time.monotonic() + timeout_s
+    left = [g for g in pgids if group_members(g)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [g for g in left if group_members(g)]
+    return left
+
+
+def _cmdline(pid: int) -> str:
+    """The command line of ``pid`` joined by spaces ('' when it is gone or hidden)."""
+    try:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return ""
+
+
+def kill_stale(pgids: Sequence[int], marker: str, timeout_s: float = 60.0) -> tuple[list[int], list[int]]:
+    """Kill the process groups a killed driver left (``pgids`` from its progress file) whose members run a command
+    line containing ``marker`` (the run folder: a reused id of an unrelated group is left alone) and wait until
+    they are gone (``kill_groups_and_wait``); returns (the groups killed, those still alive after ``timeout_s``)."""
+    killed = [g for g in pgids if any(marker in _cmdline(pid) for pid in group_members(g))]
+    return killed, kill_groups_and_wait(killed, timeout_s)
+
+
+def watch_driver(poll_s: float = 0.5) -> None:
+    """In a rank started under growlm-run (``GROWLM_DRIVER_PID`` set): start a daemon thread that SIGKILLs this
+    rank's process group (the launcher and every rank of the job) once the driver process is gone. Does nothing
+    when the variable is not set or names another machine (a rank the launcher started on another node over ssh,
+    where the driver's PID means nothing)."""
+    host, _, pid = os.environ.get(DRIVER_PID_ENV, "").rpartition(":")
+    if not pid.isdigit() or host != socket.gethostname():
+        return
+
+    def watch() -> None:
+        while alive(int(pid)):
+            time.sleep(poll_s)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="growlm-driver-watchdog", daemon=True).start()

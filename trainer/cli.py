@@ -1,0 +1,159 @@
+"""The growlm-train command line: its parser (``build_parser``; growlm-run parses its TRAIN_ARGS with it too) and
+``main``, which runs ``trainer.run.run`` and turns bad input into one ``growlm-train: error:`` line and exit status 2.
+``train.py`` at the top of the package is the script the launchers start on every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from growlm import DS_CONFIG_DIR
+from growlm.growth.errors import GrowthError
+from growlm.model.config import PRESETS
+from growlm.runtime.checkpoint import CheckpointError
+from growlm.runtime.commands import HelpFormatter, add_version
+from growlm.runtime.dist import close_distributed, launch_rank
+from growlm.runtime.processes import watch_driver
+from growlm.trainer.config import DEFAULT_PRESET
+from growlm.trainer.errors import RankError, UsageError
+from growlm.trainer.run import run
+
+__all__ = ["main", "build_parser", "parse_args"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The growlm-train argument parser (``python train.py --help`` describes every flag)."""
+    p = argparse.ArgumentParser(
+        prog="growlm-train",
+        description="Pretrain a GPT-2 with DeepSpeed ZeRO. Model shape from --preset (+ overrides); DeepSpeed "
+        "settings (ZeRO stage, precision, batch, optimizer, LR schedule) from --ds_config.",
+        formatter_class=HelpFormatter,
+    )
+    _model_and_data_flags(p)
+    _training_flags(p.add_argument_group("training"))
+    _evaluation_flags(p.add_argument_group("evaluation"))
+    p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # set by the deepspeed launcher
+    return add_version(p)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``python train.py --help`` describes every flag)."""
+    return build_parser().parse_args(argv)
+
+
+def _model_and_data_flags(p: argparse.ArgumentParser) -> None:
+    """The "model" and "data" flag groups."""
+    m = p.add_argument_group("model")
+    m.add_argument(
+        "--preset",
+        default=None,
+        help=f"model shape preset, one of: {', '.join(PRESETS)} "
+        f"(default {DEFAULT_PRESET}, the checkpoint's shape with --resume, the folder's with --init_from)",
+    )
+    m.add_argument("--n_layer", type=int, help="override the preset's number of blocks L")
+    m.add_argument("--n_embd", type=int, help="override the preset's width d (must be divisible by n_head)")
+    m.add_argument("--n_head", type=int, help="override the preset's number of attention heads H")
+    m.add_argument("--n_inner", type=int, help="override the preset's FFN width F (default 4 * n_embd)")
+    m.add_argument("--n_positions", type=int, help="override the preset's longest context P")
+    m.add_argument("--vocab_size", type=int, help="override the preset's vocabulary V (>= the data's vocabulary)")
+    m.add_argument("--dropout", type=float, help="override the preset's dropout (embedding, attention, residual)")
+    d = p.add_argument_group("data")
+    d.add_argument(
+        "--data",
+        default=None,
+        help="folder made by growlm-prepare (train.bin, val.bin, meta.json); "
+        "default: the built-in corpus, prepared on first use into data/cache/builtin",
+    )
+    d.add_argument("--seq_len", type=int, default=None, help="tokens per training sequence T (default n_positions)")
+    d.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the model init, data order and dropout (default 1234, or the checkpoint's with --resume)",
+    )
+
+
+def _training_flags(t: argparse._ArgumentGroup) -> None:
+    """The "training" flag group."""
+    t.add_argument(
+        "--ds_config",
+        default=str(DS_CONFIG_DIR / "zero2_bf16.json"),
+        help='DeepSpeed JSON config; a scheduler total_num_steps of "auto" becomes --max_steps',
+    )
+    t.add_argument("--max_steps", type=int, default=200, help="train until this many optimizer steps (global step)")
+    t.add_argument(
+        "--out_dir",
+        default="runs/default",
+        help="run folder: checkpoints/, tb/ (TensorBoard), "
+        "metrics.jsonl; refused if it already holds checkpoints this run would write, or while another growlm-train "
+        "runs in it (<out_dir>/train.lock)",
+    )
+    t.add_argument(
+        "--growth_plan",
+        default=None,
+        help="YAML growth plan (growth/plans/*.yaml): the starting shape and stages to grow into during this run; "
+        "each stage's operator, trigger (step, tokens or loss slope), mask ramp, Adam policy and LR rule",
+    )
+    t.add_argument(
+        "--resume",
+        default=None,
+        help="checkpoint to continue from: a checkpoints folder (its "
+        "'latest' tag) or a tag folder; restores weights, Adam state, LR schedule, loss scaler, "
+        "consumed samples and RNG. DeepSpeed's loader unpickles the checkpoint's files: use checkpoints from a "
+        "trusted source only (growlm refuses any file holding more than tensor data and a few known types)",
+    )
+    t.add_argument(
+        "--init_from",
+        default=None,
+        help="transformers GPT-2 folder to start from (growlm-grow --export_hf output or any GPT2LMHeadModel saved "
+        "with save_pretrained): config.json gives the model shape (no --preset/--n_* that differ), model.safetensors "
+        "the weights (safetensors only; pytorch_model.bin is refused), tokenizer.json, if present, must match "
+        "--data's tokenizer. Fresh Adam state and LR schedule, any ZeRO stage and precision; with --growth_plan the "
+        "plan's start must be this shape. Not with --resume",
+    )
+    t.add_argument(
+        "--stop_before_stage",
+        metavar="NAME",
+        help="with --growth_plan: when stage NAME is due, save a checkpoint and exit 0 instead of growing live "
+        "(growlm-run then grows it offline and relaunches on the stage's resources)",
+    )
+    t.add_argument("--save_interval", type=int, default=0, help="also save every N steps (0: only at the end)")
+    t.add_argument("--no_final_save", action="store_true", help="do not save a checkpoint at the end")
+    t.add_argument("--log_interval", type=int, default=10, help="steps between TensorBoard/console logs (>= 1)")
+    t.add_argument("--dist_timeout_s", type=float, default=300.0, help="seconds to wait for other ranks")
+
+
+def _evaluation_flags(e: argparse._ArgumentGroup) -> None:
+    """The "evaluation" flag group."""
+    e.add_argument("--eval_interval", type=int, default=0, help="validate every N steps (0: only before/after)")
+    e.add_argument("--eval_tokens", type=int, default=32768, help="held-out tokens used by periodic validation")
+    e.add_argument(
+        "--final_eval_tokens",
+        type=int,
+        default=0,
+        help="held-out tokens scored before and after training (0: the whole validation split)",
+    )
+    e.add_argument(
+        "--eval_stride",
+        type=int,
+        default=None,
+        help="sliding-window stride for before/after perplexity (default seq_len: non-overlapping windows)",
+    )
+    e.add_argument("--eval_batch_size", type=int, default=8, help="windows per forward pass when evaluating")
+    e.add_argument("--no_eval", action="store_true", help="skip the before/after perplexity")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """growlm-train: run ``run`` and turn bad input into one message and exit status 2."""
+    args = parse_args(argv)
+    watch_driver()  # under growlm-run: die with the driver (no-op otherwise)
+    rank_env = launch_rank()
+    try:
+        return run(args)
+    except (UsageError, CheckpointError, GrowthError) as e:
+        if rank_env == 0 or isinstance(e, RankError):
+            print(f"growlm-train: error: {e}", file=sys.stderr)
+        return 2
+    finally:  # success, refusal or exception: leave no process group, TCP store or rendezvous variables behind
+        close_distributed()
