@@ -74,7 +74,7 @@ setup(
             "growlm-grow = growlm.growth.offline.cli:main",
             "growlm-run = growlm.trainer.driver:main",
             "growlm-eval = growlm.eval.metrics.cli:main",
-            "growlm-experiment = growlm.eval.experiments.staged:main",
+            "growlm-experiment = growlm.eval.experiments.cli:main",
             "growlm-bench = growlm.eval.bench.throughput:main",
         ]
     },

@@ -57,10 +57,17 @@ from growlm.data.corpus_sources import (
 )
 from growlm.data.tokens import cache_dir
 from growlm.runtime.atomic import commit_dir, fresh_dir
+from growlm.runtime.commands import HelpFormatter, add_version
 
 DATA_DIR = Path(__file__).resolve().parent
 CORPUS_DIR = DATA_DIR / "corpus"
-EXTRA_DIR = cache_dir() / "extra"
+
+
+def extra_dir() -> Path:
+    """Where ``--extra`` sources go by default: ``extra`` in growlm's cache folder (data.tokens.cache_dir)."""
+    return cache_dir() / "extra"
+
+
 MANIFEST_NAME = "MANIFEST.json"
 MANIFEST_FORMAT = "growlm-corpus-v1"
 
@@ -268,12 +275,14 @@ def build_extras(names: list[str], out: Path) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The growlm-build-corpus argument parser."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m growlm.data.build_corpus")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], prog="growlm-build-corpus", formatter_class=HelpFormatter
+    )
     parser.add_argument(
         "--out",
         type=Path,
         default=None,
-        help=f"output directory; default {CORPUS_DIR} for the corpus, {EXTRA_DIR} with --extra",
+        help=f"output directory; default {CORPUS_DIR} for the corpus, {extra_dir()} with --extra",
     )
     parser.add_argument(
         "--check",
@@ -287,13 +296,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated extra sources to write instead of the corpus: {','.join(EXTRAS)}; "
         "they are not committed (CC BY-SA / GPL)",
     )
-    return parser
+    return add_version(parser)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.extra:
-        build_extras([n.strip() for n in args.extra.split(",") if n.strip()], args.out or EXTRA_DIR)
+        build_extras([n.strip() for n in args.extra.split(",") if n.strip()], args.out or extra_dir())
         return 0
     out = args.out or CORPUS_DIR
     if args.check:

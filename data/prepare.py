@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
 from growlm.data.build_corpus import CORPUS_DIR, load_manifest, verify_corpus
 from growlm.data.sources import (
     HUB_PREFIX,
@@ -39,6 +40,7 @@ from growlm.data.sources import (
 from growlm.data.text import InputError, read_json_rows
 from growlm.data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer
 from growlm.data.tokens import DTYPE, FORMAT, SPLITS, TokenFolderWriter, cache_dir, load_meta, open_tokens
+from growlm.runtime.commands import HelpFormatter, add_version
 
 __all__ = ["FORMAT", "DTYPE", "SPLITS", "prepare_dataset", "ensure_builtin_prepared", "load_meta", "open_tokens"]
 
@@ -88,7 +90,7 @@ def _tokenize_batch(batch: dict, indices: list[int], sources: list[str], offsets
 
 def _tokenized(sources: list[Path | str], split: str, cache_dir: Path, text_field: str, num_proc: int | None):
     """All sources of a split, tokenized: a datasets.Dataset with columns "source" (index) and "ids"."""
-    from datasets import concatenate_datasets
+    from datasets import concatenate_datasets  # lazy: heavy (about 2 s), only to read sources
 
     parts, offsets = [], []
     with quiet_datasets():
@@ -270,7 +272,9 @@ def ensure_builtin_prepared(data_dir: Source | None = None, *, num_proc: int | N
 
 def build_parser() -> argparse.ArgumentParser:
     """The growlm-prepare argument parser."""
-    parser = argparse.ArgumentParser(prog="growlm-prepare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="growlm-prepare", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter
+    )
     parser.add_argument(
         "--train",
         nargs="+",
@@ -298,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="text",
         help="field/column holding the text in .jsonl/.json/.parquet/Hub sources (default: text)",
     )
-    return parser
+    return add_version(parser)
 
 
 def _run(args: argparse.Namespace) -> Path:

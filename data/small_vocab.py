@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
+from growlm.data.prepare import builtin_corpus_files
 from growlm.data.text import read_text
 from growlm.data.tokens import TokenFolderWriter, cache_dir
 
@@ -31,7 +33,7 @@ EOT = "<|endoftext|>"
 
 def train_tokenizer(texts: list[str], vocab_size: int, min_frequency: int = 2):
     """A ByteLevel BPE (GPT-2's pre-tokenizer and byte alphabet) with ``EOT`` as its only special token."""
-    from tokenizers import ByteLevelBPETokenizer
+    from tokenizers import ByteLevelBPETokenizer  # lazy: only for a trained BPE
 
     tok = ByteLevelBPETokenizer()
     tok.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOT])
@@ -62,7 +64,6 @@ def prepare_small_vocab(
         FileExistsError: out exists and overwrite is False.
         ValueError: vocab_size outside [256 + 1, 65535].
     """
-    from growlm.data.prepare import builtin_corpus_files
 
     writer = TokenFolderWriter(out, overwrite)
     if not 257 <= vocab_size <= 65535:

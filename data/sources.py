@@ -87,7 +87,7 @@ def _unwrap_input_error(err: BaseException) -> InputError | None:
 
 def _load_hub(src: str, cache_dir: Path):
     """A Hub dataset hf:NAME[:CONFIG][@SPLIT] as a datasets.Dataset; RuntimeError naming the fix on failure."""
-    from datasets import load_dataset
+    from datasets import load_dataset  # lazy: heavy (about 2 s), only to read sources
 
     spec, _, split = src.removeprefix(HUB_PREFIX).partition("@")
     name, _, config = spec.partition(":")
@@ -109,7 +109,7 @@ def load_source(src: Path | str, text_field: str, cache_dir: Path):
         InputError: a local text/JSON file with undecodable bytes or a bad row (FILE:LINE).
         ValueError: a parquet file that cannot be read, or a source without the text field.
     """
-    from datasets import Dataset, Features, Value, load_dataset  # the only datasets imports: an adapter at the edge
+    from datasets import Dataset, Features, Value, load_dataset  # lazy: heavy (about 2 s), only to read sources
 
     if isinstance(src, str):
         ds = _load_hub(src, cache_dir)
@@ -143,7 +143,7 @@ def load_source(src: Path | str, text_field: str, cache_dir: Path):
 @contextlib.contextmanager
 def quiet_datasets() -> Iterator[None]:
     """Hide datasets' per-file 'Generating train split' bars while sources load; restore the setting after."""
-    import datasets
+    import datasets  # lazy: heavy (about 2 s), only to read sources
 
     was_enabled = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()

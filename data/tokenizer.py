@@ -30,6 +30,8 @@ import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenizer regex
 
+from growlm.runtime.atomic import write_json, write_text
+
 GPT2_BPE_DIR = Path(__file__).resolve().parent / "gpt2_bpe"
 ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
@@ -152,7 +154,6 @@ class Tokenizer:
         Returns:
             The three paths written.
         """
-        from growlm.runtime.atomic import write_json, write_text
 
         out_dir = Path(out_dir)
         special = {"bos_token": self.eot_token, "eos_token": self.eot_token, "unk_token": self.eot_token}
@@ -180,8 +181,8 @@ def gpt2_tokenizers() -> Any:
     Raises:
         FileNotFoundError, ValueError: as ``gpt2_tokenizer``.
     """
-    from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
-    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors  # lazy: only for a trained BPE
+    from tokenizers import Tokenizer as HFTokenizer  # lazy: only for a trained BPE
 
     encoder_json, vocab_bpe = GPT2_BPE_DIR / "encoder.json", GPT2_BPE_DIR / "vocab.bpe"
     _check_file(encoder_json, ENCODER_JSON_SHA256)
@@ -210,7 +211,7 @@ def from_file(path: str | Path, eot: str = EOT) -> Tokenizer:
     Raises:
         TokenizerError: the file is missing, unreadable, or has no ``eot`` token.
     """
-    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import Tokenizer as HFTokenizer  # lazy: only for a trained BPE
 
     path = Path(path)
     if not path.is_file():

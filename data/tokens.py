@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+
 from growlm.runtime.atomic import commit_dir, fresh_dir
 
 CACHE_ENV = "GROWLM_CACHE"

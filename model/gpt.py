@@ -25,9 +25,10 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
+
 from growlm.model.config import GPTConfig
 from growlm.model.masks import MASK_BUFFERS, MaskSpec, mask_values, new_unit_flags
-from torch import Tensor, nn
 
 
 class Conv1D(nn.Module):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+
 from growlm.model.config import GPTConfig
 from growlm.model.gpt import GPT
 
@@ -23,7 +24,7 @@ def to_hf_config(cfg: GPTConfig, eot_token_id: int | None = None) -> GPT2Config:
     ``eot_token_id``: the tokenizer's end-of-text id, written as bos/eos_token_id (None: GPT-2's 50256 when the
     vocabulary holds it, else none).
     """
-    from transformers import GPT2Config
+    from transformers import GPT2Config  # lazy: heavy (about 2 s), only for the transformers GPT-2
 
     if eot_token_id is None and cfg.vocab_size > 50256:
         eot_token_id = 50256
@@ -86,7 +87,7 @@ def to_hf(model: GPT, eot_token_id: int | None = None) -> GPT2LMHeadModel:
     Raises:
         ValueError: the model still carries growth masks (finish the ramp first; a masked model is not GPT-2).
     """
-    from transformers import GPT2LMHeadModel
+    from transformers import GPT2LMHeadModel  # lazy: heavy (about 2 s), only for the transformers GPT-2
 
     if any("mask" in name or "gate" in name for name, _ in model.named_buffers()):
         raise ValueError("model still has growth masks; let the mask ramp finish (masks at 1 are removed) first")

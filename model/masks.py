@@ -21,8 +21,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from growlm.model.config import GPTConfig
 from torch import Tensor
+
+from growlm.model.config import GPTConfig
 
 # The buffer names, in the order GPT passes them to its blocks: hidden (d,), qkv (H*Q,), ffn (F,), gate (L,).
 MASK_BUFFERS = ("growth_mask_hidden", "growth_mask_attn", "growth_mask_ffn", "growth_gate_layer")

@@ -36,8 +36,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
 from growlm.runtime.atomic import TMP_PREFIX, atomic_path, commit_dir, fix_mode, fresh_dir, unfinished, write_text
 from growlm.runtime.crash_points import hold_point
+from growlm.runtime.dist import select_accelerator
 from growlm.runtime.engine import repair_adam_steps
 from growlm.runtime.manifest import ManifestError, verify_manifest, write_manifest
 from growlm.runtime.run_state import STATE_FILE, STATE_FORMAT, RunState, RunStateError
@@ -118,12 +120,14 @@ def resolve(path: str | os.PathLike) -> tuple[Path, str]:
 def _safe_globals() -> list[Any]:
     """The types a genuine checkpoint's pickles may build: DeepSpeed's loss scalers, ZeRO stage enum and fragment
     addresses (optimizer states), and numpy's array reconstruction (RNG files written before this version)."""
-    from growlm.runtime.dist import select_accelerator
 
     select_accelerator()  # before deepspeed's first import picks one
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
+    from deepspeed.runtime.fp16.loss_scaler import (  # lazy: deepspeed picks its accelerator at import
+        DynamicLossScaler,
+        LossScaler,
+    )
+    from deepspeed.runtime.zero.config import ZeroStageEnum  # lazy: deepspeed picks its accelerator at import
+    from deepspeed.utils.tensor_fragment import fragment_address  # lazy: deepspeed picks its accelerator at import
 
     core = getattr(np, "_core", None) or np.core
     return [

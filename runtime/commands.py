@@ -17,7 +17,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if action.default in (None, False, argparse.SUPPRESS) or "default" in text or not action.option_strings:
+        unset = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if unset or "default" in text or not action.option_strings:  # identity: a default of 0 is shown
             return text
         return super()._get_help_string(action)
 

@@ -7,6 +7,7 @@ It imports deepspeed lazily, after choosing the accelerator, because DeepSpeed p
 from __future__ import annotations
 
 import atexit
+import ctypes
 import gc
 import os
 import socket
@@ -21,6 +22,7 @@ import torch
 # process and destroy_process_group cannot free it (its worker threads then meet the interpreter's teardown).
 # Imported here, before any group exists, the defaults hold None (the default group at call time).
 import torch.distributed.nn  # noqa: F401, E402  (isort: keep this after torch)
+
 from growlm.runtime.launch import free_port
 from growlm.runtime.quiet import quiet_known_noise
 
@@ -65,7 +67,7 @@ def discover_mpi() -> bool:
     if "RANK" in os.environ or not any(k in os.environ for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")):
         return False
     try:
-        from mpi4py import MPI
+        from mpi4py import MPI  # lazy: importing mpi4py.MPI initialises MPI: only under mpirun
     except ImportError as e:
         raise RuntimeError("launched by mpirun but mpi4py is missing; pip install 'growlm[mpi]' (needs an MPI)") from e
     comm = MPI.COMM_WORLD
@@ -182,8 +184,6 @@ def keep_freed_memory() -> bool:
     if {"MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_"} & set(os.environ) or os.environ.get("GROWLM_KEEP_FREED") == "0":
         return False
     try:
-        import ctypes
-
         libc = ctypes.CDLL("libc.so.6")
         return bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
     except (OSError, AttributeError):  # not glibc
@@ -221,8 +221,8 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
     if accelerator == "cpu":
         keep_freed_memory()
 
-    import deepspeed
-    from deepspeed.accelerator import get_accelerator
+    import deepspeed  # lazy: deepspeed picks its accelerator at import
+    from deepspeed.accelerator import get_accelerator  # lazy: deepspeed picks its accelerator at import
 
     acc = get_accelerator()
     try:
@@ -270,7 +270,7 @@ def close_distributed() -> None:
     """
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         try:  # DeepSpeed's destroy also drops the groups it caches (deepspeed.utils.groups), then calls torch's
-            import deepspeed.comm as ds_comm
+            import deepspeed.comm as ds_comm  # lazy: deepspeed picks its accelerator at import
 
             if ds_comm.is_initialized():
                 ds_comm.destroy_process_group()
@@ -279,7 +279,7 @@ def close_distributed() -> None:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     try:  # DeepSpeed keeps its own handle on the group; drop it so a later init_distributed starts afresh
-        import deepspeed.comm.comm as ds_comm_state
+        import deepspeed.comm.comm as ds_comm_state  # lazy: deepspeed picks its accelerator at import
 
         ds_comm_state.cdb = None
     except ImportError:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
 from growlm.model.config import GPTConfig
 from growlm.model.gpt import GPT
 from growlm.model.masks import MaskSpec
@@ -106,8 +107,8 @@ def build_engine(cfg: GPTConfig, masks: MaskSpec | None, ds_config: dict, *, par
         with its flat fp16/bf16 and fp32 partitions and gradient buffers), ``engine_other`` (the rest of
         ``deepspeed.initialize``: config, module placement, hooks, scheduler).
     """
-    import deepspeed
-    from deepspeed.runtime.engine import DeepSpeedEngine
+    import deepspeed  # lazy: deepspeed picks its accelerator at import
+    from deepspeed.runtime.engine import DeepSpeedEngine  # lazy: deepspeed picks its accelerator at import
 
     weight_decay = ds_config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
     split: dict[str, float] = dict.fromkeys(BUILD_SPLIT, 0.0)
@@ -207,7 +208,7 @@ def release_engine(engine: Any) -> None:
     Args:
         engine: a DeepSpeed engine of any ZeRO stage; it must not be used afterwards.
     """
-    from deepspeed.runtime.zero import parameter_offload
+    from deepspeed.runtime.zero import parameter_offload  # lazy: deepspeed picks its accelerator at import
 
     module = engine.module
     engine.destroy()

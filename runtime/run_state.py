@@ -6,7 +6,8 @@ done, the LR schedule a growth placed, the slope trigger's history) and the grow
 every save, ``growlm-grow`` writes it for its output, ``growlm-eval`` and every resume read it; all of them go
 through this class, never through string keys.
 
-Not growth.ops.single_process.TrainingState, which holds a model's tensors in one process for the growth operators; the two
+Not growth.ops.single_process.TrainingState, which holds a model's tensors in one process for the growth operators; the
+two
 share the types of their common fields (GPTConfig, MaskSpec, ScheduleState, consumed samples).
 
 Versions: files written before this class existed have no ``version`` key and are read as version 1 (same keys,

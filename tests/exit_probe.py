@@ -22,6 +22,7 @@ info = init_distributed(120)
 
 import torch  # noqa: E402
 import torch.distributed.nn.functional as dist_nn  # noqa: E402
+
 from growlm.model.config import GPTConfig  # noqa: E402
 from growlm.runtime.engine import build_engine, release_engine  # noqa: E402
 

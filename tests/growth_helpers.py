@@ -4,6 +4,7 @@ state. Torch only."""
 from __future__ import annotations
 
 import torch
+
 from growlm.growth.ops.apply import OptimizerPolicy, apply_plan
 from growlm.growth.ops.rules import GrowthPlan
 from growlm.growth.ops.stores import DictStore, ModuleStore, ParamState

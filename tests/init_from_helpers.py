@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
 from growlm.data import tokenizer as tok
 from growlm.model.config import GPTConfig
 from growlm.model.gpt import GPT

@@ -29,13 +29,14 @@ import deepspeed.utils as dsu  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from transformers import GPT2LMHeadModel  # noqa: E402
+
 from growlm.runtime.engine import inner_optimizer  # noqa: E402
 from growlm.trainer.checkpointing import restore  # noqa: E402
 from growlm.trainer.init_from import stage0_masters  # noqa: E402
 from growlm.trainer.loop import Batches, train_step  # noqa: E402
 from growlm.trainer.run import build, join, open_data  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
-from transformers import GPT2LMHeadModel  # noqa: E402
 
 info = join(cfg)
 run_data = open_data(cfg, info)

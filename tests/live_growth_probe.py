@@ -24,12 +24,14 @@ import deepspeed.utils as dsu  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from deepspeed.accelerator import get_accelerator  # noqa: E402
+
 from growlm.growth.live.engine import EngineStore, adam_step_of, grow_engine  # noqa: E402
 from growlm.growth.ops import make_plan  # noqa: E402
 from growlm.growth.ops.apply import OptimizerPolicy, grow_param  # noqa: E402
+from growlm.growth.ops.schedule_rule import ScheduleRule, place_schedule  # noqa: E402
 from growlm.model.config import GPTConfig  # noqa: E402
 from growlm.runtime.engine import build_engine  # noqa: E402
-from growlm.runtime.schedule import ScheduleRule, engine_schedule, place_schedule, start_schedule  # noqa: E402
+from growlm.runtime.schedule import engine_schedule, start_schedule  # noqa: E402
 
 ds_path, family, out_path = sys.argv[1:4]
 fp16_native = bool(get_accelerator().is_fp16_supported())

@@ -31,7 +31,7 @@ def job(what: str, work: Path) -> list[str]:
     """(script, arguments) of one run of ``what`` writing into ``work``."""
     if what == "probe":
         return ["tests/growth_memory_probe.py", "ds_configs/zero2_fp32.json", "grow", str(work / "memory.json")]
-    return ["train.py", "--preset", "tiny", "--seq_len", "32", "--max_steps", "4", "--no_eval",
+    return ["train.py", "--preset", "tiny", "--seq_len", "32", "--max_steps", "4", "--no_final_eval",
             "--ds_config", "ds_configs/zero3_fp32.json", "--out_dir", str(work / "run")]  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from growlm.runtime import checkpoint
 from growlm.runtime.dist import DistInfo
 from growlm.runtime.run_state import DataIdentity, RunState

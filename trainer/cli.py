@@ -141,7 +141,7 @@ def _evaluation_flags(e: argparse._ArgumentGroup) -> None:
         help="sliding-window stride for before/after perplexity (default seq_len: non-overlapping windows)",
     )
     e.add_argument("--eval_batch_size", type=int, default=8, help="windows per forward pass when evaluating")
-    e.add_argument("--no_eval", action="store_true", help="skip the before/after perplexity")
+    e.add_argument("--no_final_eval", action="store_true", help="skip the before/after perplexity")
 
 
 def main(argv: list[str] | None = None) -> int:

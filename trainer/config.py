@@ -9,6 +9,7 @@ from runtime.checkpoint, ``CheckpointError``.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -16,12 +17,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch.optim.lr_scheduler as torch_schedules
+
 from growlm import DS_CONFIG_DIR
+from growlm.data.prepare import default_data_dir, load_meta, open_tokens
 from growlm.growth.stages.plan import StageList
 from growlm.model.config import GPTConfig, from_preset
 from growlm.runtime import checkpoint
 from growlm.runtime.engine import precision_of
 from growlm.runtime.run_state import RunState
+from growlm.trainer import init_from
 from growlm.trainer.errors import UsageError
 from growlm.trainer.plan_checks import SHAPE_FLAGS, check_plan_fits_run, check_stop_stage, load_growth_plan, plan_config
 
@@ -53,7 +58,7 @@ class RunConfig:
         start_step: the global step the run starts at (the checkpoint's, or 0).
         save_steps: global steps at which this run saves.
         max_steps, log_interval, eval_interval, eval_tokens, final_eval_tokens, eval_stride, eval_batch_size,
-            no_eval, dist_timeout_s: the flags of the same names (``python train.py --help``).
+            no_final_eval, dist_timeout_s: the flags of the same names (``python train.py --help``).
         stop_before_stage: --stop_before_stage: save and end the run when this plan stage is due (growlm-run).
     """
 
@@ -81,7 +86,7 @@ class RunConfig:
     final_eval_tokens: int
     eval_stride: int | None
     eval_batch_size: int
-    no_eval: bool
+    no_final_eval: bool
     dist_timeout_s: float
     init_from: Any = None
     stop_before_stage: str | None = None
@@ -146,7 +151,6 @@ def validate_data_dir(path: str | None) -> Path:
     Raises:
         UsageError: the folder is missing, is a text file, has no valid meta.json, or its train split is empty.
     """
-    from growlm.data.prepare import default_data_dir, load_meta
 
     if path is None:
         return default_data_dir()
@@ -242,7 +246,6 @@ def check_token_files(data_dir: Path, seq_len: int) -> None:
     Raises:
         UsageError: names the file or the token counts and the fix.
     """
-    from growlm.data.prepare import open_tokens
 
     if not (data_dir / "meta.json").is_file():
         return
@@ -324,7 +327,7 @@ def check_precision_supported(precision: str, ds_config_path: str, zero_stage: i
     Raises:
         UsageError: fp16 asked for and unsupported; the message names the precisions available.
     """
-    from deepspeed.accelerator import get_accelerator
+    from deepspeed.accelerator import get_accelerator  # lazy: deepspeed picks its accelerator at import
 
     if precision == "fp16" and not get_accelerator().is_fp16_supported():
         available = ["fp32"] + (["bf16"] if get_accelerator().is_bf16_supported() else [])
@@ -399,10 +402,8 @@ def check_scheduler(ds_cfg: dict[str, Any], path: str) -> None:
     Raises:
         UsageError: names the scheduler, the unknown keys and the accepted ones.
     """
-    import inspect
 
-    import torch.optim.lr_scheduler as torch_schedules
-    from deepspeed.runtime import lr_schedules
+    from deepspeed.runtime import lr_schedules  # lazy: deepspeed picks its accelerator at import
 
     sched = ds_cfg.get("scheduler")
     if sched is None:
@@ -453,7 +454,6 @@ def resolve(args: argparse.Namespace) -> RunConfig:
     Raises:
         UsageError, CheckpointError: the first problem found (see the functions above and trainer.init_from).
     """
-    from growlm.trainer import init_from  # here: it imports this module
 
     check_flag_ranges(args)
     out_dir = check_out_dir(args.out_dir)
@@ -524,7 +524,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
         final_eval_tokens=args.final_eval_tokens,
         eval_stride=args.eval_stride,
         eval_batch_size=args.eval_batch_size,
-        no_eval=args.no_eval,
+        no_final_eval=args.no_final_eval,
         dist_timeout_s=args.dist_timeout_s,
         init_from=init,
         stop_before_stage=stop,

@@ -13,6 +13,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+
 from growlm.eval.metrics.perplexity import NLL, token_nll
 from growlm.runtime.dist import DistInfo
 from growlm.trainer.config import RunConfig
@@ -52,8 +53,9 @@ class Evaluator:
 
 
 def perplexity_before(ev: Evaluator, engine: Any, run: RunConfig, log: MetricsLogger) -> NLL | None:
-    """The held-out perplexity before training (--final_eval_tokens, --eval_stride), printed; None with --no_eval."""
-    if run.no_eval:
+    """The held-out perplexity before training (--final_eval_tokens, --eval_stride), printed; None with
+    --no_final_eval."""
+    if run.no_final_eval:
         return None
     t0 = time.perf_counter()
     before = ev.score(engine, run.final_eval_tokens, run.eval_stride, progress=True)
@@ -67,7 +69,7 @@ def perplexity_before(ev: Evaluator, engine: Any, run: RunConfig, log: MetricsLo
 def perplexity_after(ev: Evaluator, p: Progress, run: RunConfig, log: MetricsLogger, before: NLL | None) -> None:
     """The held-out perplexity after training: a "val" record and a line comparing it with ``before`` (when it was
     measured: a job growlm-run relaunched skips it)."""
-    if run.no_eval:
+    if run.no_final_eval:
         return
     after = ev.score(p.engine, run.final_eval_tokens, run.eval_stride, progress=True)
     log.val(after, step=p.step, tokens=p.consumed * run.seq_len, flops=p.consumed_flops)

@@ -1,5 +1,6 @@
 """Growth events of a run with --growth_plan: the trigger of the next stage (step, tokens or validation-loss slope),
-the live growth itself (growth.live.engine.grow_engine, which makes its checks through growth.ops.preparation.prepare_growth), and
+the live growth itself (growth.live.engine.grow_engine, which makes its checks through
+growth.ops.preparation.prepare_growth), and
 its record (metrics.jsonl "growth" event, TensorBoard, console, and the RunState growth history).
 
 When to grow is described in DESIGN.md, section "When to grow"; what a growth carries in section "What growth
@@ -105,7 +106,8 @@ def grow(p: Progress, stage: Stage, run: RunConfig, data: Batches) -> GrowthEven
 
 def growth_record(p: Progress, stage: Stage, event: GrowthEvent, seq_len: int) -> dict[str, Any]:
     """The "growth" record of metrics.jsonl for ``event``, a growth into ``p.model`` at ``p.step``: shapes, losses,
-    cost (``seconds``, ``bytes_moved``; per phase of growth.live.engine.GROWTH_PHASES ``<phase>_s`` and ``<phase>_bytes``,
+    cost (``seconds``, ``bytes_moved``; per phase of growth.live.engine.GROWTH_PHASES ``<phase>_s`` and
+    ``<phase>_bytes``,
     as growth.live.engine.GrowthResult defines them; ``build_<part>_s``: the engine build split; ``collectives``: gather
     collectives) and memory (``peak_rss_bytes_all_ranks``: the largest host peak RSS of
     any rank)."""

@@ -26,8 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+
+from growlm.data import tokenizer as tok
+from growlm.growth.live.engine import refresh_working_copies
+from growlm.growth.ops.rules import param_shapes
 from growlm.growth.stages.plan import StageList
 from growlm.model.config import GPTConfig, from_preset
+from growlm.model.hf import from_hf_config
 from growlm.runtime import run_state
 from growlm.trainer.errors import UsageError
 from growlm.trainer.plan_checks import SHAPE_FLAGS, shape_of
@@ -76,8 +82,7 @@ def read_config(path: Path) -> GPTConfig:
         UsageError: no such folder, no config.json, not JSON, not a GPT-2 (``model_type``), or a GPT-2 variant
             growlm's GPT does not implement.
     """
-    from growlm.model.hf import from_hf_config
-    from transformers import GPT2Config
+    from transformers import GPT2Config  # lazy: heavy (about 2 s), only for the transformers GPT-2
 
     if not path.is_dir():
         raise _fail(path, "no such folder; give a transformers GPT-2 folder (config.json + model.safetensors)")
@@ -107,8 +112,6 @@ def map_tensors(path: Path, weights: Path, cfg: GPTConfig) -> dict[str, str]:
         UsageError: the file is not safetensors, a parameter is missing or has another shape, or the file holds
             tensors GPT-2 does not have.
     """
-    from growlm.growth.ops.rules import param_shapes
-    from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(weights), framework="pt") as f:
@@ -170,7 +173,6 @@ def open_init_from(args: argparse.Namespace) -> InitFolder | None:
         UsageError: see read_config, map_tensors and check_flags; weights only as a pickle (pytorch_model.bin) or
             none at all; a tokenizer.json that does not load or has more tokens than vocab_size.
     """
-    from growlm.data import tokenizer as tok
 
     if not args.init_from:
         return None
@@ -229,7 +231,6 @@ def check_data_tokenizer(src: InitFolder, data_dir: Path) -> None:
     Raises:
         UsageError: the two tokenizers encode the probe text differently, or the data's tokenizer is unknown.
     """
-    from growlm.data import tokenizer as tok
 
     if src.tokenizer is None:
         return
@@ -270,9 +271,7 @@ def load_weights(engine: Any, src: InitFolder) -> None:
     the master), then the masters are copied into the working parameters (growth.live.engine.refresh_working_copies).
     ZeRO stage 0: the module parameter is the master (fp32) or has one (fp16/bf16 wrappers); both are written.
     """
-    import deepspeed.utils as dsu
-    from growlm.growth.live.engine import refresh_working_copies
-    from safetensors import safe_open
+    import deepspeed.utils as dsu  # lazy: deepspeed picks its accelerator at import
 
     masters = stage0_masters(engine)
     with safe_open(str(src.weights), framework="pt") as f, torch.no_grad():

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from growlm.data.sampler import ResumableSampler, TokenWindows, micro_batch_start
 from growlm.model.config import GPTConfig, flops_per_token
 from growlm.runtime.dist import DistInfo

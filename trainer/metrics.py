@@ -10,12 +10,17 @@ val_loss, val_perplexity, val_tokens, tokens, flops; "growth" records are built 
 from __future__ import annotations
 
 import json
+import resource
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
+
 from growlm.eval.metrics.perplexity import NLL
+from growlm.runtime.atomic import write_text
+from growlm.trainer.errors import UsageError
 
 TRAIN_SCALARS = ("loss", "lr", "grad_norm", "loss_scale")  # train/<key> in TensorBoard at every log interval
 
@@ -24,7 +29,6 @@ def max_rss_bytes() -> int:
     """Peak resident memory of this process so far (bytes); on CUDA, peak allocated device memory."""
     if torch.cuda.is_available():
         return int(torch.cuda.max_memory_allocated())
-    import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
@@ -60,7 +64,6 @@ def read_val_curve(path: str | Path) -> tuple[list[float], list[float]]:
     Raises:
         UsageError: the file cannot be read or holds no validation record after training started.
     """
-    from growlm.trainer.errors import UsageError
 
     if not Path(path).is_file():
         raise UsageError(f"cannot read the metrics file {path}: no such file; give a run's metrics.jsonl")
@@ -93,7 +96,6 @@ def purge_after(path: str | Path, step: int, stop_stage: str | None = None) -> i
     ``purge_step`` does for its scalars. Kept lines are copied byte for byte; a half-written line a killed writer left
     is dropped. The file is replaced atomically (runtime.atomic: a reader sees the old or the new file) and only when
     something changes. Returns the number of lines dropped (0 when the file does not exist)."""
-    from growlm.runtime.atomic import write_text
 
     path = Path(path)
     if not path.is_file():
@@ -169,7 +171,7 @@ class MetricsLogger:
         self.out_dir = out_dir
         self._writer = self._file = self._bar = None
         if enabled:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import SummaryWriter  # lazy: heavy (about 1 s, tensorboard), rank 0 only
 
             out_dir.mkdir(parents=True, exist_ok=True)
             if purge_step is not None:
@@ -209,8 +211,6 @@ class MetricsLogger:
     def start_bar(self, initial: int) -> None:
         """Show the training progress bar (steps ``initial`` .. max_steps)."""
         if self.enabled:
-            from tqdm import tqdm
-
             self._bar = tqdm(total=self.max_steps, initial=initial, desc="train", unit="step", dynamic_ncols=True)
 
     def close_bar(self) -> None:

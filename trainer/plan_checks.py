@@ -65,7 +65,7 @@ def plan_config(args, growth: StageList, cfg: GPTConfig, resume_state: RunState 
 
 
 def check_stage_schedules(growth: StageList, stage_index: int, ds_cfg: dict, saved: Any = None) -> None:
-    """Refuse a stage whose LR placement would be refused at its growth (runtime.schedule.place_schedule: target
+    """Refuse a stage whose LR placement would be refused at its growth (growth.ops.schedule_rule.place_schedule: target
     total_num_steps < warmup_num_steps), which would otherwise stop the run only when that stage is reached.
 
     Each stage's schedule lengths are its rule's ``total_num_steps``/``warmup_num_steps`` when given, else the

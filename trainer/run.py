@@ -17,12 +17,15 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from growlm.data.prepare import ensure_builtin_prepared, load_meta, open_tokens
 from growlm.data.sampler import ResumableSampler, TokenWindows
 from growlm.model.config import param_count
 from growlm.runtime import checkpoint
 from growlm.runtime.crash_points import hold_point
-from growlm.runtime.dist import DistInfo
+from growlm.runtime.dist import DistInfo, init_distributed
 from growlm.runtime.engine import build_engine, loss_scale_of, release_engine
+from growlm.runtime.lock import LockHeldError, hold_lock
 from growlm.runtime.processes import DRIVER_PID_ENV
 from growlm.runtime.schedule import start_schedule
 from growlm.trainer.checkpointing import restore, save
@@ -30,6 +33,7 @@ from growlm.trainer.config import RunConfig, resolve
 from growlm.trainer.errors import RankError, UsageError
 from growlm.trainer.evaluation import Evaluator, perplexity_after, perplexity_before, validate_periodically
 from growlm.trainer.growth_events import maybe_grow, next_stage
+from growlm.trainer.init_from import load_weights
 from growlm.trainer.loop import Batches, Progress, StepResult, flops_per_step, train_step
 from growlm.trainer.metrics import MetricsLogger, Throughput, max_rss_bytes
 
@@ -54,7 +58,6 @@ def join(run: RunConfig) -> DistInfo:
         RankError: the group cannot be formed (every rank reports it: the rank that cannot reach the master is
             often not rank 0).
     """
-    from growlm.runtime.dist import init_distributed
 
     try:
         return init_distributed(run.dist_timeout_s)
@@ -69,7 +72,6 @@ def open_data(run: RunConfig, info: DistInfo) -> RunData:
         UsageError: the data's vocabulary is larger than the model's, or (resume) its train split is not the one
             the checkpoint trained on.
     """
-    from growlm.data.prepare import ensure_builtin_prepared, load_meta, open_tokens
 
     if run.builtin_data:
         if info.local_rank == 0:
@@ -104,7 +106,6 @@ def claim_out_dir(run: RunConfig, info: DistInfo) -> Any:
         UsageError: another process holds the lock (the message names the folder and the holder), or the folder
             cannot be created (raised on every rank; printed by rank 0).
     """
-    from growlm.runtime.lock import LockHeldError, hold_lock
 
     lock, message = None, ""
     if info.rank == 0:
@@ -257,7 +258,6 @@ def build(run: RunConfig) -> Any:
     LR schedule at its start, and with --init_from the folder's weights loaded into it (built inside ``zero.Init`` at
     ZeRO-3 then, as every value is overwritten). A --resume checkpoint is loaded into it next (restore).
     """
-    from growlm.trainer.init_from import load_weights
 
     torch.manual_seed(run.seed)  # identical init on every rank
     masks = run.resume_state.growth_masks if run.resume_state else None

@@ -9,7 +9,8 @@ both run every matmul in the low precision. Tokens are random: speed does not de
 gloo on CPUs (loopback) and NCCL on GPUs, from the launcher's RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT; with
 WORLD_SIZE unset or 1 it is a single process without DDP.
 
-Run as ``python -m growlm.eval.bench.baseline --config_json '{...}' ...`` under a rank launcher (runtime.launch); every rank
+Run as ``python -m growlm.eval.bench.baseline --config_json '{...}' ...`` under a rank launcher (runtime.launch); every
+rank
 prints one JSON line (its step times in s).
 """
 
@@ -24,8 +25,11 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
 from growlm.model.config import GPTConfig
 from growlm.model.gpt import GPT
+from growlm.runtime.dist import keep_freed_memory
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -61,8 +65,6 @@ def step_times(
     model = GPT(cfg).to(device).train()
     net = model
     if world_size > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
         net = DistributedDataParallel(model, device_ids=[torch.device(device).index] if device != "cpu" else None)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -126,8 +128,6 @@ def main(argv: list[str] | None = None) -> int:
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     device = "cpu"
     if not torch.cuda.is_available():
-        from growlm.runtime.dist import keep_freed_memory
-
         keep_freed_memory()  # as train.py's ranks do on a CPU (runtime.dist.init_distributed)
     else:
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"

@@ -19,6 +19,7 @@ import sys
 import time
 
 import torch
+
 from growlm.growth.ops import make_plan
 from growlm.growth.ops.rules import param_shapes
 from growlm.growth.ops.single_process import TrainingState, grow_state

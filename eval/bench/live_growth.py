@@ -34,7 +34,18 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
 from growlm import DS_CONFIG_DIR, PACKAGE_DIR
+from growlm.growth.live.engine import collect_old_engine, grow_engine, release_heap, rss_bytes
+from growlm.growth.ops import make_plan
+from growlm.growth.ops.apply import OptimizerPolicy
+from growlm.growth.ops.schedule_rule import ScheduleRule
+from growlm.model.config import GPTConfig, param_count
+from growlm.runtime.dist import init_distributed
+from growlm.runtime.engine import build_engine, release_engine
+from growlm.runtime.launch import launch_ranks
 
 SCENARIOS = {
     # name: (start shape, target shape); both starts have 60-80M parameters with the GPT-2 vocabulary
@@ -50,17 +61,8 @@ ROWS = [(case, stage, prec) for case in SCENARIOS for stage in (2, 3) for prec i
 
 def worker(case: str, stage: int, precision: str, out: str, seq_len: int, small: bool) -> None:
     """One rank: build, one step, live growth, then save -> release -> fresh build -> load of the grown model."""
-    from growlm.runtime.dist import init_distributed
 
     info = init_distributed(600)
-    import torch
-    import torch.distributed as dist
-    from growlm.growth.live.engine import collect_old_engine, grow_engine, release_heap, rss_bytes
-    from growlm.growth.ops import make_plan
-    from growlm.growth.ops.apply import OptimizerPolicy
-    from growlm.model.config import GPTConfig, param_count
-    from growlm.runtime.engine import build_engine, release_engine
-    from growlm.runtime.schedule import ScheduleRule
 
     ds_cfg = json.loads((DS_CONFIG_DIR / f"zero{stage}_{precision}.json").read_text())
     ds_cfg["train_micro_batch_size_per_gpu"] = 1
@@ -151,7 +153,6 @@ def merge(case: str, stage: int, precision: str, ranks: list[dict]) -> dict:
 
 def run_row(case: str, stage: int, precision: str, args: argparse.Namespace) -> dict:
     """Launch ``args.world_size`` ranks of the worker for one row on loopback; the merged row."""
-    from growlm.runtime.launch import launch_ranks
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rec.json"

@@ -7,7 +7,8 @@ Steps: train.py writes the checkpoint (2 ranks, ZeRO-2 fp32, 2 steps, micro batc
 widened to 8 x 512, ~51M parameters); then, each in a fresh process and ``--repeat`` times in turn (the fastest
 time of each case counts, since other jobs may share the CPU): (a) ds_to_universal alone, (b) growlm-grow reshard
 only, (c) growlm-grow masked growth 8 -> 12 layers. growlm-grow reads the ZeRO shards itself and writes the
-universal checkpoint in one pass (growth/offline/pipeline.py); it also verifies the input's manifest and fsyncs its output,
+universal checkpoint in one pass (growth/offline/pipeline.py); it also verifies the input's manifest and fsyncs its
+output,
 which ds_to_universal does not. Peak RSS is the largest ``ru_maxrss`` of the measured process and of its waited-for
 children (the process tree's largest process; growlm-grow starts none).
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,6 +32,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from growlm import DS_CONFIG_DIR, TRAIN_SCRIPT
+from growlm.eval.bench.throughput import recorded_command
+from growlm.model.config import param_count
+from growlm.runtime.launch import launch_ranks
+from growlm.runtime.run_state import STATE_FILE, RunState
 
 MODEL = ["--preset", "cpu-medium", "--n_layer", "8", "--n_embd", "512", "--n_head", "8"]
 
@@ -78,9 +84,8 @@ def write_checkpoint(work: Path) -> Path:
     cfg["train_micro_batch_size_per_gpu"] = 1
     cfg["scheduler"]["params"]["total_num_steps"] = 1000
     (work / "ds.json").write_text(json.dumps(cfg))
-    args = [*MODEL, "--seq_len", "32", "--no_eval", "--max_steps", "2", "--ds_config", str(work / "ds.json")]
+    args = [*MODEL, "--seq_len", "32", "--no_final_eval", "--max_steps", "2", "--ds_config", str(work / "ds.json")]
     args += ["--out_dir", str(work / "run")]
-    from growlm.runtime.launch import launch_ranks
 
     res = launch_ranks([sys.executable, str(TRAIN_SCRIPT), *args], 2, base_env=env(), timeout_s=1800)
     if res.returncode or res.timed_out:
@@ -105,7 +110,6 @@ def ds_command(tag: Path, out: Path) -> list[str]:
 
 def measure_all(ckpt: Path, work: Path, repeat: int) -> dict[str, list[dict]]:
     """Every case ``repeat`` times, interleaved with ds_to_universal; each output removed after its run."""
-    import shutil
 
     tag = ckpt / (ckpt / "latest").read_text().strip()
     runs: dict[str, list[dict]] = {"ds_to_universal": [], **{c: [] for c in CASES}}
@@ -121,7 +125,6 @@ def measure_all(ckpt: Path, work: Path, repeat: int) -> dict[str, list[dict]]:
 
 def rows(runs: dict[str, list[dict]], ckpt: Path, work: Path, params: int, grown: int) -> list[dict]:
     """The saved rows: the fastest repetition of each case against the fastest ds_to_universal."""
-    from growlm.eval.bench.throughput import recorded_command
 
     best = {k: min(v, key=lambda r: r["seconds"]) for k, v in runs.items()}
     ds = best["ds_to_universal"]
@@ -161,8 +164,6 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     ckpt = write_checkpoint(work)
     print(f"checkpoint {ckpt} ({time.perf_counter() - t:.0f} s)", flush=True)
-    from growlm.model.config import param_count
-    from growlm.runtime.run_state import STATE_FILE, RunState
 
     tag = ckpt / (ckpt / "latest").read_text().strip()
     cfg = RunState.from_json((tag / STATE_FILE).read_text()).model_config

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
 from growlm.eval.metrics.dynamics import clone_training, logit_change, ramp_loss_bump, width_divergence
 from growlm.growth.ops import make_plan
 from growlm.growth.ops.apply import apply_plan

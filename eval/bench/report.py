@@ -143,10 +143,10 @@ def markdown(records: list[dict], header: dict) -> str:
 
 def bar_chart(records: list[dict], path: str | Path, title: str) -> Path:
     """A PNG with two bar panels (tokens/s and MFU), one bar per run record, written to ``path``."""
-    import matplotlib
+    import matplotlib  # lazy: heavy (about 1 s), only for plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: heavy (about 1 s), only for plots
 
     names = [r["name"] for r in records]
     colors = [
@@ -195,7 +195,7 @@ def write_reports(args, out: Path, records: list[dict], base: dict, shape: str) 
         "recomputation off)",
         "batch": f"micro {args.micro_batch} x accumulation {args.grad_accum} x {args.world_size} ranks = "
         f"{common['global_batch']} sequences of {args.seq_len} tokens per step",
-        "steps": f"{args.steps} per run, first {args.warmup} left out",
+        "steps": f"{args.max_steps} per run, first {args.skip_steps} left out",
         "threads": f"{args.threads_per_rank} per rank (OMP_NUM_THREADS), the PyTorch baseline (torch DDP) too"
         if device_type == "cpu"
         else "-",

@@ -1,6 +1,6 @@
 """growlm-bench: training throughput of train.py for a model size, ZeRO stage, precision, batch, length and ranks.
 
-Every DeepSpeed number comes from a real ``train.py`` run (the same code path as training: ``--no_eval
+Every DeepSpeed number comes from a real ``train.py`` run (the same code path as training: ``--no_final_eval
 --no_final_save``), whose per-step ``metrics.jsonl`` records are read back; the first ``--warmup`` steps are left
 out. Beside it runs plain PyTorch in the same process layout (``eval/bench/baseline.py``: torch DDP, the same ranks,
 threads per rank, model and global batch), so the ratio measures DeepSpeed's overhead only. Each run gives a JSON
@@ -28,8 +28,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
+
 from growlm import DS_CONFIG_DIR, PACKAGE_DIR, TRAIN_SCRIPT
+from growlm.eval.bench.peak import device_peak
 from growlm.eval.bench.report import BenchError, summarize_train, write_reports
+from growlm.growth.errors import GrowthError
+from growlm.growth.stages.plan import load_stages
+from growlm.model.config import flops_per_token, from_preset, param_count
+from growlm.runtime.commands import HelpFormatter, add_version
+from growlm.runtime.dist import select_accelerator
 from growlm.runtime.launch import launch_ranks
 
 STAGES = (0, 1, 2, 3)
@@ -42,21 +50,21 @@ def build_parser() -> argparse.ArgumentParser:
         prog="growlm-bench",
         description="Measure train.py's training throughput (tokens/s, model TFLOP/s, MFU, fp16 skipped steps, "
         "peak memory) against a plain PyTorch baseline. Arguments after '--' go to train.py unchanged.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--preset", default="cpu-small", help="model shape preset (see train.py --help)")
     for name in ("n_layer", "n_embd", "n_head", "n_inner"):
         p.add_argument(f"--{name}", type=int, help=f"override the preset's {name}")
     p.add_argument("--seq_len", type=int, default=128, help="tokens per sequence T")
-    p.add_argument("--zero", type=int, nargs="+", default=[2], choices=STAGES, help="ZeRO stage(s)")
+    p.add_argument("--zero_stage", type=int, nargs="+", default=[2], choices=STAGES, help="ZeRO stage(s)")
     p.add_argument("--precision", nargs="+", default=["bf16"], choices=PRECISIONS, help="precision(s)")
     p.add_argument("--sweep", action="store_true", help="every ZeRO stage x every precision this device supports")
     p.add_argument("--micro_batch", type=int, default=8, help="sequences per rank per micro step")
     p.add_argument("--grad_accum", type=int, default=1, help="micro steps per optimizer step")
     p.add_argument("--world_size", type=int, default=None, help="ranks (default: GPUs on this machine, else 2)")
     p.add_argument("--threads_per_rank", type=int, default=None, help="CPU threads per rank (default cores/ranks)")
-    p.add_argument("--steps", type=int, default=7, help="optimizer steps per run, warm-up included")
-    p.add_argument("--warmup", type=int, default=2, help="leading steps left out of every number")
+    p.add_argument("--max_steps", type=int, default=7, help="optimizer steps per run, the skipped ones included")
+    p.add_argument("--skip_steps", type=int, default=2, help="leading steps left out of every number (warm-up)")
     p.add_argument("--peak_tflops", type=float, default=None, help="peak per device (default: GPU table or measured)")
     p.add_argument("--no_baseline", action="store_true", help="skip the plain PyTorch baseline")
     p.add_argument(
@@ -68,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/bench", help="folder for the JSON records, bench.md and bench.png")
     p.add_argument("--keep_runs", action="store_true", help="keep the train.py run folders and logs in OUT/runs")
     p.add_argument("--timeout_s", type=float, default=3600.0, help="limit for one run")
-    return p
+    return add_version(p)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,10 +89,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def available_precisions() -> tuple[str, list[str]]:
     """This machine's accelerator name and the precisions DeepSpeed can train with on it (train.py's check)."""
-    from growlm.runtime.dist import select_accelerator
 
     select_accelerator()
-    from deepspeed.accelerator import get_accelerator
+    from deepspeed.accelerator import get_accelerator  # lazy: deepspeed picks its accelerator at import
 
     acc = get_accelerator()
     avail = ["fp32"] + (["bf16"] if acc.is_bf16_supported() else []) + (["fp16"] if acc.is_fp16_supported() else [])
@@ -93,7 +100,6 @@ def available_precisions() -> tuple[str, list[str]]:
 
 def device_description() -> str:
     """The accelerator's name (CUDA device 0) or the CPU model with its core count, for the report header."""
-    import torch
 
     if torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
@@ -159,12 +165,12 @@ def bench_deepspeed(args: argparse.Namespace, stage: int, precision: str, work: 
     """One train.py run at ``stage`` and ``precision`` with ``args.world_size`` ranks; its JSON record."""
     name = f"zero{stage}-{precision}"
     run_dir = work / name
-    cfg_path = ds_config(stage, precision, args.micro_batch, args.grad_accum, args.steps, work / f"{name}.json")
+    cfg_path = ds_config(stage, precision, args.micro_batch, args.grad_accum, args.max_steps, work / f"{name}.json")
     shape = [f"--{k}={getattr(args, k)}" for k in ("n_layer", "n_embd", "n_head", "n_inner") if getattr(args, k)]
     shape = [] if args.growth_plan else ["--preset", args.preset, *shape]  # a plan sets its own starting shape
     cmd = [sys.executable, str(TRAIN_SCRIPT), *shape, "--seq_len", str(args.seq_len)]
-    cmd += ["--ds_config", str(cfg_path), "--max_steps", str(args.steps), "--no_eval", "--no_final_save"]
-    cmd += ["--log_interval", str(args.steps), "--out_dir", str(run_dir)]
+    cmd += ["--ds_config", str(cfg_path), "--max_steps", str(args.max_steps), "--no_final_eval", "--no_final_save"]
+    cmd += ["--log_interval", str(args.max_steps), "--out_dir", str(run_dir)]
     cmd += ["--data", args.data] if args.data else []
     cmd += ["--growth_plan", args.growth_plan] if args.growth_plan else []
     cmd += args.train_extra
@@ -172,10 +178,10 @@ def bench_deepspeed(args: argparse.Namespace, stage: int, precision: str, work: 
     env: dict[str, str] = {}
     if base["device_type"] == "cpu":
         env.update(OMP_NUM_THREADS=str(args.threads_per_rank), DS_ACCELERATOR="cpu")
-    print(f"growlm-bench: {name}: {ws} rank(s), {args.steps} steps ...", flush=True)
+    print(f"growlm-bench: {name}: {ws} rank(s), {args.max_steps} steps ...", flush=True)
     rss = _launch(cmd, ws, env, run_dir / "logs", args.timeout_s, f"train.py ({name})")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    s = summarize_train(records, warmup_steps=args.warmup, world_size=ws)
+    s = summarize_train(records, warmup_steps=args.skip_steps, world_size=ws)
     peak = base["peaks"][(precision, args.threads_per_rank)]
     rec = {
         "name": name,
@@ -203,18 +209,18 @@ def bench_pytorch(args: argparse.Namespace, precision: str, work: Path, base: di
     ws, common = args.world_size, base["common"]
     cmd = [sys.executable, "-m", "growlm.eval.bench.baseline", "--config_json", json.dumps(common["model"])]
     cmd += ["--batch", str(common["global_batch"]), "--grad_accum", str(args.grad_accum)]
-    cmd += ["--seq_len", str(args.seq_len), "--precision", precision, "--steps", str(args.steps)]
+    cmd += ["--seq_len", str(args.seq_len), "--precision", precision, "--steps", str(args.max_steps)]
     env: dict[str, str] = {}
     if base["device_type"] == "cpu":
         cmd += ["--threads", str(args.threads_per_rank)]
         env.update(OMP_NUM_THREADS=str(args.threads_per_rank))
-    print(f"growlm-bench: {name}: {ws} rank(s) (torch DDP), {args.steps} steps ...", flush=True)
+    print(f"growlm-bench: {name}: {ws} rank(s) (torch DDP), {args.max_steps} steps ...", flush=True)
     rss = _launch(cmd, ws, env, work / name, args.timeout_s, f"the PyTorch baseline ({precision})")
     outs = []
     for r in range(ws):
         lines = (work / name / f"rank{r}.log").read_text().splitlines()
         outs.append(json.loads(next(ln for ln in reversed(lines) if ln.startswith('{"step_times_s"'))))
-    times = [max(o["step_times_s"][i] for o in outs) for i in range(args.warmup, args.steps)]
+    times = [max(o["step_times_s"][i] for o in outs) for i in range(args.skip_steps, args.max_steps)]
     seconds = sum(times)
     tokens = common["tokens_per_step"] * len(times)
     flops = tokens * common["flops_per_token"]
@@ -254,8 +260,8 @@ _MIN = {
     "grad_accum": (1, "micro steps per optimizer step"),
     "world_size": (1, "ranks"),
     "threads_per_rank": (1, "CPU threads per rank"),
-    "steps": (1, "optimizer steps per run"),
-    "warmup": (0, "leading steps left out"),
+    "max_steps": (1, "optimizer steps per run"),
+    "skip_steps": (0, "leading steps left out"),
     "n_layer": (1, "layers"),
     "n_embd": (1, "embedding width"),
     "n_head": (1, "attention heads"),
@@ -287,33 +293,29 @@ def _resolve(args: argparse.Namespace):
     Raises:
         BenchError: an unsupported precision, --warmup >= --steps, or a bad model shape / growth plan.
     """
-    from growlm.model.config import flops_per_token, from_preset
 
     check_flags(args)
     device_name, avail = available_precisions()
     device_type = "cuda" if device_name.startswith("cuda") else "cpu"
     precisions = [p for p in PRECISIONS if p in avail] if args.sweep else list(dict.fromkeys(args.precision))
-    stages = list(STAGES) if args.sweep else list(dict.fromkeys(args.zero))
+    stages = list(STAGES) if args.sweep else list(dict.fromkeys(args.zero_stage))
     for p in precisions:
         if p not in avail:  # the words train.py uses for the same refusal
             raise BenchError(
                 f"--precision {p}: this device ({device_name}) does not support {p}; "
                 f"available precisions: {', '.join(avail)}"
             )
-    if args.warmup >= args.steps:
-        raise BenchError(f"--warmup {args.warmup} must be below --steps {args.steps}: nothing would be measured")
+    if args.skip_steps >= args.max_steps:
+        raise BenchError(
+            f"--skip_steps {args.skip_steps} must be below --max_steps {args.max_steps}: nothing would be measured"
+        )
     if args.world_size is None:
-        import torch
-
         args.world_size = torch.cuda.device_count() if device_type == "cuda" else 2
     if args.threads_per_rank is None:
         args.threads_per_rank = max(1, (os.cpu_count() or 1) // args.world_size)
     try:
         shape = {k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head", "n_inner")}
         if args.growth_plan:  # the model starts at the plan's shape (the baseline trains that one)
-            from growlm.growth.errors import GrowthError
-            from growlm.growth.stages.plan import load_stages
-
             try:
                 cfg = load_stages(args.growth_plan).start
             except FileNotFoundError:
@@ -331,7 +333,6 @@ def _resolve(args: argparse.Namespace):
 
 def _common(args: argparse.Namespace, cfg, fpt: int, device_type: str) -> dict:
     """The fields every record shares (model, batch, device, steps)."""
-    from growlm.model.config import param_count
 
     global_batch = args.micro_batch * args.grad_accum * args.world_size
     return {
@@ -347,8 +348,8 @@ def _common(args: argparse.Namespace, cfg, fpt: int, device_type: str) -> dict:
         "tokens_per_step": global_batch * args.seq_len,
         "device": device_description(),
         "threads_per_rank": args.threads_per_rank if device_type == "cpu" else None,
-        "steps": args.steps,
-        "warmup_steps": args.warmup,
+        "steps": args.max_steps,
+        "warmup_steps": args.skip_steps,
     }
 
 
@@ -380,7 +381,6 @@ def run(args: argparse.Namespace) -> list[dict]:
     Raises:
         BenchError: bad flags for this device, or a run that failed or timed out (train.py's error line).
     """
-    from growlm.eval.bench.peak import device_peak
 
     device_type, precisions, stages, cfg, fpt = _resolve(args)
     base = {"device_type": device_type, "common": _common(args, cfg, fpt, device_type), "peaks": {}}

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
+from growlm.eval.metrics.dynamics import logit_step_ratio, width_divergence
 from growlm.growth.ops import make_plan
 from growlm.growth.ops.apply import OptimizerPolicy, apply_plan
 from growlm.growth.ops.single_process import make_optimizer
@@ -67,7 +69,6 @@ def growth_logit_ratio(
     Raises:
         growth.errors.GrowthError: the operator cannot reach ``target``.
     """
-    from growlm.eval.metrics.dynamics import logit_step_ratio
 
     small, opt_s, big, opt_b, gen = _grow(start, target, options, train, hparams, warm_steps, batch, seq_len, seed)
     return logit_step_ratio(small, opt_s, big, opt_b, _batch(train, gen, batch, seq_len))
@@ -89,7 +90,6 @@ def width_copy_divergence(
     """How fast the copies of a width growth (n_embd x k) come apart: eval.metrics.dynamics.width_divergence
     (wte, wpe, residual stream, first c_fc block diagonal) after each number of post-growth AdamW steps in
     ``after`` (constant LR), on the same grown model. {steps: {part: divergence}}; 0 = identical copies."""
-    from growlm.eval.metrics.dynamics import width_divergence
 
     k = target.n_embd // start.n_embd
     _, _, big, opt_b, gen = _grow(start, target, options, train, hparams, warm_steps, batch, seq_len, seed)

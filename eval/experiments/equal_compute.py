@@ -21,6 +21,7 @@ are skipped on a rerun; each run keeps its TensorBoard log in OUT/<arm>/seed<k>/
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -31,9 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
 from growlm import DS_CONFIG_DIR, TRAIN_SCRIPT
 from growlm.data.tokens import cache_dir
 from growlm.eval.experiments import compute_protocol as cp
+from growlm.growth.stages.trigger import equal_rate_threshold, first_trigger_index, slope_trigger
+from growlm.model.config import GPTConfig, flops_per_token
+from growlm.runtime.commands import HelpFormatter
 from growlm.runtime.launch import free_port
 from growlm.trainer.metrics import read_records, val_points
 
@@ -90,7 +95,6 @@ def shape(args: argparse.Namespace, name: str, vocab_size: int) -> dict:
 
 def cost(args: argparse.Namespace, name: str, vocab_size: int) -> int:
     """FLOPs per optimizer step of a named size (model.config.flops_per_token x batch x seq_len)."""
-    from growlm.model.config import GPTConfig, flops_per_token
 
     cfg = GPTConfig(**shape(args, name, vocab_size))
     return cp.step_flops(flops_per_token(cfg, args.seq_len), args.batch, args.seq_len)
@@ -207,9 +211,8 @@ def job_done(args: argparse.Namespace, job: Job) -> bool:
 
 def prepare_slope_job(args: argparse.Namespace, job: Job, done: dict[str, Job], vocab_size: int) -> None:
     """Derive the slope arm's threshold from the seed's own curves (the g50 arm's small-model evaluations and the
-    scratch target's), and size its budget for the predicted growth step (growth.stages.trigger.equal_rate_threshold)."""
-    from growlm.growth.stages.trigger import equal_rate_threshold, first_trigger_index
-
+    scratch target's), and size its budget for the predicted growth step
+    (growth.stages.trigger.equal_rate_threshold)."""
     ref = done[f"{job.arm.deps[1]}/seed{job.seed}"]
     small = [r for r in read_vals(ref.out) if r["step"] <= ref.grow_steps[0]]
     target = read_vals(done[f"{job.arm.deps[0]}/seed{job.seed}"].out)
@@ -320,8 +323,11 @@ PROFILES = {  # --quick / --device cuda change the defaults; explicit flags win
 
 def build_parser() -> argparse.ArgumentParser:
     """The growlm-experiment (--protocol equal_compute, the default) argument parser."""
-    p = argparse.ArgumentParser(prog="growlm-experiment", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="growlm-experiment",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=HelpFormatter,
+    )
     p.add_argument("--out", type=Path, default=Path("runs") / "equal_compute", help="run folders")
     p.add_argument("--report", type=Path, default=Path("runs") / "equal_compute" / "report", help="report folder")
     p.add_argument("--data", type=Path, default=cache_dir() / "bpe4096", help="token folder (built if missing)")
@@ -331,15 +337,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: the GPU profile (many seeds)")
     p.add_argument("--steps", type=int, help="T: optimizer steps of the scratch target run (sets the FLOPs budget)")
     p.add_argument("--seeds", type=int, help="number of seeds (seed, seed + 1, ...)")
-    p.add_argument("--seed", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=1000, help="first seed")
     p.add_argument("--batch", type=int, help="sequences per step (one process)")
-    p.add_argument("--seq_len", type=int)
+    p.add_argument("--seq_len", type=int, help="tokens per sequence")
     p.add_argument("--lr", type=float, help="peak LR (AdamW)")
-    p.add_argument("--warmup", type=int, help="LR warm-up steps")
+    p.add_argument("--warmup_steps", dest="warmup", metavar="STEPS", type=int, help="LR warm-up steps")
     p.add_argument("--evals", type=int, help="validations per scratch-length run (interval = steps / evals)")
     p.add_argument("--eval_tokens", type=int, help="held-out tokens per validation (the same set every time)")
     p.add_argument("--parallel", type=int, help="training processes at once")
-    p.add_argument("--threads", type=int, help="OMP threads per training process")
+    p.add_argument("--threads_per_rank", dest="threads", metavar="N", type=int, help="OMP threads per training process")
     p.add_argument("--report_only", action="store_true", help="only (re)write the report from finished runs")
     p.add_argument("--dry_run", action="store_true", help="print the runs (arm, seed, steps, growth) and exit")
     return p
@@ -359,9 +365,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _live_trigger_window() -> int:
     """The window (evaluations) the live slope trigger uses: growth.stages.trigger.slope_trigger's default, which
     trainer/growth_events.py calls it with; the derived threshold must be computed with the same window."""
-    import inspect
-
-    from growlm.growth.stages.trigger import slope_trigger
 
     return int(inspect.signature(slope_trigger).parameters["window"].default)
 
@@ -387,7 +390,8 @@ def check_flags(args: argparse.Namespace) -> str | None:
     for name, low in _MIN.items():
         value = getattr(args, name)
         if value < low:
-            return f"--{name} {value}: must be >= {low}; give a value of at least {low}"
+            flag = {"warmup": "warmup_steps", "threads": "threads_per_rank"}.get(name, name)
+            return f"--{flag} {value}: must be >= {low}; give a value of at least {low}"
     if not args.lr > 0:
         return f"--lr {args.lr}: must be a positive number"
     names = [n.strip() for n in args.arms.split(",") if n.strip()]
@@ -398,38 +402,3 @@ def check_flags(args: argparse.Namespace) -> str | None:
             f"after the growth before it (at round(fraction x steps)); give --steps {need} or more"
         )
     return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the experiment (unfinished runs only) and write the report; exit 1 when a run failed, 2 on a flag out of
-    range."""
-    args = parse_args(argv)
-    problem = check_flags(args)
-    if problem:
-        print(f"growlm-experiment: error: {problem}", file=sys.stderr)
-        return 2
-    if args.dry_run:
-        meta_file = args.data / "meta.json"
-        vocab = json.loads(meta_file.read_text())["vocab_size"] if meta_file.is_file() else args.vocab_size
-        for j in plan_jobs(args, vocab):
-            steps = j.max_steps or "set when it starts (slope trigger)"
-            print(f"{j.key:36s} steps {steps}  growth at {j.grow_steps or '-'}  eval every {j.eval_interval}")
-        return 0
-    if not (args.data / "meta.json").is_file():
-        from growlm.data.small_vocab import prepare_small_vocab
-
-        print(f"growlm-experiment: training a {args.vocab_size}-token BPE and tokenizing into {args.data}", flush=True)
-        prepare_small_vocab(args.data, args.vocab_size)
-    meta = json.loads((args.data / "meta.json").read_text())
-    jobs = plan_jobs(args, meta["vocab_size"])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "ds_config.json").write_text(json.dumps(ds_config(args), indent=2))
-    failed = [] if args.report_only else run_all(args, jobs, meta["vocab_size"])
-    from growlm.eval.experiments import equal_compute_report as report
-
-    rc = report.write_report(args, jobs, meta)
-    return 1 if failed else rc
-
-
-if __name__ == "__main__":
-    sys.exit(main())

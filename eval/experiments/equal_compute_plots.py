@@ -10,10 +10,10 @@ import numpy as np
 
 
 def _plt():
-    import matplotlib
+    import matplotlib  # lazy: heavy (about 1 s), only for plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: heavy (about 1 s), only for plots
 
     return plt
 

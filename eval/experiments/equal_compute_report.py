@@ -16,9 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from growlm.eval.experiments import compute_protocol as cp
-from growlm.eval.experiments.equal_compute import SLOPE, Job, cost, job_done, read_vals
+from growlm.eval.experiments import dynamics_probe as dp
+from growlm.eval.experiments import equal_compute_plots as plots
+from growlm.eval.experiments.equal_compute import SLOPE, Job, cost, job_done, read_vals, shape
+from growlm.eval.experiments.equal_compute_markdown import markdown
+from growlm.eval.experiments.ngram import ngram_losses
 from growlm.eval.experiments.staged_report import flops_to_loss
+from growlm.model.config import GPTConfig
 
 GOAL = (0.40, 0.25)  # issue 12: >= 40% saved, 95% interval's lower bound > 25%
 
@@ -95,7 +101,6 @@ def arm_summary(name: str, rows: list[dict], cap: float | None, dyn: list[float]
 def ngram_reference(args: argparse.Namespace, tokens_seen: int) -> dict[str, float]:
     """Unigram/bigram validation losses on the experiment's validation tokens, from all training tokens and from a
     sample of as many tokens as the scratch run trained on (every k-th 2,048-token chunk of the training split)."""
-    from growlm.eval.experiments.ngram import ngram_losses
 
     meta = json.loads((args.data / "meta.json").read_text())
     train = np.fromfile(args.data / "train.bin", dtype=np.uint16)
@@ -214,7 +219,6 @@ def write_report(args: argparse.Namespace, jobs: list[Job], meta: dict) -> int:
         arms.append(arm_summary(arm.name, rows, cap, dyn) | {"copy_divergence": div})
     steps_t = args.steps
     ngram = ngram_reference(args, steps_t * args.batch * args.seq_len)
-    from growlm.eval.experiments import equal_compute_plots as plots
 
     args.report.mkdir(parents=True, exist_ok=True)
     pngs = plots.write_all(args.report, runs, arms, ngram, refs)
@@ -224,7 +228,6 @@ def write_report(args: argparse.Namespace, jobs: list[Job], meta: dict) -> int:
     sc = [r["loss"][-1] for k, r in runs.items() if k.startswith("scratch/")]
     res["limits"] = limits(arms, sc, ngram, ratios, first_slope)
     (args.report / "results.json").write_text(json.dumps(res, indent=2, default=_plain) + "\n")
-    from growlm.eval.experiments.equal_compute_markdown import markdown
 
     (args.report / "report.md").write_text(markdown(res))
     print(f"growlm-experiment: report {args.report / 'report.md'}", flush=True)
@@ -242,9 +245,6 @@ def dynamics(args: argparse.Namespace, arm: Any, vocab: int, cache: dict) -> tup
     that do not grow."""
     if not arm.staged:
         return None, None
-    from growlm.eval.experiments import dynamics_probe as dp
-    from growlm.eval.experiments.equal_compute import shape
-    from growlm.model.config import GPTConfig
 
     ratios, div = [], {}
     train = np.fromfile(args.data / "train.bin", dtype=np.uint16)

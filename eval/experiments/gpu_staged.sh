@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The equal-compute staged-training experiment on one GPU (issue 12, item 7): the same protocol as the CPU default
+# The equal-compute staged-training experiment on one GPU: the same protocol as the CPU default
 # (eval/experiments/equal_compute.py), with the GPU profile: 10 seeds, T = 1,500 target steps (3x the CPU
 # horizon), 16 single-process runs at once on the one device. Budgeted for under 8 minutes on one H200-class GPU
 # (not yet measured there). Never run in CI.
@@ -17,5 +17,5 @@ if [ "$DEVICE" = cuda ] && ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cu
     echo "gpu_staged.sh: no CUDA device visible to torch; set GROWLM_DEVICE=cpu for the CPU smoke test" >&2
     exit 2
 fi
-exec "$PY" -m eval.experiments.equal_compute --device "$DEVICE" --out runs/equal_compute_gpu \
+exec "$PY" -m growlm.eval.experiments.cli --device "$DEVICE" --out runs/equal_compute_gpu \
     --report eval/results/equal_compute_gpu "$@"

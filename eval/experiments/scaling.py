@@ -18,7 +18,7 @@ Constants and their sources:
   2022 ("Staged Training for Transformer Language Models", arXiv 2203.06211), section 4
   (DESIGN.md, "When to grow"); in growth.stages.trigger.
 * constant_op (S' = S / constant_op on the target schedule): 1.4 depth, 1.8 width, 2.5 both, measured by the
-  staged-training seed (DESIGN.md, "What growth carries"); in runtime.schedule.CONSTANT_OP.
+  staged-training seed (DESIGN.md, "What growth carries"); in growth.ops.schedule_rule.CONSTANT_OP.
 * FLOPs per token 6N + 12 L H Q T: PaLM (Chowdhery et al. 2022, arXiv 2204.02311) appendix B;
   model.config.flops_per_token.
 
@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from growlm.model.config import GPTConfig, flops_per_token
 
 KAPLAN_N_C = 8.8e13  # non-embedding parameters; Kaplan et al. 2020 eq. 1.1

@@ -29,9 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
 from growlm import DS_CONFIG_DIR, TRAIN_SCRIPT
+from growlm.data.small_vocab import prepare_small_vocab
 from growlm.data.tokens import cache_dir
 from growlm.eval.experiments import staged_report as rep
+from growlm.runtime.commands import HelpFormatter
 from growlm.runtime.launch import free_port
 
 TARGET = {"n_layer": 4, "n_embd": 128, "n_head": 4}
@@ -115,38 +118,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="growlm-experiment",
         description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--out", type=Path, default=Path("runs") / "staged_experiment", help="run folders")
     p.add_argument("--report", type=Path, default=Path("runs") / "staged_experiment" / "report", help="report folder")
     p.add_argument("--data", type=Path, default=cache_dir() / "bpe4096", help="token folder (built if missing)")
     p.add_argument("--vocab_size", type=int, default=4096, help="BPE size when the token folder is built")
     p.add_argument("--runs", default=",".join(r.name for r in RUNS), help="comma-separated subset of the runs")
-    p.add_argument("--max_steps", type=int, default=240)
+    p.add_argument("--max_steps", type=int, default=240, help="optimizer steps of every run")
     p.add_argument("--grow_frac", type=float, default=1 / 3, help="staged runs grow after this fraction of steps")
     p.add_argument("--batch", type=int, default=16, help="sequences per step (one process)")
-    p.add_argument("--seq_len", type=int, default=128)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--seq_len", type=int, default=128, help="tokens per sequence")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak LR (AdamW)")
+    p.add_argument("--warmup_steps", dest="warmup", metavar="STEPS", type=int, default=20, help="LR warm-up steps")
     p.add_argument("--ramp_steps", type=int, default=20, help="masked family: mask ramp length")
     p.add_argument("--rewarm_steps", type=int, default=20, help="duplication family: LR re-warm length")
-    p.add_argument("--eval_interval", type=int, default=20)
-    p.add_argument("--eval_tokens", type=int, default=8192)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--threads", type=int, default=2, help="OMP threads per training process")
+    p.add_argument("--eval_interval", type=int, default=20, help="steps between validations")
+    p.add_argument("--eval_tokens", type=int, default=8192, help="held-out tokens per validation")
+    p.add_argument("--seed", type=int, default=1234, help="seed of every run")
+    p.add_argument(
+        "--threads_per_rank", dest="threads", metavar="N", type=int, default=2, help="OMP threads per training process"
+    )
     p.add_argument("--report_only", action="store_true", help="only (re)write the report from finished runs")
     return p
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
-
-
-def build_protocol_parser() -> argparse.ArgumentParser:
-    """growlm-experiment's first parser: only --protocol, which picks the experiment whose parser reads the rest."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--protocol", choices=("equal_compute", "equal_steps"), default="equal_compute")
-    return pre
 
 
 _MIN = {"max_steps": 1, "batch": 1, "seq_len": 2, "warmup": 0, "ramp_steps": 0, "rewarm_steps": 0, "eval_interval": 1,
@@ -159,7 +157,8 @@ def check_flags(args: argparse.Namespace) -> str | None:
     for name, low in _MIN.items():
         value = getattr(args, name)
         if value < low:
-            return f"--{name} {value}: must be >= {low}; give a value of at least {low}"
+            flag = {"warmup": "warmup_steps", "threads": "threads_per_rank"}.get(name, name)
+            return f"--{flag} {value}: must be >= {low}; give a value of at least {low}"
     if not args.lr > 0:
         return f"--lr {args.lr}: must be a positive number"
     grow = round(args.max_steps * args.grow_frac) if args.grow_frac == args.grow_frac else 0
@@ -193,15 +192,10 @@ def setup_text(args: argparse.Namespace, meta: dict) -> str:
 """
 
 
-def main(argv: list[str] | None = None) -> int:
-    """growlm-experiment: ``--protocol equal_compute`` (default; eval/experiments/equal_compute.py) or
-    ``--protocol equal_steps`` (this module's older experiment: every arm stops at the same step)."""
-    known, rest = build_protocol_parser().parse_known_args(argv)
-    if known.protocol == "equal_compute":
-        from growlm.eval.experiments import equal_compute
-
-        return equal_compute.main(rest)
-    args = parse_args(rest)
+def run_equal_steps(argv: list[str] | None = None) -> int:
+    """growlm-experiment --protocol equal_steps (every arm stops at the same step): run the unfinished runs and write
+    the report; exit status 2 on a flag out of range, a run's own status when it failed."""
+    args = parse_args(argv)
     problem = check_flags(args)
     if problem:
         print(f"growlm-experiment: error: {problem}", file=sys.stderr)
@@ -212,8 +206,6 @@ def main(argv: list[str] | None = None) -> int:
         print("growlm-experiment: error: --runs must include 'scratch' (the reference)", file=sys.stderr)
         return 2
     if not (args.data / "meta.json").is_file():
-        from growlm.data.small_vocab import prepare_small_vocab
-
         print(f"growlm-experiment: training a {args.vocab_size}-token BPE and tokenizing into {args.data}", flush=True)
         prepare_small_vocab(args.data, args.vocab_size)
     meta = json.loads((args.data / "meta.json").read_text())
@@ -302,14 +294,10 @@ def _rel(p: Path) -> str:
 
 def _tensorboard_summary(path: Path, curves: list[rep.RunCurve]) -> None:
     """val loss against GFLOPs (the x axis as TensorBoard's step) for every run, in one TensorBoard folder."""
-    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard import SummaryWriter  # lazy: heavy (about 1 s, tensorboard), rank 0 only
 
     for c in curves:
         w = SummaryWriter(str(path / c.name))
         for f, v in zip(c.flops, c.val_loss, strict=True):
             w.add_scalar("val_loss_vs_gflops", v, int(f / 1e9))
         w.close()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from growlm.eval.experiments import scaling as planner
+from growlm.growth.stages.trigger import SLOPE_THRESHOLDS
 from growlm.trainer.metrics import read_records, val_points
 
 
@@ -119,10 +121,10 @@ def _saving_at(scratch: RunCurve, run: RunCurve, loss: float) -> float | None:
 
 def plot(runs: list[RunCurve], target_loss: float, path: str | Path, title: str) -> Path:
     """PNG of validation loss against cumulative FLOPs (log x), growth points marked, L* dashed."""
-    import matplotlib
+    import matplotlib  # lazy: heavy (about 1 s), only for plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: heavy (about 1 s), only for plots
 
     fig, ax = plt.subplots(figsize=(9, 5.5), dpi=120)
     for i, run in enumerate(runs):
@@ -211,8 +213,6 @@ def planner_analysis(scratch: RunCurve, staged: list[RunCurve], dimensions: dict
 
     alpha is fitted when a curve has >= 6 points, else Kaplan's 0.76. ``dimensions``: run name -> 'width'|'depth'.
     """
-    from growlm.eval.experiments import scaling as planner
-    from growlm.growth.stages.trigger import SLOPE_THRESHOLDS
 
     if len(scratch.steps) < 3:
         return []

@@ -29,13 +29,14 @@ from growlm.eval.metrics.errors import EvalInputError, check_token_ids
 from growlm.eval.metrics.load import LoadedModel, load
 from growlm.eval.metrics.perplexity import document_nll, word_count, word_perplexity
 from growlm.eval.metrics.textsets import cloze_source, heldout_documents, read_text_file, wikipedia_documents
+from growlm.runtime.commands import HelpFormatter, add_version
 
 SETS = ("heldout", "cloze", "wikipedia")
 DEFAULT_SETS = ",".join(SETS)
 
 
 def check_windows(m: LoadedModel, context: int | None, stride: int | None) -> tuple[int, int]:
-    """(context, stride) with defaults context = n_positions, stride = context // 2.
+    """(context, stride) with defaults context = n_positions, stride = context (non-overlapping, as train.py).
 
     Raises:
         EvalInputError: context > n_positions, or stride outside [1, context].
@@ -46,7 +47,7 @@ def check_windows(m: LoadedModel, context: int | None, stride: int | None) -> tu
         raise EvalInputError(
             f"--context {context} must be in [2, n_positions={n_pos}] of this model ({m.config.shape_str()})"
         )
-    stride = max(1, context // 2) if stride is None else stride
+    stride = context if stride is None else stride
     if not 1 <= stride <= context:
         raise EvalInputError(f"--stride {stride} must be in [1, --context {context}]")
     return context, stride
@@ -179,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="growlm-eval",
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 2)[2],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument(
         "model",
@@ -195,7 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
         "token folder a checkpoint was trained on)",
     )
     p.add_argument("--context", type=int, default=None, help="window length T in tokens (default n_positions)")
-    p.add_argument("--stride", type=int, default=None, help="window step in tokens (default context // 2)")
+    p.add_argument(
+        "--stride",
+        type=int,
+        default=None,
+        help="window step in tokens (default: the context, non-overlapping windows, as train.py --eval_stride; a "
+        "smaller step scores each token with more context: a lower, slower perplexity)",
+    )
     p.add_argument("--batch_size", type=int, default=8, help="windows per forward pass")
     p.add_argument("--wiki_split", default="test", choices=("val", "test"), help="held-out Wikipedia articles")
     p.add_argument("--wikitext", default=None, help="a WikiText-style file to score as one document")
@@ -203,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_cloze_items", type=int, default=0, help="score only the first N cloze items (0: all)")
     p.add_argument("--out", default=None, help="write the JSON here too (it always goes to stdout)")
     p.add_argument("--no_progress", action="store_true", help="no progress bars")
-    return p
+    return add_version(p)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -221,7 +228,7 @@ def check_flags(args: argparse.Namespace) -> None:
     for name, low in lows.items():
         value = getattr(args, name)
         if value is not None and value < low:
-            default = {"context": " (omit it for the model's n_positions)", "stride": " (omit it for context // 2)",
+            default = {"context": " (omit it for the model's n_positions)", "stride": " (omit it for the context)",
                        "max_cloze_items": " (0: all)"}.get(name, "")  # fmt: skip
             raise EvalInputError(f"--{name} {value} must be >= {low}{default}")
 

@@ -23,11 +23,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
+from tqdm import tqdm
+
 from growlm.data.text import InputError, read_json_rows, read_lines
 from growlm.data.tokenizer import Tokenizer
 from growlm.eval.metrics.errors import EvalInputError, check_token_ids, token_id_error
 from growlm.eval.metrics.perplexity import checked_logits
-from torch import Tensor
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"'\u201d\u2019)\]]*\s+")
 _FINAL_WORD = re.compile(r"([A-Za-z]+(?:'[A-Za-z]+)?)[^A-Za-z0-9]*$")
@@ -170,8 +172,6 @@ def score_cloze(
     correct, nll, n_tok = 0, 0.0, 0
     batches = [encoded[i : i + batch_size] for i in range(0, len(encoded), batch_size)]
     if progress:
-        from tqdm import tqdm
-
         batches = tqdm(batches, desc="cloze", leave=False)
     for batch in batches:
         width = max(len(s) - 1 for s, _ in batch)

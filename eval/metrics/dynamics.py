@@ -26,8 +26,9 @@ from __future__ import annotations
 import copy
 
 import torch
-from growlm.model.gpt import GPT
 from torch import Tensor
+
+from growlm.model.gpt import GPT
 
 
 def _lm_loss(model: GPT, batch: Tensor) -> Tensor:

@@ -25,12 +25,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import Tensor
+
 from growlm.data import tokenizer as tok
 from growlm.data.tokenizer import GPT2_VOCAB_SIZE, Tokenizer, TokenizerError
 from growlm.eval.metrics.errors import EvalInputError
 from growlm.model.config import GPTConfig
+from growlm.model.gpt import GPT
+from growlm.model.hf import from_hf_config
 from growlm.runtime.checkpoint import STATE_FILE, CheckpointError, OpenCheckpoint, open_checkpoint, safe_load
-from torch import Tensor
+from growlm.runtime.dist import select_accelerator
 
 
 @dataclass
@@ -102,13 +106,11 @@ def _weights(tag_dir: Path, zero_stage: int | None) -> dict[str, Tensor]:
     """fp32 weights of a DeepSpeed tag folder, merged over ranks."""
     has_zero_shards = any(tag_dir.glob("*zero_pp_rank_*_optim_states.pt"))
     if has_zero_shards and zero_stage != 0:
-        from growlm.runtime.dist import select_accelerator
-
         select_accelerator()
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        from deepspeed.utils import zero_to_fp32  # lazy: deepspeed picks its accelerator at import
 
         with contextlib.redirect_stdout(io.StringIO()):  # it prints a line per parameter group
-            sd = get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
+            sd = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(str(tag_dir.parent), tag=tag_dir.name)
         return {k: v.float() for k, v in sd.items()}
     model_file = tag_dir / "mp_rank_00_model_states.pt"
     if not model_file.is_file():
@@ -123,7 +125,6 @@ def load_deepspeed(path: str | Path, tokenizer: str | None = None) -> LoadedMode
     Raises:
         EvalInputError: not a growlm checkpoint, config missing/invalid, or weights that do not fit the config.
     """
-    from growlm.model.gpt import GPT
 
     ckpt = open_deepspeed(Path(path))
     tag_dir, state, cfg = ckpt.tag_dir, ckpt.state, ckpt.state.model_config
@@ -163,8 +164,7 @@ def load_transformers(path: str | Path, tokenizer: str | None = None) -> LoadedM
         EvalInputError: not a loadable GPT-2 folder (or weights only as a pickle), a config growlm's GPT does not
             implement, or no usable tokenizer (see ``choose_tokenizer``).
     """
-    from growlm.model.hf import from_hf_config
-    from transformers import GPT2LMHeadModel
+    from transformers import GPT2LMHeadModel  # lazy: heavy (about 2 s), only for the transformers GPT-2
 
     path = Path(path)
     try:

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from growlm.eval.metrics.errors import EvalInputError, check_token_ids, token_id_error
 from torch import Tensor
+from tqdm import tqdm
+
+from growlm.eval.metrics.errors import EvalInputError, check_token_ids, token_id_error
 
 
 @dataclass(frozen=True)
@@ -158,8 +160,6 @@ def token_nll(
     total = torch.zeros(2, dtype=torch.float64)  # (nll, count)
     iterator = range(n_calls)
     if progress:
-        from tqdm import tqdm
-
         iterator = tqdm(iterator, desc="eval", leave=False)
     for i in iterator:
         batch, weight = (mine[i], 1.0) if i < len(mine) else (mine[0] if mine else per_rank[0][0], 0.0)
@@ -224,8 +224,6 @@ def document_nll(
     total, count = 0.0, 0
     iterator = docs
     if progress:
-        from tqdm import tqdm
-
         iterator = tqdm(docs, desc="documents", leave=False)
     for d in iterator:
         ids = np.asarray([bos_token_id, *d], dtype=np.int64)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from growlm.data.build_corpus import extra_dir
+from growlm.data.prepare import builtin_corpus_files
 from growlm.data.text import read_text
 from growlm.eval.metrics.errors import EvalInputError
 
@@ -21,7 +23,6 @@ _read = read_text  # every file is read by data/text.py, the one reader of text 
 
 def heldout_documents() -> dict[str, str]:
     """name -> text of the built-in validation split, in MANIFEST.json order."""
-    from growlm.data.prepare import builtin_corpus_files
 
     _, val = builtin_corpus_files()
     return {p.name.removesuffix(".txt.xz"): _read(p) for p in val}
@@ -34,9 +35,8 @@ def cloze_source() -> str:
 
 def wikipedia_dir() -> Path:
     """Where ``python -m growlm.data.build_corpus --extra wikipedia`` writes the Wikipedia sample (split by article)."""
-    from growlm.data.build_corpus import EXTRA_DIR
 
-    return EXTRA_DIR / "wikipedia"
+    return extra_dir() / "wikipedia"
 
 
 def wikipedia_documents(split: str = "test") -> dict[str, str]:

@@ -43,15 +43,17 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from growlm.growth.errors import GrowthError
 from growlm.growth.live.transfer import EngineStore, link_optimizer_state, transfer
 from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.preparation import prepare_growth
 from growlm.growth.ops.rules import GrowthPlan
+from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.model.masks import MaskSpec
 from growlm.runtime.crash_points import hold_point
 from growlm.runtime.engine import inner_optimizer, release_engine, repair_adam_steps, weights_uninitialised
-from growlm.runtime.schedule import ScheduleRule, ScheduleState, apply_schedule, engine_schedule
+from growlm.runtime.schedule import ScheduleState, apply_schedule, engine_schedule
 
 __all__ = ["EngineStore", "GrowthResult", "collect_old_engine", "ensure_adam_state", "grow_engine"]
 

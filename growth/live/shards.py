@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
+
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops.stores import ParamState
-from torch import Tensor
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 

@@ -27,13 +27,14 @@ from typing import Any
 
 import deepspeed.utils as dsu
 import torch
+from torch import Tensor
+
 from growlm.growth.errors import GrowthError
 from growlm.growth.live.shards import Fragment, gather_bucket, layout_of, no_adam_state, write_fragment
 from growlm.growth.ops.apply import OptimizerPolicy, grow_param
 from growlm.growth.ops.rules import GrowthPlan, Rule, identity, zeros
 from growlm.growth.ops.stores import ParamState
 from growlm.runtime.engine import inner_optimizer
-from torch import Tensor
 
 BUCKET_BYTES = 64 * 2**20
 """Largest full fp32 size (bytes: 12 x numel, weight + exp_avg + exp_avg_sq) of the parameters gathered in one

@@ -1,7 +1,7 @@
 """growlm-grow: grow a saved ZeRO checkpoint offline into one that resumes at any world size, or only reshard it, or
 export its weights to a transformers GPT-2 folder.
 
-    growlm-grow CKPT OUT --plan growth/plans/tiny_msg.yaml [--stage deeper]     grow by a plan file's stage
+    growlm-grow CKPT OUT --growth_plan growth/plans/tiny_msg.yaml [--stage deeper]     grow by a plan file's stage
     growlm-grow CKPT OUT --family masked --n_layer 4 [--ramp_steps 100 ...]      grow by flags
     growlm-grow CKPT OUT                                                         reshard only (no growth)
     growlm-grow CKPT --export_hf HF_DIR [--tokenizer T]        config.json + model.safetensors + the tokenizer
@@ -9,7 +9,8 @@ export its weights to a transformers GPT-2 folder.
 CKPT is a checkpoint folder (its ``latest`` tag) or a tag folder written by train.py at ZeRO stage 1, 2 or 3 (or an
 output of this command). OUT becomes a checkpoint folder ``OUT/<tag>`` + ``latest`` that ``train.py --resume OUT``
 loads at any world size, at the saved ZeRO stage's family (1/2, or 3). This module is the command line only: the
-pipeline is growth/offline/pipeline.py, the export growth/offline/export.py, the universal-checkpoint files growth/offline/universal.py.
+pipeline is growth/offline/pipeline.py, the export growth/offline/export.py, the universal-checkpoint files
+growth/offline/universal.py.
 """
 
 from __future__ import annotations
@@ -26,17 +27,18 @@ from growlm.growth.offline.export import export_hf
 from growlm.growth.offline.pipeline import grow_checkpoint, open_source
 from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.preparation import same_shape
+from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.stages.plan import Stage, StageList, Trigger, load_stages
 from growlm.model.config import GPTConfig
 from growlm.runtime.checkpoint import CheckpointError
+from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.manifest import ManifestError
-from growlm.runtime.schedule import ScheduleRule
 
 _SHAPE_FLAGS = ("n_layer", "n_embd", "n_head", "n_inner")
 
 
 def load_plan_file(path: str) -> StageList:
-    """The validated plan file of ``--plan`` (growth.stages.plan.load_stages, the one plan-file loader).
+    """The validated plan file of ``--growth_plan`` (growth.stages.plan.load_stages, the one plan-file loader).
 
     Raises:
         GrowthError: the file is missing or unreadable, not valid YAML (``FILE:LINE: problem; fix``), or invalid.
@@ -44,9 +46,9 @@ def load_plan_file(path: str) -> StageList:
     try:
         return load_stages(path)
     except OSError as e:
-        raise GrowthError(f"--plan {path}: {e.strerror}") from None
+        raise GrowthError(f"--growth_plan {path}: {e.strerror}") from None
     except GrowthError as e:  # YAML syntax / a tab / a repeated key (FILE:LINE: problem; fix), or a bad plan
-        raise GrowthError(f"--plan {path}: {e}") from None
+        raise GrowthError(f"--growth_plan {path}: {e}") from None
 
 
 def stage_from_plan_file(
@@ -121,13 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
         "weights to a transformers GPT-2 folder (--export_hf). Files are read with weights-only unpickling, but "
         "DeepSpeed's own loaders (train.py --resume) unpickle them fully: use checkpoints from a trusted source only "
         "(growlm first refuses any file holding more than tensor data and a few known types).",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("checkpoint", help="checkpoint folder (its 'latest' tag) or a tag folder")
     p.add_argument("out", nargs="?", help="output checkpoint folder (must not exist unless --overwrite)")
     p.add_argument(
         "--export_hf",
-        "--export-hf",
         metavar="DIR",
         help="write a transformers GPT-2 folder instead of OUT (default: no export)",
     )
@@ -139,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace the output if it exists (only once complete)")
     p.add_argument("--zero_stage", type=int, help="ZeRO stage the resuming job will use: refuse impossible crossings")
     g = p.add_argument_group("growth stage from a plan file")
-    g.add_argument("--plan", help="YAML growth plan (growth/stages/plan.py)")
+    g.add_argument("--growth_plan", help="YAML growth plan (growth/plans/*.yaml; growth/stages/plan.py)")
     g.add_argument("--stage", help="stage name (default: the stage that starts from the checkpoint's shape)")
     f = p.add_argument_group("growth stage from flags")
     f.add_argument("--family", choices=("masked", "duplicate"), help="operator family (default: masked)")
@@ -154,19 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--rewarm_steps", type=int, default=0, help="linear LR re-warm over this many steps")
     f.add_argument("--total_num_steps", type=int, help="'target': the target schedule's total_num_steps")
     f.add_argument("--warmup_num_steps", type=int, help="'target': the target schedule's warmup_num_steps")
-    return p
-
-
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Appends ``(default: X)`` only where it is true and not said already: not for flags without a value (None)
-    or switches, and not where the help text gives the default in words (``default: ...``)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        unset = action.default is None or action.default is False or action.default == argparse.SUPPRESS
-        if unset or "default" in text:  # identity: a default of 0 is shown (0 == False)
-            return text
-        return super()._get_help_string(action)
+    return add_version(p)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -182,21 +171,23 @@ def main(argv: list[str] | None = None) -> int:
             raise GrowthError("give an output checkpoint folder OUT, or --export_hf DIR (one of them)")
         if args.tokenizer is not None and args.export_hf is None:
             raise GrowthError("--tokenizer names the tokenizer an export carries; it needs --export_hf DIR")
-        plan = load_plan_file(args.plan) if args.plan else None  # a bad plan file is refused before any reading
+        plan = (
+            load_plan_file(args.growth_plan) if args.growth_plan else None
+        )  # a bad plan file is refused before any reading
         src = open_source(args.checkpoint)
         if args.export_hf:
-            if args.plan or any(getattr(args, k) is not None for k in _SHAPE_FLAGS):
+            if args.growth_plan or any(getattr(args, k) is not None for k in _SHAPE_FLAGS):
                 raise GrowthError("--export_hf exports the checkpoint as it is; grow it first, then export the result")
             export_hf(src, Path(args.export_hf), tokenizer=args.tokenizer, overwrite=args.overwrite)
             return 0
         step = src.state.global_step
-        if args.plan:
+        if args.growth_plan:
             if any(getattr(args, k) is not None for k in _SHAPE_FLAGS) or args.family:
-                raise GrowthError("give the growth stage either by --plan or by shape flags, not both")
-            stage, seed = stage_from_plan_file(args.plan, args.stage, src.config, plan)
+                raise GrowthError("give the growth stage either by --growth_plan or by shape flags, not both")
+            stage, seed = stage_from_plan_file(args.growth_plan, args.stage, src.config, plan)
         else:
             if args.stage:
-                raise GrowthError("--stage needs --plan")
+                raise GrowthError("--stage needs --growth_plan")
             stage, seed = stage_from_flags(args, src.config, step), 0
         grow_checkpoint(
             src,

@@ -19,11 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from growlm.data import tokenizer as tok
 from growlm.growth.offline.pipeline import Source, check_output
 from growlm.growth.offline.shards import ZeroShardStore
 from growlm.growth.offline.universal import UniversalStore
 from growlm.growth.ops.rules import param_shapes
+from growlm.model.gpt import GPT
+from growlm.model.hf import to_hf
 from growlm.runtime.atomic import atomic_dir
 from growlm.runtime.checkpoint import CheckpointError
 
@@ -104,8 +107,6 @@ def export_hf(
             ``check_replaceable``) or overlaps the input; the checkpoint's growth
             masks are still ramping (a masked model is not GPT-2); its tokenizer is unknown or does not fit.
     """
-    from growlm.model.gpt import GPT
-    from growlm.model.hf import to_hf
 
     step, masks = src.state.global_step, src.state.growth_masks
     if masks is not None and masks.value(step) < 1.0:

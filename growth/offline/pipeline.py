@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from growlm.growth.offline.shards import ZeroShardStore
 from growlm.growth.offline.universal import (
     LATEST_UNIVERSAL,
@@ -147,7 +148,8 @@ def check_target_stage(src: Source, target_zero_stage: int | None) -> None:
 
 
 def prepare_offline(src: Source, stage: Stage, seed: int) -> GrowthPrep:
-    """The growth preparation (growth.ops.preparation.prepare_growth) of ``stage`` applied to checkpoint ``src``: its shape,
+    """The growth preparation (growth.ops.preparation.prepare_growth) of ``stage`` applied to checkpoint ``src``: its
+    shape,
     masks and LR schedule (position read from the saved LR scheduler state) at its global step.
 
     Raises:

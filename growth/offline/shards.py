@@ -3,7 +3,8 @@
 growlm-grow used to run DeepSpeed's ``ds_to_universal`` (which writes every parameter's fragments to a temporary
 folder, merges them into per-parameter files, and copies the metadata) and then rewrote every file a second time
 for the grown model. ``ZeroShardStore`` instead reads each parameter's fragments out of the rank files themselves and
-hands full fp32 tensors to growth.ops.apply, so the grown (or only resharded) universal checkpoint is written in one pass
+hands full fp32 tensors to growth.ops.apply, so the grown (or only resharded) universal checkpoint is written in one
+pass
 (growth/offline/pipeline.py). The merge is the one ``ds_to_universal`` performs (DeepSpeed 0.19; DESIGN.md, "DeepSpeed
 facts"), and tests/distributed/test_grow_checkpoint.py checks it against ``ds_to_universal`` tensor by tensor:
 
@@ -31,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
+
 from growlm.growth.ops.stores import ParamState
 from growlm.runtime.checkpoint import CheckpointError, safe_load
-from torch import Tensor
 
 MOMENT_KEYS = ("fp32", "exp_avg", "exp_avg_sq")
 _MADV_DONTNEED = 4

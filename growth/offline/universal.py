@@ -34,10 +34,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
+
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops.stores import ParamState
 from growlm.runtime.checkpoint import CheckpointError, safe_load
-from torch import Tensor
 
 MOMENT_KEYS = ("fp32", "exp_avg", "exp_avg_sq")
 OPTIMIZER_STATE = "optimizer_state.pt"

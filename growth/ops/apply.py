@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
+
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops.rules import GrowthPlan, Rule
 from growlm.growth.ops.stores import ParamState, ParamStore
-from torch import Tensor
 
 MOMENT_POLICIES = ("carry", "carry_old", "reset")
 FRESH_POLICIES = ("zero", "mean")

@@ -5,12 +5,13 @@
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops.common import BLOCK_PARAMS, check_no_shrink, layer_map
 from growlm.growth.ops.rules import GrowthPlan, Rule, identity, zeros
 from growlm.growth.ops.width import ZERO_ENTRY_UPDATE
 from growlm.model.config import GPTConfig
-from torch import Tensor
 
 
 def zero_entry_v(v: Tensor) -> Tensor:

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import Tensor
+
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops.common import BLOCK_PARAMS, check_no_shrink, layer_map
 from growlm.growth.ops.rules import GrowthPlan, Map, Rule, seeded_normal
 from growlm.model.config import GPTConfig
 from growlm.model.masks import MaskSpec, attn_index
-from torch import Tensor
 
 NEW_LAYER_INITS = ("copy", "fresh")
 # mask ramp defaults (masked_growth): a fraction of the run left at growth; MSG's code default (cofe-ai/MSG,
@@ -187,7 +188,8 @@ def masked_growth(
     (DESIGN.md, "Growth operators: Masked family"). The returned plan's ``masks`` (ramp from ``start_step``) must be
     added to the grown model.
 
-    Ramp length: ``ramp_steps`` optimizer steps, or ``ramp_frac`` of the run left at growth (growth.ops.rules.ramp_length,
+    Ramp length: ``ramp_steps`` optimizer steps, or ``ramp_frac`` of the run left at growth
+    (growth.ops.rules.ramp_length,
     resolved when the growth happens; DESIGN.md, "Growth dynamics"). Neither given: ramp_frac = DEFAULT_RAMP_FRAC
     (0.25), with DEFAULT_RAMP_STEPS (5000, MSG's code default ``grow_time``) where the run's length is unknown.
     Ramping the masks from 0 to 1 without training raises the loss (the new units' random weights enter): a longer

@@ -1,5 +1,6 @@
 """The one growth preparation, shared by every growth path: live growth (growth.live.engine.grow_engine, fired by the
-training loop's stage trigger), offline growth (growth.offline.pipeline.grow_checkpoint, the growlm-grow command) and the
+training loop's stage trigger), offline growth (growth.offline.pipeline.grow_checkpoint, the growlm-grow command) and
+the
 single-process state (growth.ops.single_process.grow_state).
 
 It makes every check a growth needs before any tensor is touched, and decides what the grown model starts with
@@ -14,9 +15,10 @@ from dataclasses import dataclass, replace
 
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops.rules import GrowthPlan, check_plan, ramp_length
+from growlm.growth.ops.schedule_rule import ScheduleRule, place_schedule
 from growlm.model.config import GPTConfig
 from growlm.model.masks import MaskSpec
-from growlm.runtime.schedule import ScheduleRule, ScheduleState, place_schedule
+from growlm.runtime.schedule import ScheduleState
 
 
 @dataclass(frozen=True)

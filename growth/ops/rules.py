@@ -12,10 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
+
 from growlm.growth.errors import GrowthError
 from growlm.model.config import GPTConfig
+from growlm.model.gpt import GPT
 from growlm.model.masks import MaskSpec
-from torch import Tensor
 
 Map = Callable[[Tensor], Tensor]
 
@@ -136,7 +138,6 @@ def compose_maps(first: Map, second: Map) -> Map:
 
 def param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every parameter of GPT(cfg) (tied lm_head listed once, as ``named_parameters`` does)."""
-    from growlm.model.gpt import GPT  # local: building on meta costs nothing, but keep import order simple
 
     with torch.device("meta"):
         model = GPT(cfg)

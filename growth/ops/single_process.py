@@ -14,16 +14,18 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
+
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops.apply import OptimizerPolicy, apply_plan
 from growlm.growth.ops.preparation import check_ramp_done, prepare_growth
 from growlm.growth.ops.rules import GrowthPlan, check_plan, param_shapes
+from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.ops.stores import DictStore, ModuleStore, ParamState
 from growlm.model.config import GPTConfig
 from growlm.model.gpt import GPT
 from growlm.model.masks import MaskSpec
 from growlm.runtime.engine import param_groups  # the engine's AdamW groups, so both train alike
-from growlm.runtime.schedule import REWARM_FLOOR_ATTR, ScheduleRule, ScheduleState
+from growlm.runtime.schedule import REWARM_FLOOR_ATTR, ScheduleState
 
 
 def default_optimizer() -> dict[str, Any]:
@@ -139,7 +141,7 @@ def make_optimizer(model: torch.nn.Module, hparams: dict[str, Any]) -> torch.opt
 def make_scheduler(optimizer: torch.optim.Optimizer, sched: ScheduleState, adam_step: int) -> Any:
     """A DeepSpeed WarmupCosineLR at ``sched``'s position, with the LR of the next step (re-warm included) already
     set in the optimizer's groups. The optimizer's group lr must be the peak LR when this is called."""
-    from deepspeed.runtime.lr_schedules import WarmupCosineLR
+    from deepspeed.runtime.lr_schedules import WarmupCosineLR  # lazy: deepspeed picks its accelerator at import
 
     peaks = [g["lr"] for g in optimizer.param_groups]
     scheduler = WarmupCosineLR(optimizer, **sched.scheduler_kwargs())

@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
-from growlm.growth.errors import GrowthError
 from torch import Tensor, nn
+
+from growlm.growth.errors import GrowthError
 
 
 class ParamState(NamedTuple):

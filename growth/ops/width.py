@@ -7,11 +7,22 @@ Torch only.
 from __future__ import annotations
 
 import torch
+from torch import Tensor
+
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops.common import check_no_shrink
-from growlm.growth.ops.rules import GrowthPlan, Map, Rule, kron_map, leading_block, per_qkv, repeat_last, seeded_normal
+from growlm.growth.ops.rules import (
+    GrowthPlan,
+    Map,
+    Rule,
+    kron_map,
+    leading_block,
+    param_shapes,
+    per_qkv,
+    repeat_last,
+    seeded_normal,
+)
 from growlm.model.config import GPTConfig
-from torch import Tensor
 
 PATTERNS = ("block", "split")
 SYMMETRIES = ("none", "noise")
@@ -251,7 +262,6 @@ def ffn_growth(old: GPTConfig, n_inner: int) -> GrowthPlan:
 
 
 def _names_except(cfg: GPTConfig, taken: dict[str, Rule]) -> list[str]:
-    from growlm.growth.ops.rules import param_shapes
 
     return [n for n in param_shapes(cfg) if n not in taken]
 

@@ -1,5 +1,6 @@
 """The stage list of a growth run, as YAML (or JSON, a subset): the starting shape and the stages, validated as a
-chain when loaded (``load_stages`` -> ``StageList``). Each stage builds its per-parameter ``GrowthPlan`` (growth.ops.rules).
+chain when loaded (``load_stages`` -> ``StageList``). Each stage builds its per-parameter ``GrowthPlan``
+(growth.ops.rules).
 
     seed: 0
     start: {preset: tiny, vocab_size: 512}          # a model preset (model/config.py) with overrides, or fields
@@ -14,7 +15,7 @@ chain when loaded (``load_stages`` -> ``StageList``). Each stage builds its per-
         ramp_frac: 0.25                             #   a fraction of the run left at growth (the default)
         optimizer: {moments: carry, fresh_exp_avg_sq: mean}
         schedule: {kind: continue, rewarm_steps: 0} # runtime.schedule.ScheduleRule fields
-        resources: {ranks_per_node: 2, grad_accum: 1}  # optional, also in start: where it runs (trainer.driver.resources)
+        resources: {ranks_per_node: 2, grad_accum: 1}  # optional, also in start: where growlm-run runs it
 
 Every stage's operator plan is built when the file is loaded, so a target the family cannot reach fails here, with
 the stage named, before any training starts.
@@ -28,15 +29,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from growlm.data.text import InputError, read_text
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops import make_plan
 from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.rules import GrowthPlan
+from growlm.growth.ops.schedule_rule import CONSTANT_OP, ScheduleRule
 from growlm.growth.stages.trigger import SLOPE_THRESHOLDS
 from growlm.model.config import GPTConfig, from_preset
-from growlm.runtime.schedule import CONSTANT_OP, ScheduleRule
-from growlm.trainer.driver.resources import Resources, parse_resources
 
 TRIGGERS = ("step", "tokens", "slope")
 
@@ -78,7 +79,7 @@ class Stage:
     ramp_frac: float | None = None
     optimizer: OptimizerPolicy = field(default_factory=OptimizerPolicy)
     schedule: ScheduleRule = field(default_factory=ScheduleRule)
-    resources: Resources = field(default_factory=Resources)  # where it runs (trainer.driver.resources)
+    resources: dict[str, Any] | None = None  # where growlm-run runs it, as written (trainer.driver.resources)
 
     def plan(self, current: GPTConfig, seed: int = 0) -> GrowthPlan:
         """The operator plan of this stage from ``current`` (the previous stage's shape)."""
@@ -101,7 +102,21 @@ class StageList:
     start: GPTConfig
     stages: tuple[Stage, ...]
     seed: int = 0
-    resources: Resources = field(default_factory=Resources)  # where the start shape runs (trainer.driver.resources)
+    resources: dict[str, Any] | None = None  # where the start runs, as written (trainer.driver.resources)
+
+
+def _resources(raw: Any, where: str) -> dict[str, Any] | None:
+    """A ``resources:`` mapping as written (None when absent); only growlm-run reads its keys
+    (trainer.driver.resources.stage_resources), train.py runs every stage where it was launched.
+
+    Raises:
+        GrowthError: it is not a mapping.
+    """
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise GrowthError(f"{where}: resources must be a mapping, e.g. {{ranks_per_node: 2, grad_accum: 1}}")
+    return dict(raw)
 
 
 def _config(base: GPTConfig | None, d: dict[str, Any], where: str) -> GPTConfig:
@@ -150,8 +165,7 @@ def parse_stages(doc: dict[str, Any]) -> StageList:
         raise GrowthError(f"'start' must be a mapping, e.g. {{preset: tiny}}, not {doc['start']!r}")
     seed = int(doc.get("seed", 0))
     start_doc = dict(doc["start"]) if isinstance(doc["start"], dict) else doc["start"]
-    start_raw = start_doc.pop("resources", None) if isinstance(start_doc, dict) else None
-    res = start_res = parse_resources(start_raw, None, "start")  # where each stage runs: trainer.driver.resources
+    start_res = _resources(start_doc.pop("resources", None), "start")  # read by growlm-run (trainer.driver.resources)
     current = _config(None, start_doc, "start")
     start, stages = current, []
     last: dict[str, float] = {}
@@ -203,9 +217,8 @@ def parse_stages(doc: dict[str, Any]) -> StageList:
             ramp_frac=None if raw.get("ramp_frac") is None else float(raw["ramp_frac"]),
             optimizer=_sub(OptimizerPolicy, raw.get("optimizer"), where),
             schedule=_sub(ScheduleRule, sched, where),
-            resources=parse_resources(raw.get("resources"), res, where),
+            resources=_resources(raw.get("resources"), where),
         )
-        res = stage.resources
         try:
             plan = stage.plan(current, seed)
         except GrowthError as e:
@@ -261,7 +274,7 @@ def _yaml_error(path: str | Path, e: yaml.YAMLError) -> GrowthError:
 
 def load_stages(path: str | Path) -> StageList:
     """Read and validate a YAML/JSON growth plan file (see the module docstring). The one plan-file loader of
-    train.py --growth_plan, growlm-grow --plan, growlm-run and growlm-bench --growth_plan.
+    train.py --growth_plan, growlm-grow --growth_plan, growlm-run and growlm-bench --growth_plan.
 
     Raises:
         FileNotFoundError / OSError: the file is missing or cannot be read (callers word it).

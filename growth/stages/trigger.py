@@ -1,7 +1,8 @@
 """When to grow: the slope trigger. Growth fires once the smoothed log-log slope of the validation loss against
 training compute, d log10 L / d log10 C, has flattened to a threshold: the small model has stopped being the
 compute-efficient way down (Shen et al. 2022, "Staged Training for Transformer Language Models", arXiv 2203.06211,
-section 4). Pure functions of numbers; eval.experiments.scaling predicts where the trigger fires and what a growth saves.
+section 4). Pure functions of numbers; eval.experiments.scaling predicts where the trigger fires and what a growth
+saves.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import json
 
 import pytest
 from dist_utils import fp16_supported
+
 from growlm.eval.bench import throughput as bench
 from growlm.model.config import flops_per_token, from_preset
 
@@ -35,8 +36,8 @@ def test_bench_surfaces_train_py_errors(capsys, tmp_path):
 
 def test_bench_runs_train_py_and_the_pytorch_baseline(tmp_path, builtin_data):
     out = tmp_path / "bench"
-    argv = ["--preset", "tiny", "--seq_len", "32", "--zero", "2", "--precision", "fp32", "--micro_batch", "4",
-            "--world_size", "2", "--threads_per_rank", "1", "--steps", "3", "--warmup", "1",
+    argv = ["--preset", "tiny", "--seq_len", "32", "--zero_stage", "2", "--precision", "fp32", "--micro_batch", "4",
+            "--world_size", "2", "--threads_per_rank", "1", "--max_steps", "3", "--skip_steps", "1",
             "--out", str(out)]  # fmt: skip
     assert bench.main(argv) == 0
     assert sorted(p.name for p in out.iterdir()) == [
@@ -86,8 +87,9 @@ def test_bench_reports_the_cost_of_a_live_growth(tmp_path, builtin_data):
     plan = tmp_path / "plan.yaml"
     plan.write_text(GROW_AT_STEP_2)
     out = tmp_path / "bench"
-    argv = ["--growth_plan", str(plan), "--seq_len", "32", "--zero", "2", "--precision", "fp32", "--micro_batch", "4",
-            "--world_size", "2", "--threads_per_rank", "1", "--steps", "4", "--warmup", "1", "--no_baseline",
+    argv = ["--growth_plan", str(plan), "--seq_len", "32", "--zero_stage", "2", "--precision", "fp32",
+                                 "--micro_batch", "4",
+            "--world_size", "2", "--threads_per_rank", "1", "--max_steps", "4", "--skip_steps", "1", "--no_baseline",
             "--keep_runs", "--out", str(out)]  # fmt: skip
     assert bench.main(argv) == 0
     rec = json.loads((out / "zero2-fp32.json").read_text())

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pytest
 from dist_utils import REPO, base_env, read_metrics, run_ranks, tiny_ds_config
+
 from growlm.growth.offline.cli import main as grow_main
 from growlm.runtime import checkpoint
 from growlm.runtime.crash_points import HOLD_AT_ENV, HOLD_DIR_ENV
 from growlm.runtime.launch import rank_env
 
-TINY = ["--preset", "tiny", "--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--seq_len", "32", "--no_eval",
+TINY = ["--preset", "tiny", "--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--seq_len", "32", "--no_final_eval",
         "--log_interval", "1"]  # fmt: skip
 PLAN = """
 seed: 0
@@ -151,7 +152,7 @@ def test_growlm_grow_killed_mid_way(killed_in_save, tmp_path):
 def test_live_growth_killed_mid_way(tmp_path, builtin_data):
     plan = tmp_path / "plan.yaml"
     plan.write_text(PLAN)
-    common = ["--seq_len", "32", "--no_eval", "--log_interval", "1", "--ds_config", str(tiny_ds_config(tmp_path)),
+    common = ["--seq_len", "32", "--no_final_eval", "--log_interval", "1", "--ds_config", str(tiny_ds_config(tmp_path)),
               "--max_steps", "4", "--save_interval", "2", "--growth_plan", str(plan)]  # fmt: skip
     ref, out = tmp_path / "uninterrupted", tmp_path / "run"
     r = run_ranks([*common, "--out_dir", str(ref)], timeout=300)

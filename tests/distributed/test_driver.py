@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from dist_utils import REPO, assert_close_tree, base_env, read_metrics, run_ranks, write_ds_config
+
 from growlm.runtime.processes import group_members
 
 pytestmark = pytest.mark.skipif(
@@ -54,7 +55,7 @@ def setup_run(tmp: Path, zero: int, last: str) -> tuple[Path, list[str]]:
     plan.write_text(PLAN.format(zero=zero, last=last))
     ds = write_ds_config(tmp / f"zero{zero}.json", f"zero{zero}_fp32", train_micro_batch_size_per_gpu=4, lr=3e-3,
                          scheduler_warmup_num_steps=2, gradient_accumulation_steps=2)  # fmt: skip
-    args = ["--seq_len", "32", "--no_eval", "--log_interval", "1", "--save_interval", "2", "--ds_config", str(ds)]
+    args = ["--seq_len", "32", "--no_final_eval", "--log_interval", "1", "--save_interval", "2", "--ds_config", str(ds)]
     return plan, [*args, "--max_steps", str(MAX_STEPS)]
 
 

@@ -9,6 +9,7 @@ import shutil
 import pytest
 import torch
 from dist_utils import run_ranks, write_ds_config
+
 from growlm.eval.metrics import cli
 from growlm.eval.metrics.cloze import build_cloze, score_cloze
 from growlm.eval.metrics.errors import EvalInputError
@@ -33,7 +34,8 @@ class _Checkpoints(dict):
     def __missing__(self, stage: int):
         ds = write_ds_config(self.root / f"z{stage}.json", f"zero{stage}_fp32", train_micro_batch_size_per_gpu=2)
         run = self.root / f"z{stage}"
-        r = run_ranks(["--preset", "tiny", "--seq_len", "32", "--no_eval", "--ds_config", str(ds), "--max_steps", "3",
+        r = run_ranks(["--preset", "tiny", "--seq_len", "32", "--no_final_eval", "--ds_config", str(ds),
+                                                                                                    "--max_steps", "3",
                        "--out_dir", str(run)])  # fmt: skip
         assert r.returncode == 0, r.stdout[-3000:]
         self[stage] = run / "checkpoints" / "global_step3"
@@ -76,7 +78,7 @@ def test_cli_writes_json_for_files(checkpoints, tmp_path, capsys):
                    str(lam), "--context", "64", "--out", str(out), "--no_progress"])  # fmt: skip
     assert rc == 0
     res = json.loads(out.read_text())
-    assert res["context"] == 64 and res["stride"] == 32
+    assert res["context"] == 64 and res["stride"] == 64  # non-overlapping windows, as train.py --eval_stride
     assert res["results"]["wikitext_file"]["words"] == word_count(TEXT)
     assert res["results"]["lambada_file"]["n_items"] == 1
 
@@ -110,6 +112,7 @@ def test_checkpoint_saved_mid_mask_ramp_scores_as_train_py_did(tmp_path, builtin
     """A masked growth at step 2 ramping over 4 steps, saved at step 4 (ramp 0.5): the loaded model, masks rebuilt,
     must give the held-out loss train.py logged for the same tokens and windows."""
     from dist_utils import read_metrics
+
     from growlm.data.prepare import open_tokens
     from growlm.eval.metrics.perplexity import token_nll
 

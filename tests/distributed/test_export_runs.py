@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from dist_utils import run_ranks, write_ds_config
+
 from growlm.data import tokenizer as tok
 from growlm.data.prepare import builtin_corpus_files
 from growlm.data.small_vocab import EOT, train_tokenizer
@@ -73,7 +74,7 @@ def small_vocab_folder(out: Path) -> Path:
 def train_tiny(tmp: Path, *extra: str) -> Path:
     """A 1-rank ZeRO-2 tiny run of 3 steps; returns its checkpoints folder."""
     ds = write_ds_config(tmp / "ds.json", "zero2_fp32", train_micro_batch_size_per_gpu=2)
-    args = ["--preset", "tiny", "--seq_len", "32", "--no_eval", "--ds_config", str(ds), "--max_steps", "3"]
+    args = ["--preset", "tiny", "--seq_len", "32", "--no_final_eval", "--ds_config", str(ds), "--max_steps", "3"]
     r = run_ranks([*args, *extra, "--out_dir", str(tmp / "run")], nproc=1)
     assert r.returncode == 0, r.stdout[-3000:]
     return tmp / "run" / "checkpoints"

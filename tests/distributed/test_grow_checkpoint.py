@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from dist_utils import REPO, read_metrics, run_ranks, write_ds_config
+
 from growlm.data.prepare import open_tokens
 from growlm.data.sampler import TokenWindows
 from growlm.growth.offline.cli import main as grow_main
@@ -26,7 +27,7 @@ from growlm.runtime.atomic import current_umask
 from growlm.runtime.run_state import VERSION, RunState
 from growlm.runtime.schedule import ScheduleState
 
-TINY = ["--seq_len", "32", "--log_interval", "1", "--no_eval"]
+TINY = ["--seq_len", "32", "--log_interval", "1", "--no_final_eval"]
 SAVE_STEP, MAX_STEPS = 3, 5
 # masked growth of every dimension (exact at ramp 0), or duplicate width x2 (exact in eval mode, no masks)
 GROW = {
@@ -273,7 +274,9 @@ def test_bad_input_is_refused_before_writing(tmp_path, sources, capsys):
         assert match in err, err
 
     refused(ckpt / "global_step99", tmp_path / "o", match="no such file")  # a tag that does not exist
-    refused(ckpt, tmp_path / "o", "--plan", REPO / "growth/plans/tiny_msg.yaml", match="does not chain")  # vocab 512
+    refused(
+        ckpt, tmp_path / "o", "--growth_plan", REPO / "growth/plans/tiny_msg.yaml", match="does not chain"
+    )  # vocab 512
     refused(ckpt, tmp_path / "o", "--zero_stage", "3", *GROW["masked"], match="do not cross")
     refused(ckpt, ckpt / "global_step3" / "inside", match="overlaps the input")
     refused(ckpt, run, match="overlaps the input")

@@ -77,7 +77,7 @@ def test_growth_record_carries_the_cost_of_each_phase(tmp_path):
     plan = tmp_path / "plan.yaml"
     plan.write_text(PLAN)
     out = tmp_path / "run"
-    args = ["--seq_len", "32", "--log_interval", "1", "--no_eval", "--max_steps", "5", "--growth_plan", str(plan)]
+    args = ["--seq_len", "32", "--log_interval", "1", "--no_final_eval", "--max_steps", "5", "--growth_plan", str(plan)]
     r = run_ranks([*args, "--ds_config", str(tiny_ds_config(tmp_path, "zero3_fp32")), "--out_dir", str(out)])
     assert r.returncode == 0, r.stdout[-4000:]
     growths = read_metrics(out, "growth")

@@ -78,7 +78,7 @@ def test_fp16_loss_scaler_is_carried(tmp_path):
     assert abs(d["loss_after"] - d["loss_before"]) <= 1e-2
 
 
-TINY = ["--seq_len", "32", "--log_interval", "1", "--no_eval"]
+TINY = ["--seq_len", "32", "--log_interval", "1", "--no_final_eval"]
 PLAN_MASKED = """
 seed: 0
 start: {preset: tiny, n_layer: 1, n_embd: 32, n_head: 2}

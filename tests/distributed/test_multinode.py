@@ -25,7 +25,7 @@ def train_args(tmp: Path, out: Path) -> list[str]:
     ds = write_ds_config(
         tmp / "zero2_fp32.json", "zero2_fp32", train_micro_batch_size_per_gpu=4, lr=3e-3, scheduler_warmup_num_steps=2
     )
-    return ["--preset", "tiny", "--seq_len", "32", "--no_eval", "--ds_config", str(ds), "--max_steps", "4",
+    return ["--preset", "tiny", "--seq_len", "32", "--no_final_eval", "--ds_config", str(ds), "--max_steps", "4",
             "--out_dir", str(out)]  # fmt: skip
 
 
@@ -138,7 +138,7 @@ def test_unreachable_master_times_out_with_a_clear_message(tmp_path):
     """Rank 1 of 2 waits for a master at a loopback port where nobody listens: exit 2 and a message, not a hang."""
     port = free_port()  # closed again: nothing listens there
     env = base_env(RANK="1", LOCAL_RANK="1", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_PORT=str(port))
-    cmd = [sys.executable, "train.py", "--preset", "tiny", "--seq_len", "32", "--no_eval", "--max_steps", "1",
+    cmd = [sys.executable, "train.py", "--preset", "tiny", "--seq_len", "32", "--no_final_eval", "--max_steps", "1",
            "--ds_config", "ds_configs/zero2_fp32.json", "--dist_timeout_s", "3",
            "--out_dir", str(tmp_path / "o")]  # fmt: skip
     t0 = time.monotonic()

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from dist_utils import read_metrics, run_ranks, tiny_ds_config
+
 from growlm.growth.offline.cli import main as grow_main
 from growlm.model.config import GPTConfig
 from growlm.model.gpt import GPT
@@ -22,7 +23,7 @@ from growlm.runtime.schedule import FIRST_ITERATION, warmup_cosine_ratio
 
 # the reproduction of the shared-Adam-step report: 2 layers, n_embd 64, micro batch 4, lr 3e-3, 2 warm-up steps
 SMALL = ["--preset", "cpu-small", "--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--seq_len", "64"]
-QUIET = ["--no_eval", "--log_interval", "1"]
+QUIET = ["--no_final_eval", "--log_interval", "1"]
 
 
 def saved_adam_steps(tag_dir: Path) -> list[float]:

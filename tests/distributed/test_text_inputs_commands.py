@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from cli_utils import one_error_line
+
 from growlm.data.text import BOM
 from growlm.data.tokenizer import gpt2_tokenizer
 

@@ -52,7 +52,7 @@ def test_zero_trains_and_resume_matches_uninterrupted_run(tmp_path, builtin_data
     r = run_ranks(
         [
             *TINY,
-            "--no_eval",
+            "--no_final_eval",
             "--ds_config",
             str(ds),
             "--max_steps",
@@ -76,7 +76,9 @@ def test_zero_trains_and_resume_matches_uninterrupted_run(tmp_path, builtin_data
 
 def test_checkpoint_layout_and_state(tmp_path, builtin_data):
     ds = tiny_ds_config(tmp_path, "zero2_fp32")
-    r = run_ranks([*TINY, "--no_eval", "--ds_config", str(ds), "--max_steps", "3", "--out_dir", str(tmp_path / "o")])
+    r = run_ranks(
+        [*TINY, "--no_final_eval", "--ds_config", str(ds), "--max_steps", "3", "--out_dir", str(tmp_path / "o")]
+    )
     assert r.returncode == 0, r.stdout[-3000:]
     ck = tmp_path / "o" / "checkpoints"
     assert (ck / "latest").read_text() == "global_step3"
@@ -94,12 +96,14 @@ def test_checkpoint_layout_and_state(tmp_path, builtin_data):
 @pytest.mark.bad_input
 def test_resume_at_other_world_size_is_refused_with_the_reshard_command(tmp_path, builtin_data):
     ds = tiny_ds_config(tmp_path, "zero2_fp32")
-    r = run_ranks([*TINY, "--no_eval", "--ds_config", str(ds), "--max_steps", "2", "--out_dir", str(tmp_path / "o")])
+    r = run_ranks(
+        [*TINY, "--no_final_eval", "--ds_config", str(ds), "--max_steps", "2", "--out_dir", str(tmp_path / "o")]
+    )
     assert r.returncode == 0, r.stdout[-3000:]
     r = run_ranks(
         [
             *TINY,
-            "--no_eval",
+            "--no_final_eval",
             "--ds_config",
             str(ds),
             "--max_steps",
@@ -122,7 +126,7 @@ def _launch(cmd: list[str], tmp_path, **env) -> subprocess.CompletedProcess:
 
 def _train_args(tmp_path, name: str) -> list[str]:
     ds = tiny_ds_config(tmp_path, "zero1_fp32")
-    return [*TINY, "--no_eval", "--ds_config", str(ds), "--max_steps", "2", "--out_dir", str(tmp_path / name)]
+    return [*TINY, "--no_final_eval", "--ds_config", str(ds), "--max_steps", "2", "--out_dir", str(tmp_path / name)]
 
 
 def test_deepspeed_launcher(tmp_path, builtin_data):

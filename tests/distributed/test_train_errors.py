@@ -24,7 +24,7 @@ def one_rank_checkpoint(tmp_path_factory):
             "tiny",
             "--seq_len",
             "32",
-            "--no_eval",
+            "--no_final_eval",
             "--max_steps",
             "2",
             "--ds_config",
@@ -53,7 +53,7 @@ def test_fp16_is_refused_or_trained_as_the_cpu_allows(capsys, tmp_path, builtin_
         tmp_path / "fp16.json", "zero2_fp16", train_micro_batch_size_per_gpu=4, lr=3e-3, scheduler_warmup_num_steps=2
     )
     out = tmp_path / "run"
-    args = ["--preset", "tiny", "--seq_len", "32", "--no_eval", "--max_steps", "6", "--log_interval", "1"]
+    args = ["--preset", "tiny", "--seq_len", "32", "--no_final_eval", "--max_steps", "6", "--log_interval", "1"]
     r = run_ranks([*args, "--ds_config", str(cfg), "--out_dir", str(out)], nproc=1)
     assert r.returncode == 0, r.stdout[-3000:]
     steps = read_metrics(out)

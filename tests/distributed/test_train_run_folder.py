@@ -18,9 +18,10 @@ import time
 import pytest
 from cli_utils import train_fails as fails
 from dist_utils import REPO, base_env, read_metrics
+
 from growlm.runtime.manifest import MANIFEST_FILE, verify_manifest
 
-ARGS = ["--preset", "tiny", "--seq_len", "32", "--no_eval", "--log_interval", "1", "--ds_config",
+ARGS = ["--preset", "tiny", "--seq_len", "32", "--no_final_eval", "--log_interval", "1", "--ds_config",
         "ds_configs/zero2_fp32.json"]  # fmt: skip
 
 

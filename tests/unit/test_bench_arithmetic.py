@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+
 from growlm.eval.bench.peak import gpu_table_peak, measure_matmul_peak
 from growlm.eval.bench.report import BenchError, growth_cost, markdown, summarize_train
 

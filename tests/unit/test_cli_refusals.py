@@ -11,11 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 from cli_utils import one_error_line, train_fails
+
 from growlm.data import prepare
 from growlm.data.text import InputError, read_text
 from growlm.data.tokens import SplitWriter
 from growlm.eval.bench import throughput as bench
-from growlm.eval.experiments import staged as experiment
+from growlm.eval.experiments import cli as experiment
 from growlm.eval.metrics import cli as eval_cli
 from growlm.growth.errors import GrowthError
 from growlm.growth.offline import cli as grow
@@ -79,9 +80,9 @@ def test_a_plan_whose_stages_are_not_mappings_is_refused(tmp_path):
 @pytest.mark.parametrize("kind", sorted(BAD_PLANS))
 def test_growlm_grow_refuses_a_malformed_plan_before_reading_the_checkpoint(tmp_path, capsys, kind):
     f, where = _plan(tmp_path, kind)
-    assert grow.main([str(tmp_path / "no_checkpoint"), str(tmp_path / "out"), "--plan", str(f)]) == 2
+    assert grow.main([str(tmp_path / "no_checkpoint"), str(tmp_path / "out"), "--growth_plan", str(f)]) == 2
     line = one_error_line(capsys.readouterr().err, "growlm-grow")
-    assert line.startswith(f"--plan {f}: {where}") and BAD_PLANS[kind][3] in line
+    assert line.startswith(f"--growth_plan {f}: {where}") and BAD_PLANS[kind][3] in line
     assert not (tmp_path / "out").exists()
 
 
@@ -150,7 +151,7 @@ def test_growlm_run_dry_run_refuses_a_hostfile_listing_a_host_twice(tmp_path, ca
     "argv, message",
     [
         (["--world_size", "0"], "--world_size 0: must be >= 1 (ranks); give a value of at least 1"),
-        (["--steps", "0"], "--steps 0: must be >= 1 (optimizer steps per run)"),
+        (["--max_steps", "0"], "--max_steps 0: must be >= 1 (optimizer steps per run)"),
         (["--micro_batch", "0"], "--micro_batch 0: must be >= 1"),
         (["--threads_per_rank", "-1"], "--threads_per_rank -1: must be >= 1"),
         (["--seq_len", "0"], "--seq_len 0: must be >= 1"),
@@ -191,7 +192,7 @@ def test_growlm_experiment_quick_dry_run_at_the_smallest_steps(capsys):
 @pytest.mark.parametrize(
     "flag, value, message",
     [
-        ("--stride", "0", "--stride 0 must be >= 1 (omit it for context // 2)"),
+        ("--stride", "0", "--stride 0 must be >= 1 (omit it for the context)"),
         ("--context", "0", "--context 0 must be >= 2 (omit it for the model's n_positions)"),
         ("--batch_size", "0", "--batch_size 0 must be >= 1"),
         ("--max_cloze_items", "-1", "--max_cloze_items -1 must be >= 0 (0: all)"),
@@ -204,7 +205,7 @@ def test_growlm_eval_refuses_zero_windows_instead_of_taking_the_default(tmp_path
 
 def test_check_windows_takes_zero_as_given_not_as_the_default():
     m = SimpleNamespace(config=SimpleNamespace(n_positions=64, shape_str=lambda: "2 x 32"))
-    assert eval_cli.check_windows(m, None, None) == (64, 32)
+    assert eval_cli.check_windows(m, None, None) == (64, 64)
     with pytest.raises(ValueError, match="--context 0 must be in"):
         eval_cli.check_windows(m, 0, None)
     with pytest.raises(ValueError, match=r"--stride 0 must be in \[1, --context 16\]"):

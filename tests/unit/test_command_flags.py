@@ -11,15 +11,18 @@ import types
 from pathlib import Path
 
 import pytest
+
 from growlm.data import build_corpus
 from growlm.eval.bench import throughput as bench
+from growlm.eval.experiments import cli as experiment
 from growlm.eval.experiments import equal_compute as ec
 from growlm.eval.experiments import staged
 from growlm.growth.errors import GrowthError
 from growlm.growth.offline import cli as grow
 from growlm.growth.ops.apply import OptimizerPolicy
+from growlm.growth.ops.schedule_rule import place_schedule
 from growlm.growth.stages.plan import load_stages
-from growlm.runtime.schedule import ScheduleState, place_schedule
+from growlm.runtime.schedule import ScheduleState
 
 REPO = Path(__file__).resolve().parents[2]
 PLAN = REPO / "growth" / "plans" / "tiny_msg.yaml"  # tiny 2 x 64 -> 'deeper' 4 x 64 -> 'wider' 4 x 128
@@ -112,19 +115,19 @@ def test_build_corpus_extra_writes_each_named_source_under_out(monkeypatch, tmp_
 
 
 def test_grow_export_hf_has_a_dashed_spelling():
-    assert grow.parse_args(["ck", "--export-hf", "hf"]).export_hf == "hf"
+    assert grow.parse_args(["ck", "--export_hf", "hf"]).export_hf == "hf"
     assert grow.parse_args(["ck", "--export_hf", "hf"]).export_hf == "hf"
 
 
 def test_grow_stage_picks_the_named_stage_of_the_plan():
     sched = load_stages(PLAN)
     deeper = sched.stages[0].target
-    args = grow.parse_args(["ck", "out", "--plan", str(PLAN), "--stage", "wider"])
-    stage, seed = grow.stage_from_plan_file(args.plan, args.stage, deeper)
+    args = grow.parse_args(["ck", "out", "--growth_plan", str(PLAN), "--stage", "wider"])
+    stage, seed = grow.stage_from_plan_file(args.growth_plan, args.stage, deeper)
     assert (stage.name, stage.target.n_embd, seed) == ("wider", 128, 0)
     wrong_start = "stage 'wider' of .* grows from L=4 d=64 .*the checkpoint's model is L=2 d=64"
     with pytest.raises(GrowthError, match=wrong_start):
-        grow.stage_from_plan_file(args.plan, args.stage, sched.start)  # the tiny start is 'deeper''s
+        grow.stage_from_plan_file(args.growth_plan, args.stage, sched.start)  # the tiny start is 'deeper''s
     with pytest.raises(GrowthError, match=r"has no stage 'widest'; its stages are \['deeper', 'wider'\]"):
         grow.stage_from_plan_file(str(PLAN), "widest", sched.start)
 
@@ -197,12 +200,12 @@ def test_eval_max_cloze_items_scores_only_the_first_n(tiny_hf, capsys):
 
 
 def test_eval_wiki_split_picks_the_held_out_articles(tiny_hf, tmp_path, monkeypatch, capsys):
-    extra = tmp_path / "extra"
+    extra = tmp_path / "extra"  # growlm's cache folder is GROWLM_CACHE: its extra/ holds the sample
     for split, names in (("val", ["v1"]), ("test", ["t1", "t2"])):
         (extra / "wikipedia" / split).mkdir(parents=True)
         for n in names:
             (extra / "wikipedia" / split / f"{n}.txt").write_text(f"Article {n} has a few words of text in it.")
-    monkeypatch.setattr(build_corpus, "EXTRA_DIR", extra)
+    monkeypatch.setenv("GROWLM_CACHE", str(tmp_path))
     val = _eval_json(tiny_hf, capsys, "--sets", "wikipedia", "--wiki_split", "val")["results"]["wikipedia"]
     test = _eval_json(tiny_hf, capsys, "--sets", "wikipedia")["results"]["wikipedia"]  # default: test
     assert (val["split"], val["documents"]) == ("val", 1)
@@ -222,7 +225,7 @@ def _token_folder(tmp_path: Path) -> Path:
 
 def test_experiment_seeds_evals_batch_lr_report_only(tmp_path, monkeypatch, capsys):
     args = ec.parse_args(["--quick", "--arms", "scratch", "--seeds", "2", "--seed", "7", "--steps", "40",
-                          "--evals", "4", "--batch", "3", "--lr", "0.004", "--warmup", "6"])  # fmt: skip
+                          "--evals", "4", "--batch", "3", "--lr", "0.004", "--warmup_steps", "6"])  # fmt: skip
     jobs = ec.plan_jobs(args, 512)
     assert [(j.key, j.eval_interval) for j in jobs] == [("scratch/seed7", 10), ("scratch/seed8", 10)]
     cfg = ec.ds_config(args)
@@ -237,15 +240,16 @@ def test_experiment_seeds_evals_batch_lr_report_only(tmp_path, monkeypatch, caps
     monkeypatch.setattr(ec, "run_all", lambda *a: ran.append(1) or [])
     argv = ["--quick", "--arms", "scratch", "--seeds", "2", "--data", str(_token_folder(tmp_path)),
             "--out", str(tmp_path / "out"), "--batch", "3"]  # fmt: skip
-    assert ec.main([*argv, "--report_only"]) == 0
+    assert experiment.main([*argv, "--report_only"]) == 0
     assert (ran, reported) == ([], [2])  # the report from what exists, no run started
     assert json.loads((tmp_path / "out" / "ds_config.json").read_text())["train_micro_batch_size_per_gpu"] == 3
-    assert ec.main(argv) == 0
+    assert experiment.main(argv) == 0
     assert (ran, reported) == ([1], [2, 2])
 
 
 def test_experiment_threads_and_parallel(tmp_path, monkeypatch, capsys):
-    args = ec.parse_args(["--quick", "--arms", "scratch", "--seeds", "4", "--out", str(tmp_path), "--threads", "3",
+    args = ec.parse_args(["--quick", "--arms", "scratch", "--seeds", "4", "--out", str(tmp_path),
+                                                                                       "--threads_per_rank", "3",
                           "--parallel", "2"])  # fmt: skip
     jobs = ec.plan_jobs(args, 512)
     started = []
@@ -283,15 +287,15 @@ def test_experiment_threads_and_parallel(tmp_path, monkeypatch, capsys):
 def test_experiment_protocol_equal_steps_runs_grow_frac_batch_lr_threads(tmp_path, monkeypatch, capsys):
     data = _token_folder(tmp_path)
     # --runs without 'scratch' is refused by equal_steps' own check: --protocol chose that experiment
-    assert staged.main(["--protocol", "equal_steps", "--runs", "msg-depth", "--data", str(data)]) == 2
+    assert experiment.main(["--protocol", "equal_steps", "--runs", "msg-depth", "--data", str(data)]) == 2
     assert "--runs must include 'scratch'" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # the default protocol (equal_compute) has no --runs
-        staged.main(["--runs", "scratch", "--data", str(data)])
+        experiment.main(["--runs", "scratch", "--data", str(data)])
     capsys.readouterr()
     argv = ["--protocol", "equal_steps", "--runs", "scratch,msg-depth", "--max_steps", "40", "--grow_frac", "0.25",
             "--batch", "3", "--lr", "0.005", "--data", str(data), "--out", str(tmp_path / "out"),
             "--report", str(tmp_path / "report")]  # fmt: skip
-    assert staged.main([*argv, "--report_only"]) == 1  # no finished run to report on, and none started
+    assert experiment.main([*argv, "--report_only"]) == 1  # no finished run to report on, and none started
     assert "the scratch run has not finished; no report" in capsys.readouterr().err
     assert not (tmp_path / "out" / "scratch").exists()
     plan = load_stages(tmp_path / "out" / "msg-depth.yaml")
@@ -301,7 +305,9 @@ def test_experiment_protocol_equal_steps_runs_grow_frac_batch_lr_threads(tmp_pat
 
     calls = []
     monkeypatch.setattr(staged.subprocess, "call", lambda cmd, env, stdout, stderr: calls.append(env) or 7)
-    assert staged.main([*argv, "--threads", "3"]) == 7  # the first run "fails": its exit status is returned
+    assert (
+        experiment.main([*argv, "--threads_per_rank", "3"]) == 7
+    )  # the first run "fails": its exit status is returned
     assert [c["OMP_NUM_THREADS"] for c in calls] == ["3"]
     assert "run scratch failed (exit 7)" in capsys.readouterr().err
 
@@ -356,3 +362,51 @@ def test_bench_peak_tflops_replaces_the_measured_peak(monkeypatch, tmp_path):
         bench.run(args)
     peak = seen[("fp32", 1)]
     assert (peak.flops_per_s, peak.source) == (3.5e12, "given: 3.5 TFLOP/s")  # no matmul was timed
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --version and --help of every console command
+
+
+def _mains():
+    from growlm import train
+    from growlm.data import build_corpus, prepare
+    from growlm.eval.bench import throughput
+    from growlm.eval.experiments import cli as experiment
+    from growlm.eval.metrics import cli as eval_cli
+    from growlm.growth.offline import cli as grow_cli
+    from growlm.trainer.driver import cli as driver_cli
+
+    return {"growlm-train": train.main, "growlm-prepare": prepare.main, "growlm-build-corpus": build_corpus.main,
+            "growlm-grow": grow_cli.main, "growlm-run": driver_cli.main, "growlm-eval": eval_cli.main,
+            "growlm-experiment": experiment.main, "growlm-bench": throughput.main}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", sorted(_mains()))
+def test_every_command_has_version(command, capsys):
+    import growlm
+
+    with pytest.raises(SystemExit) as e:
+        _mains()[command](["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"{command} (growlm {growlm.__version__})"
+
+
+def test_experiment_help_shows_the_protocol_and_both_parsers_with_defaults(capsys):
+    from growlm.eval.experiments import cli as experiment
+
+    assert experiment.main(["-h"]) == 0
+    out = capsys.readouterr().out
+    assert "--protocol {equal_compute,equal_steps}" in out and "(default: equal_compute)" in out
+    assert "--protocol equal_compute:" in out and "--protocol equal_steps:" in out
+    assert "--warmup_steps" in out and "(default: 240)" in out  # equal_steps' --max_steps default is shown
+
+
+def test_train_help_shows_defaults(capsys):
+    from growlm import train
+
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--max_steps MAX_STEPS train until this many optimizer steps (global step) (default: 200)" in out
+    assert "--log_interval LOG_INTERVAL steps between TensorBoard/console logs (>= 1) (default: 10)" in out

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from growlm.data import prepare
 from growlm.data.build_corpus import CORPUS_DIR, VAL_NAMES, load_manifest, verify_corpus
 from growlm.data.prepare import (

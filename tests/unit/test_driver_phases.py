@@ -11,6 +11,7 @@ import types
 from pathlib import Path
 
 import pytest
+
 from growlm import DS_CONFIG_DIR
 from growlm.growth.stages.plan import parse_stages
 from growlm.runtime.run_state import RunState

@@ -1,4 +1,5 @@
-"""growlm-run without processes: stage resources parsed and checked at load (trainer/driver/resources.py), the plan cut into
+"""growlm-run without processes: stage resources parsed and checked at load (trainer/driver/resources.py), the plan cut
+into
 jobs with their DeepSpeed configs and launcher commands (trainer/driver/segments.py), the model-state memory per
 rank (trainer/driver/memory.py, ZeRO paper Fig. 1) and the metrics trimming of a restarted driver."""
 
@@ -7,11 +8,12 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from growlm.growth.errors import GrowthError
 from growlm.growth.stages.plan import parse_stages
 from growlm.trainer.driver.memory import model_state_bytes
 from growlm.trainer.driver.phases import trim_metrics
-from growlm.trainer.driver.resources import Resources
+from growlm.trainer.driver.resources import Resources, stage_resources
 from growlm.trainer.driver.segments import (
     DriverError,
     check_hostfile,
@@ -38,9 +40,9 @@ def plan(start_res=None, deeper_res=None, wider_res=None):
 
 def test_resources_inherit_field_by_field_and_split_the_plan_into_jobs():
     p = plan(START, None, {"ranks_per_node": 2, "grad_accum": 1})
-    assert p.resources == Resources(ranks_per_node=1, zero_stage=2, micro_batch=4, grad_accum=2)
-    assert p.stages[0].resources == p.resources  # no resources: where the previous stage ran (live growth)
-    wider = p.stages[1].resources
+    start, (deeper, wider) = stage_resources(p)
+    assert start == Resources(ranks_per_node=1, zero_stage=2, micro_batch=4, grad_accum=2)
+    assert deeper == start  # no resources: where the previous stage ran (live growth)
     assert (wider.world_size, wider.zero_stage, wider.micro_batch, wider.grad_accum, wider.global_batch) == (
         2,
         2,
@@ -77,9 +79,9 @@ def test_resources_inherit_field_by_field_and_split_the_plan_into_jobs():
         (START, {"nodes": 2, "ranks_per_node": 1, "grad_accum": 1}, "no machines named"),  # would write node0, node1
     ],
 )
-def test_bad_resources_are_refused_at_load(start, wider, match):
+def test_bad_resources_are_refused_before_any_job(start, wider, match):
     with pytest.raises(GrowthError, match=match) as e:
-        plan(start, None, wider)
+        stage_resources(plan(start, None, wider))
     assert "stage 'wider'" in str(e.value)
 
 
@@ -97,7 +99,7 @@ def test_stage_names_must_be_unique_and_safe_as_folder_names(name):
 @pytest.mark.bad_input
 def test_start_global_batch_needs_micro_batch_and_grad_accum():
     with pytest.raises(GrowthError, match="global_batch=8 needs micro_batch and grad_accum"):
-        plan({"ranks_per_node": 1, "global_batch": 8})
+        stage_resources(plan({"ranks_per_node": 1, "global_batch": 8}))
 
 
 def test_train_batch_size_fills_the_missing_micro_batch_or_accumulation():
@@ -121,7 +123,7 @@ def test_train_batch_size_fills_the_missing_micro_batch_or_accumulation():
 
 def test_a_stated_global_batch_change_is_allowed():
     p = plan(START, None, {"ranks_per_node": 2, "grad_accum": 2, "global_batch": 16})
-    assert p.stages[1].resources.global_batch == 16
+    assert stage_resources(p)[1][1].global_batch == 16
 
 
 def test_config_values_fill_the_gaps_and_are_checked_too():

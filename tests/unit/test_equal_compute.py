@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+
+from growlm.eval.experiments import cli as experiment
 from growlm.eval.experiments import compute_protocol as cp
 from growlm.eval.experiments import equal_compute as ec
 from growlm.eval.experiments.ngram import ngram_losses
@@ -97,7 +99,7 @@ def test_every_arm_plan_is_a_valid_stage_list_and_dry_run_lists_the_runs(argv, c
             assert len(stages.stages) == len(job.arm.grow)
             n_layer, n_embd, _ = ec.SIZES["quick" if args.quick else "default"]["target"]
             assert (stages.stages[-1].target.n_layer, stages.stages[-1].target.n_embd) == (n_layer, n_embd)
-    assert ec.main([*argv, "--dry_run", "--data", "no/such/folder"]) == 0  # a dry run needs no data
+    assert experiment.main([*argv, "--dry_run", "--data", "no/such/folder"]) == 0  # a dry run needs no data
     assert "depth-slope/seed" in capsys.readouterr().out
 
 

@@ -10,6 +10,7 @@ import re
 import numpy as np
 import pytest
 import torch
+
 from growlm.data.tokenizer import gpt2
 from growlm.eval.metrics.cloze import ClozeItem, build_cloze, read_lambada, score_cloze
 from growlm.eval.metrics.errors import EvalInputError

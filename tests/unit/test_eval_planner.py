@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+
 from growlm.eval.experiments import scaling
 from growlm.eval.experiments import staged_report as rep
 from growlm.eval.experiments.staged import RUNS, plan_doc

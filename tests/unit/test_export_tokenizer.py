@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from growlm.data import tokenizer as tok
 from growlm.data.prepare import builtin_corpus_files
 from growlm.data.small_vocab import train_tokenizer

@@ -3,6 +3,10 @@ gradients and a real Adam step, and symmetry breaking."""
 
 import pytest
 import torch
+from growth_helpers import grown_model, random_model, small_cfg, tokens
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops import make_plan
 from growlm.growth.ops.apply import apply_plan
@@ -10,9 +14,6 @@ from growlm.growth.ops.single_process import make_optimizer
 from growlm.growth.ops.stores import ModuleStore
 from growlm.growth.ops.width import ZERO_ENTRY_UPDATE, replica_map
 from growlm.model.gpt import GPT
-from growth_helpers import grown_model, random_model, small_cfg, tokens
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True)
 HP = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-14, "weight_decay": 0.1}  # eps: see the Adam-step test

@@ -6,6 +6,8 @@ from dataclasses import replace
 
 import pytest
 import torch
+from growth_helpers import small_cfg
+
 from growlm.eval.metrics.dynamics import (
     clone_training,
     copy_divergence,
@@ -18,12 +20,12 @@ from growlm.growth.ops import make_plan
 from growlm.growth.ops.apply import apply_plan
 from growlm.growth.ops.preparation import prepare_growth
 from growlm.growth.ops.rules import GrowthPlan
+from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.ops.single_process import make_optimizer
 from growlm.growth.ops.stores import ModuleStore
 from growlm.growth.stages.plan import parse_stages
 from growlm.model.gpt import GPT
-from growlm.runtime.schedule import ScheduleRule, ScheduleState
-from growth_helpers import small_cfg
+from growlm.runtime.schedule import ScheduleState
 
 HP = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}  # ds_configs' AdamW
 V = 97

@@ -2,6 +2,10 @@
 
 import pytest
 import torch
+from growth_helpers import grown_model, random_model, random_params, small_cfg, tokens
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops import make_plan
 from growlm.growth.ops.apply import OptimizerPolicy
@@ -9,9 +13,6 @@ from growlm.growth.ops.single_process import TrainingState, grow_state, to_modul
 from growlm.growth.ops.stores import ParamState
 from growlm.model.config import GPTConfig
 from growlm.model.hf import to_hf
-from growth_helpers import grown_model, random_model, random_params, small_cfg, tokens
-from hypothesis import assume, given, settings
-from hypothesis import strategies as st
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True)
 

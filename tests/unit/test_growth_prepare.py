@@ -3,11 +3,13 @@
 from dataclasses import replace
 
 import pytest
+
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops import make_plan
 from growlm.growth.ops.preparation import prepare_growth
+from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.model.config import GPTConfig
-from growlm.runtime.schedule import ScheduleRule, ScheduleState, warmup_cosine_ratio
+from growlm.runtime.schedule import ScheduleState, warmup_cosine_ratio
 
 OLD = GPTConfig(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=97)
 DEEPER = replace(OLD, n_layer=2)

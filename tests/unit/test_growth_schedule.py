@@ -5,14 +5,15 @@ from dataclasses import replace
 
 import pytest
 import torch
+
 from growlm.growth.errors import GrowthError
+from growlm.growth.ops.schedule_rule import ScheduleRule, place_schedule
 from growlm.runtime.schedule import (
     FIRST_ITERATION,
-    ScheduleRule,
+    ScheduleError,
     ScheduleState,
     checkpoint_schedule,
     engine_schedule,
-    place_schedule,
     rewarm_factor,
     start_schedule,
     warmup_cosine_ratio,
@@ -87,7 +88,7 @@ def test_placement_never_goes_back_to_a_zero_lr_position():
 
 
 def test_engine_schedule_refuses_another_scheduler_and_checkpoint_schedule_reads_the_config():
-    with pytest.raises(GrowthError, match="WarmupCosineLR"):
+    with pytest.raises(ScheduleError, match="WarmupCosineLR"):
         engine_schedule(_Engine(None))
     ds = {"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 50, "warmup_num_steps": 5}}}
     assert checkpoint_schedule(None, ds, 7) == ScheduleState(

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+
 from growlm.growth.errors import GrowthError
 from growlm.growth.stages.plan import load_stages, parse_stages
 

@@ -2,9 +2,12 @@
 
 import pytest
 import torch
+from growth_helpers import random_model, random_params, small_cfg, tokens
+
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops import make_plan
 from growlm.growth.ops.apply import OptimizerPolicy
+from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.ops.single_process import (
     TrainingState,
     from_modules,
@@ -14,8 +17,7 @@ from growlm.growth.ops.single_process import (
     to_modules,
 )
 from growlm.growth.ops.stores import ParamState
-from growlm.runtime.schedule import ScheduleRule, ScheduleState, warmup_cosine_ratio
-from growth_helpers import random_model, random_params, small_cfg, tokens
+from growlm.runtime.schedule import ScheduleState, warmup_cosine_ratio
 
 HP = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 SCHED = ScheduleState(total_num_steps=1000, warmup_num_steps=100, warmup_type="linear")

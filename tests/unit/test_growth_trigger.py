@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+
 from growlm.growth.errors import GrowthError
 from growlm.growth.stages.trigger import (
     equal_rate_reached,

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 from cli_utils import train_fails
-from growlm.runtime.run_state import InitSource, RunState
-from growlm.trainer.init_from import check_flags, open_init_from
 from init_from_helpers import TINY, make_hf_folder
 
-FLAGS = ["--seq_len", "32", "--no_eval", "--max_steps", "1", "--ds_config", "ds_configs/zero2_fp32.json"]
+from growlm.runtime.run_state import InitSource, RunState
+from growlm.trainer.init_from import check_flags, open_init_from
+
+FLAGS = ["--seq_len", "32", "--no_final_eval", "--max_steps", "1", "--ds_config", "ds_configs/zero2_fp32.json"]
 
 
 def fails(capsys, argv: list[str], *needles: str) -> str:
@@ -135,6 +136,7 @@ def test_stage0_masters_map_each_parameter_to_its_fp32_master():
     """ZeRO stage 0 wrappers: FP16_Optimizer (fused Adam, GPUs) keeps one flat fp32 master per group, and
     FP16_UnfusedOptimizer one per parameter; writing a parameter's master must write exactly its slice."""
     import torch
+
     from growlm.trainer.init_from import stage0_masters
 
     groups = [[torch.ones(2, 3, dtype=torch.bfloat16), torch.ones(4, dtype=torch.bfloat16)], [torch.ones(5, 1)]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from growlm.growth.live.transfer import _buckets, local_maps
 from growlm.growth.ops import make_plan
 from growlm.growth.ops.apply import OptimizerPolicy, grow_param

@@ -2,11 +2,12 @@
 
 import pytest
 import torch
+from growth_helpers import grown_model, random_model, small_cfg, tokens
+
 from growlm.growth.ops import make_plan
 from growlm.model.gpt import GPT, LayerNorm
 from growlm.model.hf import to_hf
 from growlm.model.masks import MaskSpec
-from growth_helpers import grown_model, random_model, small_cfg, tokens
 
 
 def grown_pair():

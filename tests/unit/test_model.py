@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from growlm.model.config import PRESETS, GPTConfig, flops_per_token, from_preset, param_count
 from growlm.model.gpt import GPT
 from growlm.model.hf import from_hf, to_hf, to_hf_config

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+
 from growlm.eval.metrics.perplexity import sliding_windows, token_nll
 from growlm.model.config import GPTConfig
 from growlm.model.gpt import GPT

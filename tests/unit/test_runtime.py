@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from growlm.runtime import atomic
 from growlm.runtime.checkpoint import (
     CheckpointError,

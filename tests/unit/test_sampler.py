@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from growlm.data.sampler import ResumableSampler, TokenWindows, micro_batch_start
 
 

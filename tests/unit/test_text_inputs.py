@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_utils import one_error_line
+
 from growlm.data import prepare
 from growlm.data.text import BOM, InputError, read_json_rows, read_lines, read_text
 from growlm.data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer

@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_utils import train_fails as fails
+
 from growlm.runtime.dist import DistInfo
 from growlm.runtime.lock import LockHeldError, hold_lock
 from growlm.trainer.config import check_batch
 from growlm.trainer.errors import UsageError
 from growlm.trainer.metrics import MetricsLogger, purge_after, read_records
 
-TINY = ["--preset", "tiny", "--seq_len", "32", "--no_eval", "--max_steps", "2"]
+TINY = ["--preset", "tiny", "--seq_len", "32", "--no_final_eval", "--max_steps", "2"]
 FP32 = json.loads(Path("ds_configs/zero2_fp32.json").read_text())
 
 
@@ -218,6 +219,7 @@ def test_a_second_run_on_a_locked_out_dir_is_refused(tmp_path):
     from types import SimpleNamespace
 
     import torch
+
     from growlm.trainer.run import RUN_LOCK, claim_out_dir
 
     out = tmp_path / "run"

@@ -6,6 +6,7 @@ import os
 
 import pytest
 from cli_utils import train_fails as fails
+
 from growlm import train
 from growlm.trainer.config import resolve
 
@@ -73,7 +74,7 @@ def test_a_stage_schedule_shorter_than_its_warmup_is_refused_at_start(capsys, tm
     plan.write_text(PLAN_AT_STEP_2)
     out = tmp_path / "run"
     argv = ["--growth_plan", str(plan), "--ds_config", "ds_configs/zero2_fp32.json", "--seq_len", "32",
-            "--no_eval", "--out_dir", str(out)]  # fmt: skip
+            "--no_final_eval", "--out_dir", str(out)]  # fmt: skip
     fails(capsys, [*argv, "--max_steps", "7"], "stage 'deeper'", "total_num_steps=7 < warmup_num_steps=20")
     assert not out.exists()  # no metrics.jsonl, no checkpoint
     # a stage's own lengths count, chained: its schedule.total_num_steps replaces the config's
@@ -116,7 +117,7 @@ def test_an_inconsistent_launch_environment_is_refused_before_the_rendezvous(
         monkeypatch.delenv(key, raising=False)
     for key, value in {**LAUNCH, **env}.items():
         monkeypatch.setenv(key, value)
-    argv = ["--preset", "tiny", "--seq_len", "32", "--no_eval", "--max_steps", "1", "--dist_timeout_s", "2",
+    argv = ["--preset", "tiny", "--seq_len", "32", "--no_final_eval", "--max_steps", "1", "--dist_timeout_s", "2",
             "--ds_config", "ds_configs/zero2_fp32.json", "--out_dir", str(tmp_path / "run")]  # fmt: skip
     line = fails(capsys, argv, message, "the launch environment is inconsistent")
     assert "could not join" not in line

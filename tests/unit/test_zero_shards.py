@@ -1,4 +1,5 @@
-"""growth.offline.shards and the one-pass writers of growth.offline.universal, on small synthetic ZeRO shard files (no process
+"""growth.offline.shards and the one-pass writers of growth.offline.universal, on small synthetic ZeRO shard files (no
+process
 started): the merge of each rank's pieces into full tensors (ZeRO-1/2 fragment addresses, ZeRO-3 padded
 partitions), the refusal of shards of another model, and files hashed while written for the manifest. The real
 checkpoints, compared with DeepSpeed's ds_to_universal tensor by tensor, are in
@@ -11,6 +12,7 @@ from collections import OrderedDict
 
 import pytest
 import torch
+
 from growlm.growth.offline.shards import ZeroShardStore, drop_pages
 from growlm.growth.offline.universal import UniversalStore, Written
 from growlm.runtime.checkpoint import CheckpointError, safe_load

@@ -20,7 +20,32 @@ from pathlib import Path
 from typing import Any
 
 from growlm import TRAIN_SCRIPT
+from growlm.growth.errors import GrowthError
+from growlm.runtime import checkpoint
+from growlm.runtime import processes as procs
+from growlm.runtime.atomic import write_json
+from growlm.runtime.checkpoint import CheckpointError
+from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import select_accelerator
+from growlm.runtime.launch import free_port
+from growlm.runtime.manifest import ManifestError
+from growlm.trainer import cli as train
+from growlm.trainer.config import load_ds_config
+from growlm.trainer.driver.dry_run import print_dry_run
+from growlm.trainer.driver.phases import PROGRESS_VERSION, Run, drive
+from growlm.trainer.driver.segments import (
+    DriverError,
+    check_hostfile,
+    deepspeed_path,
+    ds_config_path,
+    hostfile_for,
+    job_args,
+    launcher_commands,
+    make_segments,
+    segment_ds_config,
+)
+from growlm.trainer.errors import UsageError
+from growlm.trainer.plan_checks import load_growth_plan
 
 DRIVER_FLAGS = ("growth_plan", "resume", "stop_before_stage")
 
@@ -36,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The growlm-run argument parser (the driver's own flags, before ``--``)."""
     p = argparse.ArgumentParser(
         prog="growlm-run",
+        formatter_class=HelpFormatter,
         usage="growlm-run PLAN.yaml [--dry_run] [--mem_per_rank_gib G] [--deepspeed PATH] -- TRAIN_ARGS",
         description="Run a growth plan whose stages declare their resources (nodes, ranks, ZeRO stage, batch split): "
         "live growth inside a job while the resources stay, save -> offline grow + reshard -> relaunch where they "
@@ -54,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="warn (dry run) where a stage's model states per rank exceed G GiB (2^30 bytes)",
     )
     p.add_argument("--deepspeed", default=None, help="the deepspeed launcher (default: the one beside this Python)")
-    return p
+    return add_version(p)
 
 
 def train_namespace(train_args: list[str]) -> argparse.Namespace:
@@ -64,8 +90,6 @@ def train_namespace(train_args: list[str]) -> argparse.Namespace:
         DriverError: a flag the driver sets itself, --init_from (its jobs resume with --resume, which train.py does
             not combine with it), --no_final_save, or a missing --out_dir.
     """
-    from growlm.trainer import cli as train
-    from growlm.trainer.driver.segments import DriverError
 
     ns = train.parse_args(train_args)
     given = [f"--{k}" for k in DRIVER_FLAGS if getattr(ns, k) is not None]
@@ -86,14 +110,6 @@ def train_namespace(train_args: list[str]) -> argparse.Namespace:
     return ns
 
 
-def deepspeed_path(given: str | None) -> str:
-    """The deepspeed launcher: ``given``, else the one installed beside this Python, else ``deepspeed`` on PATH."""
-    if given:
-        return given
-    beside = Path(sys.executable).parent / "deepspeed"
-    return str(beside) if beside.exists() else "deepspeed"
-
-
 def child_env() -> dict[str, str]:
     """The jobs' environment: this one (growlm importable as it is here), the accelerator chosen (DS_ACCELERATOR),
     no rank variables inherited."""
@@ -105,17 +121,6 @@ def child_env() -> dict[str, str]:
 
 def make_launch(args: argparse.Namespace, train_args: list[str], plan_path: str, base_cfg: dict, driver_dir: Path):
     """``launch(segment, resume) -> (launcher processes, log files)`` for phases.Run."""
-    from growlm.runtime import processes as procs
-    from growlm.runtime.atomic import write_json
-    from growlm.runtime.launch import free_port
-    from growlm.trainer.driver.segments import (
-        DriverError,
-        ds_config_path,
-        hostfile_for,
-        job_args,
-        launcher_commands,
-        segment_ds_config,
-    )
 
     def launch(seg, resume):
         cfg_path = ds_config_path(driver_dir, seg.index)
@@ -153,9 +158,6 @@ def start_progress(path: Path, plan_sha: str, train_args: list[str], save_dir: P
         DriverError: the progress file is damaged or of another version; the run folder holds another plan's or
             command's run, or checkpoints growlm-run did not write.
     """
-    from growlm.runtime import checkpoint
-    from growlm.trainer.driver.phases import PROGRESS_VERSION
-    from growlm.trainer.driver.segments import DriverError
 
     if path.exists():
         try:
@@ -198,7 +200,6 @@ def hold_lock(driver_dir: Path) -> Any:
     Raises:
         DriverError: another growlm-run holds it (two drivers on one run folder would kill each other's jobs).
     """
-    from growlm.trainer.driver.segments import DriverError
 
     f = open(driver_dir / "lock", "a+")
     try:
@@ -215,14 +216,6 @@ def hold_lock(driver_dir: Path) -> Any:
 def main(argv: list[str] | None = None) -> int:
     """growlm-run: 0 when the plan ran to --max_steps, 2 on bad input, a failed job's exit status otherwise."""
     select_accelerator()  # DS_ACCELERATOR=cpu without CUDA, inherited by the jobs
-    from growlm.growth.errors import GrowthError
-    from growlm.runtime.checkpoint import CheckpointError
-    from growlm.runtime.manifest import ManifestError
-    from growlm.trainer.config import load_ds_config
-    from growlm.trainer.driver.phases import Run, drive
-    from growlm.trainer.driver.segments import DriverError, check_hostfile, make_segments
-    from growlm.trainer.errors import UsageError
-    from growlm.trainer.plan_checks import load_growth_plan
 
     args, train_args = parse_args(argv)
     try:
@@ -234,8 +227,6 @@ def main(argv: list[str] | None = None) -> int:
             check_hostfile(seg.resources)
         out_dir = Path(ns.out_dir).resolve()  # absolute: the jobs' command lines name it (procs.kill_stale)
         if args.dry_run:
-            from growlm.trainer.driver.dry_run import print_dry_run
-
             return print_dry_run(plan, segments, base_cfg, ns, args, train_args)
         run = Run(plan, segments, out_dir, ns.max_steps)
         run.driver_dir.mkdir(parents=True, exist_ok=True)

@@ -8,12 +8,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from growlm import TRAIN_SCRIPT
 from growlm.growth.stages.plan import StageList
 from growlm.model.config import GPTConfig, param_count
 from growlm.runtime.engine import precision_of
 from growlm.trainer.driver.memory import GIB, model_state_bytes
 from growlm.trainer.driver.segments import (
     Segment,
+    deepspeed_path,
     ds_config_path,
     grown_path,
     job_args,
@@ -46,8 +48,6 @@ def print_dry_run(
     train_args: list[str],
 ) -> int:
     """Print the dry run (module docstring); returns 0."""
-    from growlm import TRAIN_SCRIPT
-    from growlm.trainer.driver.cli import deepspeed_path
 
     precision = precision_of(base_cfg)
     driver_dir = Path(ns.out_dir).resolve() / "driver"

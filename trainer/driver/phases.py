@@ -1,7 +1,8 @@
 """The driver's phases and its crash-safe progress (DESIGN.md, "Multi-stage driver").
 
 Per segment (trainer.driver.segments): **train** (launch the job; it trains, grows live, and at the next segment's
-first stage saves a checkpoint and exits 0: ``train.py --stop_before_stage``), **grow** (growth.offline.pipeline grows and
+first stage saves a checkpoint and exits 0: ``train.py --stop_before_stage``), **grow** (growth.offline.pipeline grows
+and
 reshards that checkpoint into ``<out_dir>/driver/grown/stage<i>``, i the stage's index in the plan, built in a
 temporary folder and renamed when complete), **relaunch** (the next segment's job resumes from the grown
 checkpoint). The progress file ``<out_dir>/driver/progress.json`` (segment, phase, the checkpoint to resume, the
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from growlm.growth.offline.pipeline import grow_checkpoint, open_source
 from growlm.growth.stages.plan import StageList
 from growlm.model.config import param_count
 from growlm.runtime import checkpoint
@@ -181,7 +183,7 @@ def log_driver_record(run: Run, rec: dict[str, Any]) -> None:
     seconds to TensorBoard (``growth/<key>`` at its step, beside the job's own scalars)."""
     with open(run.out_dir / "metrics.jsonl", "a") as f:
         f.write(json.dumps(rec) + "\n")
-    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard import SummaryWriter  # lazy: heavy (about 1 s, tensorboard), rank 0 only
 
     w = SummaryWriter(str(run.out_dir / "tb"))
     for k in (*RECORD_KEYS, "params_to", "world_size_to"):
@@ -289,7 +291,6 @@ def grow_phase(run: Run, prog: dict[str, Any]) -> None:
     Raises:
         DriverError: see ``stop_checkpoint``.
     """
-    from growlm.growth.offline.pipeline import grow_checkpoint, open_source
 
     seg, nxt = run.segments[prog["segment"]], run.segments[prog["segment"] + 1]
     stage = run.plan.stages[nxt.first_stage]

@@ -225,3 +225,19 @@ def check_change(old: Resources, new: Resources, where: str, stated_global_batch
                     f"{new.global_batch} to change it"
                 )
             raise GrowthError(f"{where}: {fix}")
+
+
+def stage_resources(plan: Any) -> tuple[Resources, list[Resources]]:
+    """Where the start and each stage of a growth plan (growth.stages.plan.StageList) run: the start's
+    ``resources:`` laid over the defaults, each stage's over the previous one's (a stage without any runs where the
+    previous one ran, so it grows live).
+
+    Raises:
+        GrowthError: see ``parse_resources`` (named by ``start`` or the stage).
+    """
+    start = current = parse_resources(plan.resources, None, "start")
+    stages = []
+    for stage in plan.stages:
+        current = parse_resources(stage.resources, current, f"stage {stage.name!r}")
+        stages.append(current)
+    return start, stages

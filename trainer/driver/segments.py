@@ -9,13 +9,15 @@ launcher per node when the resources say ``no_ssh``).
 from __future__ import annotations
 
 import copy
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from growlm.growth.errors import GrowthError
 from growlm.growth.stages.plan import StageList
-from growlm.trainer.driver.resources import Resources, check_change
+from growlm.trainer.config import zero_stage_of
+from growlm.trainer.driver.resources import Resources, check_change, stage_resources
 
 
 class DriverError(Exception):
@@ -55,7 +57,6 @@ def config_defaults(ds_cfg: dict[str, Any], start: Resources) -> tuple[int, int,
     Raises:
         DriverError: train_batch_size does not divide, or is not micro batch x accumulation x ranks of ``start``.
     """
-    from growlm.trainer.config import zero_stage_of
 
     zero = zero_stage_of(ds_cfg)
     micro, gas = ds_cfg.get("train_micro_batch_size_per_gpu"), ds_cfg.get("gradient_accumulation_steps")
@@ -89,12 +90,13 @@ def make_segments(plan: StageList, ds_cfg: dict[str, Any]) -> list[Segment]:
         DriverError: a change the driver cannot carry out (trainer.driver.resources.check_change), named by stage, or a
             train_batch_size that disagrees with the start's resources (config_defaults).
     """
-    defaults = config_defaults(ds_cfg, plan.resources)
-    current = plan.resources.with_defaults(*defaults)
+    start, stage_res = stage_resources(plan)
+    defaults = config_defaults(ds_cfg, start)
+    current = start.with_defaults(*defaults)
     first: int | None = None
     names, out = [], []
-    for i, stage in enumerate(plan.stages):
-        res = stage.resources.with_defaults(*defaults)
+    for i, (stage, declared) in enumerate(zip(plan.stages, stage_res, strict=True)):
+        res = declared.with_defaults(*defaults)
         if res != current:
             try:
                 check_change(current, res, f"stage {stage.name!r}")
@@ -246,3 +248,11 @@ def launcher_commands(
     if res.no_ssh:
         return [[*base, "--no_ssh", f"--node_rank={r}", script, *args] for r in range(res.nodes)]
     return [[*base, script, *args]]
+
+
+def deepspeed_path(given: str | None) -> str:
+    """The deepspeed launcher: ``given``, else the one installed beside this Python, else ``deepspeed`` on PATH."""
+    if given:
+        return given
+    beside = Path(sys.executable).parent / "deepspeed"
+    return str(beside) if beside.exists() else "deepspeed"
