@@ -21,7 +21,7 @@ import functools
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -305,3 +305,38 @@ def resolve(spec: str | None, default: Tokenizer | None = None) -> Tokenizer:
         return gpt2()
     p = Path(spec)
     return from_data_dir(p) if p.is_dir() else from_file(p)
+
+
+def model_tokenizer(spec: str | None, own: Callable[[], Tokenizer | None], vocab_size: int, where: str) -> Tokenizer:
+    """The one tokenizer policy of every command that reads a model (growlm-eval, growlm-grow --export_hf): the
+    ``--tokenizer`` given (``spec``: gpt2, a tokenizer.json or a token folder; ``resolve``), else the model's own
+    (``own()``: an export's tokenizer.json, or the token folder a checkpoint's RunState names), checked against the
+    model's ``vocab_size``. A model whose own tokenizer is unknown is refused, never scored or exported with a guess.
+
+    Raises:
+        TokenizerError: ``spec`` cannot be loaded; the model's own tokenizer is unknown (the message names
+            ``where`` and the ``--tokenizer`` fix); or the tokenizer has more tokens than ``vocab_size`` (it is not
+            the model's).
+    """
+    if spec is not None:
+        try:
+            t = resolve(spec)
+        except TokenizerError as e:
+            raise TokenizerError(f"--tokenizer {spec}: {e}") from None
+    else:
+        try:
+            t, why = own(), "it carries no tokenizer.json"
+        except TokenizerError as e:
+            t, why = None, str(e)
+        if t is None:
+            raise TokenizerError(
+                f"{where}: cannot tell which tokenizer this model (vocab_size {vocab_size}) was trained with: {why}; "
+                "pass it with --tokenizer gpt2 (GPT-2 BPE), --tokenizer TOKENIZER.json or --tokenizer DATA_DIR (its "
+                "token folder)"
+            )
+    if t.vocab_size > vocab_size:
+        raise TokenizerError(
+            f"{where}: the tokenizer {t.name} has {t.vocab_size} tokens but the model's vocab_size is {vocab_size}: "
+            "it is not the model's tokenizer; pass the one it was trained with via --tokenizer"
+        )
+    return t

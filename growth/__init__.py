@@ -1,6 +1,6 @@
 """Growth operators on the whole training state (weights, Adam moments, LR schedule, masks, data position, RNG).
 
-Operators as data: ``plan`` (Rule, GrowthPlan: per-parameter maps), ``ops/`` (masked and duplication families,
+Operators as data: ``plan`` (Rule, RuleSet: per-parameter maps), ``ops/`` (masked and duplication families,
 torch only), ``apply`` (runs a plan between two stores with an Adam-state policy), ``stores`` (the ParamStore
 interface, in-memory stores). One preparation for every growth path: ``prepare`` (checks, masks, LR placement).
 Live growth: ``live`` (EngineStore, ``grow_engine``). Offline growth (the growlm-grow command): ``offline`` (the

@@ -51,7 +51,7 @@ def weights_uninitialised() -> Iterator[None]:
     """Build modules without drawing their initial weights: ``GPT.reset_parameters`` and the ``reset_parameters``
     of ``torch.nn.Linear``, ``Embedding`` and ``LayerNorm`` do nothing inside this block (restored on exit), so a
     parameter holds whatever ``torch.empty`` gave it. Only for a module whose every parameter is written right after
-    (a live growth writes every parameter of the grown model, growth.ops.rules.check_plan): it saves the random draws
+    (a live growth writes every parameter of the grown model, growth.ops.rules.check_rules): it saves the random draws
     of N(0, 0.02) over every weight and torch's own throwaway init of lm_head (a (V, d) kaiming_uniform_ replaced
     by the tied embedding right after) and of the embeddings; measured for the 208.7M-parameter GPT (24 x 768) on
     one rank: 0.41 s of normal_ and 0.44 s of kaiming_uniform_ out of an 8.5 s build, and the first touch of pages

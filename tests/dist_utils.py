@@ -12,6 +12,7 @@ from growlm.runtime.launch import (  # free_port is re-exported: tests import it
     free_port,
     launch_ranks,
 )
+from growlm.runtime.metrics_file import read_records
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,8 +68,7 @@ def run_ranks(
 
 def read_metrics(out_dir: Path, event: str = "train") -> list[dict]:
     """The records of one kind ('train': one per step, 'val', 'growth') that train.py wrote to OUT_DIR/metrics.jsonl."""
-    records = [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in records if r.get("event") == event]
+    return read_records(out_dir, event)
 
 
 def write_ds_config(path: Path, template: str, **overrides: object) -> Path:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from growlm.growth.ops.apply import OptimizerPolicy, apply_plan
-from growlm.growth.ops.rules import GrowthPlan
+from growlm.growth.ops.apply import OptimizerPolicy, apply_rules
+from growlm.growth.ops.rules import RuleSet
 from growlm.growth.ops.stores import DictStore, ModuleStore, ParamState
 from growlm.model.config import GPTConfig
 from growlm.model.gpt import GPT
@@ -40,10 +40,10 @@ def random_params(model: GPT, seed: int = 0) -> dict[str, ParamState]:
     return out
 
 
-def grown_model(small: GPT, plan: GrowthPlan, policy: OptimizerPolicy | None = None) -> GPT:
+def grown_model(small: GPT, plan: RuleSet, policy: OptimizerPolicy | None = None) -> GPT:
     """A model of plan.new (with the plan's masks, at ramp 0) holding the plan applied to ``small``'s weights."""
     big = GPT(plan.new, masks=plan.masks).to(small.transformer.wte.weight.dtype).eval()
-    apply_plan(plan, ModuleStore(small), ModuleStore(big), policy)
+    apply_rules(plan, ModuleStore(small), ModuleStore(big), policy)
     return big
 
 

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from growlm.growth.live.engine import collect_old_engine, grow_engine, rss_bytes  # noqa: E402
-from growlm.growth.ops import make_plan  # noqa: E402
+from growlm.growth.ops import make_rules  # noqa: E402
 from growlm.growth.ops.apply import OptimizerPolicy  # noqa: E402
 from growlm.growth.ops.schedule_rule import ScheduleRule  # noqa: E402
 from growlm.model.config import GPTConfig  # noqa: E402
@@ -96,7 +96,7 @@ if mode == "release":
 else:
     for old_shape, new_shape in zip(SHAPES[:-1], SHAPES[1:], strict=True):
         wrefs = refs(engine)
-        family_plan = make_plan(config(*old_shape), config(*new_shape), "duplicate")
+        family_plan = make_rules(config(*old_shape), config(*new_shape), "duplicate")
         result = grow_engine(
             engine,
             family_plan,

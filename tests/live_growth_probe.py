@@ -26,7 +26,7 @@ import torch.distributed as dist  # noqa: E402
 from deepspeed.accelerator import get_accelerator  # noqa: E402
 
 from growlm.growth.live.engine import EngineStore, adam_step_of, grow_engine  # noqa: E402
-from growlm.growth.ops import make_plan  # noqa: E402
+from growlm.growth.ops import make_rules  # noqa: E402
 from growlm.growth.ops.apply import OptimizerPolicy, grow_param  # noqa: E402
 from growlm.growth.ops.schedule_rule import ScheduleRule, place_schedule  # noqa: E402
 from growlm.model.config import GPTConfig  # noqa: E402
@@ -44,15 +44,15 @@ zero_stage = ds_cfg["zero_optimization"]["stage"]
 old_cfg = GPTConfig(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=97)
 if family == "masked":  # every dimension at once, FFN to a size that is no multiple of the old one
     new_cfg = GPTConfig(n_layer=2, n_embd=48, n_head=3, n_inner=160, n_positions=16, vocab_size=97)
-    plan = make_plan(old_cfg, new_cfg, "masked", seed=3, ramp_steps=3)
+    plan = make_rules(old_cfg, new_cfg, "masked", seed=3, ramp_steps=3)
     policy = OptimizerPolicy(moments="carry", fresh_exp_avg_sq="mean")
 elif family == "depth":  # depth x2 alone: at ZeRO-3 every rule is applied from the rank's own partition
     new_cfg = GPTConfig(n_layer=2, n_embd=32, n_head=2, n_positions=16, vocab_size=97)
-    plan = make_plan(old_cfg, new_cfg, "duplicate")
+    plan = make_rules(old_cfg, new_cfg, "duplicate")
     policy = OptimizerPolicy(moments="carry")
 else:  # staged training: width x2 then depth x2 (exact)
     new_cfg = GPTConfig(n_layer=2, n_embd=64, n_head=4, n_positions=16, vocab_size=97)
-    plan = make_plan(old_cfg, new_cfg, "duplicate")
+    plan = make_rules(old_cfg, new_cfg, "duplicate")
     policy = OptimizerPolicy(moments="carry")
 # after 3 steps lbi is 4; constant_op 10 puts the target position at round(0.4) = 0, an LR of 0, unless placement
 # keeps it at FIRST_ITERATION: the first post-growth LR (re-warm 1/2 included) must still be > 0

@@ -17,8 +17,8 @@ import numpy as np
 from growlm.eval.metrics.perplexity import NLL, token_nll
 from growlm.runtime.dist import DistInfo
 from growlm.trainer.config import RunConfig
+from growlm.trainer.logger import MetricsLogger, Throughput
 from growlm.trainer.loop import Progress, all_reduce_sum
-from growlm.trainer.metrics import MetricsLogger, Throughput
 
 
 @dataclass(frozen=True)

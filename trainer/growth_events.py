@@ -18,9 +18,11 @@ from growlm.growth.stages.plan import Stage
 from growlm.growth.stages.trigger import equal_rate_reached, slope_trigger
 from growlm.model.config import GPTConfig, param_count
 from growlm.runtime.engine import build_engine
+from growlm.runtime.metrics_file import MetricsFileError, read_val_curve
 from growlm.trainer.config import RunConfig
+from growlm.trainer.errors import UsageError
+from growlm.trainer.logger import MetricsLogger, max_rss_bytes
 from growlm.trainer.loop import Batches, Progress, fixed_batch_loss
-from growlm.trainer.metrics import MetricsLogger, max_rss_bytes, read_val_curve
 
 # growth/<key> in TensorBoard: the growth, then its cost per phase (growth.live.engine.GrowthResult) and the peak RSS
 GROWTH_SCALARS = ("loss_before", "loss_after", "seconds", "bytes_moved", "params_to", "peak_rss_bytes_all_ranks")
@@ -56,8 +58,15 @@ def stage_due(stage: Stage, step: int, tokens: int, slope_points: list[tuple[flo
 
 @lru_cache(maxsize=8)
 def reference_curve(path: str) -> tuple[list[float], list[float]]:
-    """The validation curve of a ``{slope: auto, reference: PATH}`` trigger's reference run (read once)."""
-    return read_val_curve(path)
+    """The validation curve of a ``{slope: auto, reference: PATH}`` trigger's reference run (read once).
+
+    Raises:
+        UsageError: the file is missing or holds no validation record (runtime.metrics_file.read_val_curve).
+    """
+    try:
+        return read_val_curve(path)
+    except MetricsFileError as e:
+        raise UsageError(str(e)) from None
 
 
 @dataclass(frozen=True)
@@ -85,7 +94,7 @@ def grow(p: Progress, stage: Stage, run: RunConfig, data: Batches) -> GrowthEven
     old, rss_before = p.model, max_rss_bytes()
     result = grow_engine(
         p.engine,
-        stage.plan(old, run.growth.seed),
+        stage.rules(old, run.growth.seed),
         lambda c, m: build_engine(c, m, run.ds_config, partitioned=run.zero_stage == 3),
         policy=stage.optimizer,
         schedule_rule=stage.schedule,

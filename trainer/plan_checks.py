@@ -14,9 +14,9 @@ from growlm.growth.stages.plan import StageList, load_stages
 from growlm.growth.stages.trigger import SLOPE_WINDOW
 from growlm.model.config import GPTConfig
 from growlm.runtime.engine import precision_of
+from growlm.runtime.metrics_file import MetricsFileError, read_val_curve
 from growlm.runtime.run_state import RunState
 from growlm.trainer.errors import UsageError
-from growlm.trainer.metrics import read_val_curve
 
 SHAPE_FLAGS = ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "vocab_size")  # GPTConfig overrides
 
@@ -117,7 +117,11 @@ def check_plan_fits_run(growth: StageList, stage_index: int, args, ds_cfg: dict,
             )
         if s.when.kind == "slope" and not args.eval_interval:
             raise UsageError(f"stage {s.name!r} grows on the validation-loss slope; set --eval_interval")
-        if s.when.reference and len(read_val_curve(s.when.reference)[0]) < SLOPE_WINDOW:
+        try:
+            curve = read_val_curve(s.when.reference) if s.when.reference else None
+        except MetricsFileError as e:
+            raise UsageError(f"stage {s.name!r}: {e}") from None
+        if curve is not None and len(curve[0]) < SLOPE_WINDOW:
             raise UsageError(
                 f"stage {s.name!r}: the reference run {s.when.reference} has fewer than {SLOPE_WINDOW} validation "
                 "records, too few for a rate; train it longer or with a smaller --eval_interval"

@@ -34,8 +34,8 @@ from growlm.trainer.errors import RankError, UsageError
 from growlm.trainer.evaluation import Evaluator, perplexity_after, perplexity_before, validate_periodically
 from growlm.trainer.growth_events import maybe_grow, next_stage
 from growlm.trainer.init_from import load_weights
+from growlm.trainer.logger import MetricsLogger, Throughput, max_rss_bytes
 from growlm.trainer.loop import Batches, Progress, StepResult, flops_per_step, train_step
-from growlm.trainer.metrics import MetricsLogger, Throughput, max_rss_bytes
 
 RUN_LOCK = "train.lock"  # <out_dir>/train.lock: one train.py per run folder (growlm-run's is <out_dir>/driver/lock)
 

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from growlm.growth.ops import make_plan
+from growlm.growth.ops import make_rules
 from growlm.growth.ops.rules import param_shapes
 from growlm.growth.ops.single_process import TrainingState, grow_state
 from growlm.growth.ops.stores import ParamState
@@ -65,7 +65,7 @@ def run_one(name: str) -> dict[str, float | str]:
     n_old = sum(p.weight.numel() for p in params.values())
     before = _current_rss_mib()
     t0 = time.perf_counter()
-    plan = make_plan(old, new, family, **opts)
+    plan = make_rules(old, new, family, **opts)
     grown = grow_state(state, plan, release=True)
     seconds = time.perf_counter() - t0
     n_new = sum(p.weight.numel() for p in grown.params.values())

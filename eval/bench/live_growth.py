@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from growlm import DS_CONFIG_DIR, PACKAGE_DIR
 from growlm.growth.live.engine import collect_old_engine, grow_engine, release_heap, rss_bytes
-from growlm.growth.ops import make_plan
+from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.model.config import GPTConfig, param_count
@@ -77,7 +77,7 @@ def worker(case: str, stage: int, precision: str, out: str, seq_len: int, small:
     engine.backward(engine(x[:, :-1], x[:, 1:]))
     engine.step()
     rec["rss_before_bytes"] = rss_bytes()
-    plan = make_plan(old_cfg, new_cfg, "duplicate")
+    plan = make_rules(old_cfg, new_cfg, "duplicate")
     dist.barrier()
     t0 = time.perf_counter()
     result = grow_engine(engine, plan, build, policy=OptimizerPolicy(), schedule_rule=ScheduleRule())

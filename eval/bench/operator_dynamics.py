@@ -1,6 +1,6 @@
 """Training dynamics of the growth operators on a tiny GPT, single process, CPU (DESIGN.md, "Growth dynamics"):
 
-    python -m growlm.eval.bench.operator_dynamics --data data/cache/bpe4096 --out dynamics.json
+    python -m growlm.eval.bench.operator_dynamics --data ~/.cache/growlm/bpe4096 --out dynamics.json
 
 1. One-step logit ratio (eval/metrics/dynamics.py ``logit_step_ratio``) per duplication operator, with the moment
    rules of issue 12 ("after") and the rules before it ("before": exp_avg_sq by the gradient rule alone, so entries
@@ -26,13 +26,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from growlm.eval.metrics.dynamics import clone_training, logit_change, ramp_loss_bump, width_divergence
-from growlm.growth.ops import make_plan
-from growlm.growth.ops.apply import apply_plan
+from growlm.data.tokens import cache_dir
+from growlm.eval.metrics.dynamics import (
+    TokenBatches,
+    clone_training,
+    grow_trained,
+    logit_change,
+    ramp_loss_bump,
+    train_steps,
+    width_divergence,
+)
+from growlm.growth.ops import make_rules
 from growlm.growth.ops.masked import DEFAULT_RAMP_FRAC
-from growlm.growth.ops.rules import GrowthPlan
+from growlm.growth.ops.rules import RuleSet
 from growlm.growth.ops.single_process import make_optimizer
-from growlm.growth.ops.stores import ModuleStore
 from growlm.model.config import GPTConfig
 from growlm.model.gpt import GPT
 
@@ -50,56 +57,36 @@ DIV_CASES = {"block": {}, "split": {"pattern": "split"}, "noise": {"symmetry": "
              "split+noise": {"pattern": "split", "symmetry": "noise"}}  # fmt: skip
 
 
-class Batches:
-    """Random windows of T+1 tokens (B, T+1) int64 from a growlm token folder's train split (uint16 memmap)."""
-
-    def __init__(self, data: Path, b: int = 8, t: int = 64) -> None:
-        meta = json.loads((data / "meta.json").read_text())
-        self.vocab = int(meta["vocab_size"])
-        self.tokens = np.memmap(data / "train.bin", dtype=np.uint16, mode="r")
-        self.b, self.t = b, t
-
-    def __call__(self, seed: int) -> torch.Tensor:
-        g = np.random.default_rng(seed)
-        starts = g.integers(0, len(self.tokens) - self.t - 1, self.b)
-        return torch.from_numpy(np.stack([self.tokens[s : s + self.t + 1].astype(np.int64) for s in starts]))
+def batches_of(data: Path, b: int = 8, t: int = 64) -> tuple[TokenBatches, int]:
+    """Random (B, T+1) training windows of a growlm token folder's train split, and its vocabulary size."""
+    meta = json.loads((data / "meta.json").read_text())
+    return TokenBatches(np.memmap(data / "train.bin", dtype=np.uint16, mode="r"), b, t), int(meta["vocab_size"])
 
 
-def train(model: GPT, opt: torch.optim.Optimizer, data: Batches, seeds: range) -> None:
-    """One AdamW step per seed's batch (masks, if any, follow the Adam step)."""
-    for s in seeds:
-        x = data(s)
-        opt.zero_grad(set_to_none=True)
-        model.train()(x[:, :-1], targets=x[:, 1:]).backward()
-        opt.step()
-        model.set_growth_step(int(next(iter(opt.state.values()))["step"]))
+def train(model: GPT, opt: torch.optim.Optimizer, data: TokenBatches, seeds: range) -> None:
+    """One AdamW step per seed's batch (eval.metrics.dynamics.train_steps)."""
+    train_steps(model, opt, (data(s) for s in seeds))
 
 
-def grow(model: GPT, opt: torch.optim.Optimizer, plan: GrowthPlan) -> tuple[GPT, torch.optim.Optimizer]:
-    """The grown model (with the plan's masks starting at the current step) and its AdamW, from copies."""
-    small, small_opt = clone_training(model, opt)
-    step = int(next(iter(small_opt.state.values()))["step"])
-    masks = None if plan.masks is None else replace(plan.masks, start_step=step)
-    big = GPT(plan.new, masks=masks)
-    big_opt = make_optimizer(big, HP)
-    apply_plan(plan, ModuleStore(small, small_opt), ModuleStore(big, big_opt, step=step))
-    return big, big_opt
+def grow(model: GPT, opt: torch.optim.Optimizer, plan: RuleSet) -> tuple[GPT, torch.optim.Optimizer]:
+    """The grown model and its AdamW, from copies (eval.metrics.dynamics.grow_trained)."""
+    return grow_trained(model, opt, plan, HP)
 
 
-def old_rules(plan: GrowthPlan) -> GrowthPlan:
+def old_rules(plan: RuleSet) -> RuleSet:
     """The duplication rules before issue 12: exp_avg_sq by the gradient rule alone, i.e. the square of the exp_avg
     map applied to sqrt(exp_avg_sq) (0 where exp_avg is 0; no / P^2, no ln_f or Net2Net c_proj rescaling)."""
     rules = {n: replace(r, exp_avg_sq=lambda v, r=r: r.exp_avg(v.sqrt()).square()) for n, r in plan.rules.items()}
     return replace(plan, rules=rules)
 
 
-def ratios(small: GPT, opt: torch.optim.Optimizer, data: Batches) -> dict[str, dict[str, float]]:
+def ratios(small: GPT, opt: torch.optim.Optimizer, data: TokenBatches) -> dict[str, dict[str, float]]:
     """Per duplication operator: the one-step logit ratio with the old and the new moment rules."""
     x, probe = data(10_000), data(20_000)[:, :-1]
     d_small = logit_change(*clone_training(small, opt), x, probe)
     out = {}
     for name, (target, opts) in DUP_CASES.items():
-        plan = make_plan(small.config, replace(small.config, **target), "duplicate", **opts)
+        plan = make_rules(small.config, replace(small.config, **target), "duplicate", **opts)
         out[name] = {
             "before": logit_change(*grow(small, opt, old_rules(plan)), x, probe) / d_small,
             "after": logit_change(*grow(small, opt, plan), x, probe) / d_small,
@@ -107,13 +94,13 @@ def ratios(small: GPT, opt: torch.optim.Optimizer, data: Batches) -> dict[str, d
     return out
 
 
-def divergence(small: GPT, opt: torch.optim.Optimizer, data: Batches, steps: tuple[int, ...]) -> dict:
+def divergence(small: GPT, opt: torch.optim.Optimizer, data: TokenBatches, steps: tuple[int, ...]) -> dict:
     """Per width symmetry option: copy divergence of wte, wpe and the residual stream after each of ``steps``."""
     probe = data(30_000)[:, :-1]
     wide = replace(small.config, n_embd=2 * small.config.n_embd, n_head=2 * small.config.n_head)
     out: dict[str, dict[str, dict[str, float]]] = {}
     for name, opts in DIV_CASES.items():
-        big, big_opt = grow(small, opt, make_plan(small.config, wide, "duplicate", **opts))
+        big, big_opt = grow(small, opt, make_rules(small.config, wide, "duplicate", **opts))
         done, out[name] = 0, {}
         for n in steps:
             train(big, big_opt, data, range(50_000 + done, 50_000 + n))
@@ -123,7 +110,7 @@ def divergence(small: GPT, opt: torch.optim.Optimizer, data: Batches, steps: tup
     return out
 
 
-def ramp(small: GPT, opt: torch.optim.Optimizer, data: Batches, remaining: int) -> dict:
+def ramp(small: GPT, opt: torch.optim.Optimizer, data: TokenBatches, remaining: int) -> dict:
     """Masked width growth (n_embd x2): loss bump of the ramp without training (at mask values 0.25 .. 1), and with
     training the probe loss 10 / 20 / 30 / 60 / H steps after growth (H = the longest ramp + 10) for a 20-step ramp,
     for DEFAULT_RAMP_FRAC of ``remaining`` steps, and for the small model trained on without growing."""
@@ -145,7 +132,7 @@ def ramp(small: GPT, opt: torch.optim.Optimizer, data: Batches, remaining: int) 
     with torch.no_grad():
         res: dict[str, object] = {"loss_at_growth": small.eval()(probe[:, :-1], targets=probe[:, 1:]).item()}
     for name, r in lengths.items():
-        big, big_opt = grow(small, opt, make_plan(small.config, wide, "masked", ramp_steps=r))
+        big, big_opt = grow(small, opt, make_rules(small.config, wide, "masked", ramp_steps=r))
         if name == "ramp_20":
             values = (0.25, 0.5, 0.75, 1.0)
             res["bump_no_training"] = dict(zip(map(str, values), ramp_loss_bump(big, probe, values), strict=True))
@@ -157,7 +144,7 @@ def ramp(small: GPT, opt: torch.optim.Optimizer, data: Batches, remaining: int) 
 def main() -> None:
     """Run the three measurements and write them (with the command) as JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=Path("data/cache/bpe4096"), help="growlm token folder")
+    ap.add_argument("--data", type=Path, default=cache_dir() / "bpe4096", help="growlm token folder")
     ap.add_argument("--out", type=Path, help="JSON file to write")
     ap.add_argument("--small_steps", type=int, default=40, help="AdamW steps of the small model before growth")
     ap.add_argument("--total_steps", type=int, default=240, help="the run length, for the ramp's remaining steps")
@@ -167,8 +154,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    data = Batches(args.data)
-    small = GPT(GPTConfig(n_layer=2, n_embd=32, n_head=4, n_positions=64, vocab_size=data.vocab))
+    data, vocab = batches_of(args.data)
+    small = GPT(GPTConfig(n_layer=2, n_embd=32, n_head=4, n_positions=64, vocab_size=vocab))
     opt = make_optimizer(small, HP)
     train(small, opt, data, range(args.small_steps))
     res: dict[str, object] = {

@@ -39,6 +39,7 @@ from growlm.model.config import flops_per_token, from_preset, param_count
 from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import select_accelerator
 from growlm.runtime.launch import launch_ranks
+from growlm.runtime.metrics_file import read_records
 
 STAGES = (0, 1, 2, 3)
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -180,7 +181,7 @@ def bench_deepspeed(args: argparse.Namespace, stage: int, precision: str, work: 
         env.update(OMP_NUM_THREADS=str(args.threads_per_rank), DS_ACCELERATOR="cpu")
     print(f"growlm-bench: {name}: {ws} rank(s), {args.max_steps} steps ...", flush=True)
     rss = _launch(cmd, ws, env, run_dir / "logs", args.timeout_s, f"train.py ({name})")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = read_records(run_dir)
     s = summarize_train(records, warmup_steps=args.skip_steps, world_size=ws)
     peak = base["peaks"][(precision, args.threads_per_rank)]
     rec = {

@@ -12,37 +12,26 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from growlm.eval.metrics.dynamics import logit_step_ratio, width_divergence
-from growlm.growth.ops import make_plan
-from growlm.growth.ops.apply import OptimizerPolicy, apply_plan
+from growlm.eval.metrics.dynamics import TokenBatches, grow_trained, logit_step_ratio, train_steps, width_divergence
+from growlm.growth.ops import make_rules
+from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.single_process import make_optimizer
-from growlm.growth.ops.stores import ModuleStore
 from growlm.model.config import GPTConfig
 from growlm.model.gpt import GPT
 
 
-def _batch(train: np.ndarray, gen: np.random.Generator, batch: int, seq_len: int) -> torch.Tensor:
-    starts = gen.integers(0, len(train) - seq_len - 1, size=batch)
-    return torch.from_numpy(np.stack([train[s : s + seq_len + 1].astype(np.int64) for s in starts]))
-
-
 def _grow(start: GPTConfig, target: GPTConfig, options: dict, train: np.ndarray, hparams: dict, warm_steps: int,
           batch: int, seq_len: int, seed: int) -> tuple:  # fmt: skip
-    """(small, its AdamW, grown, its AdamW, batch generator) after ``warm_steps`` small-model steps and the growth."""
+    """(small, its AdamW, grown, its AdamW, batches, next seed) after ``warm_steps`` small-model steps on batches
+    ``seed, seed + 1, ...`` and the duplication growth (moments carried)."""
     torch.manual_seed(seed)
-    gen = np.random.default_rng(seed)
+    batches = TokenBatches(train, batch, seq_len)
     small = GPT(start).train()
     opt_s = make_optimizer(small, hparams)
-    for _ in range(warm_steps):
-        x = _batch(train, gen, batch, seq_len)
-        opt_s.zero_grad(set_to_none=True)
-        small(x[:, :-1], targets=x[:, 1:]).backward()
-        opt_s.step()
-    plan = make_plan(start, target, "duplicate", **options)
-    big = GPT(plan.new).train()
-    opt_b = make_optimizer(big, hparams)
-    apply_plan(plan, ModuleStore(small, opt_s), ModuleStore(big, opt_b, step=warm_steps), OptimizerPolicy("carry"))
-    return small, opt_s, big, opt_b, gen
+    train_steps(small, opt_s, (batches(seed + i) for i in range(warm_steps)))
+    plan = make_rules(start, target, "duplicate", **options)
+    big, opt_b = grow_trained(small, opt_s, plan, hparams, OptimizerPolicy("carry"))
+    return small, opt_s, big, opt_b, batches, seed + warm_steps
 
 
 def growth_logit_ratio(
@@ -57,7 +46,7 @@ def growth_logit_ratio(
     seq_len: int = 64,
     seed: int = 0,
 ) -> float:
-    """Logit-step ratio of the duplication growth ``start`` -> ``target`` with ``options`` (growth.ops.make_plan),
+    """Logit-step ratio of the duplication growth ``start`` -> ``target`` with ``options`` (growth.ops.make_rules),
     after ``warm_steps`` AdamW steps of the small model on batches (batch x seq_len + 1) of ``train`` token ids.
 
     Args:
@@ -70,8 +59,9 @@ def growth_logit_ratio(
         growth.errors.GrowthError: the operator cannot reach ``target``.
     """
 
-    small, opt_s, big, opt_b, gen = _grow(start, target, options, train, hparams, warm_steps, batch, seq_len, seed)
-    return logit_step_ratio(small, opt_s, big, opt_b, _batch(train, gen, batch, seq_len))
+    small, opt_s, big, opt_b, batches, nxt = _grow(start, target, options, train, hparams, warm_steps, batch, seq_len,
+                                                   seed)  # fmt: skip
+    return logit_step_ratio(small, opt_s, big, opt_b, batches(nxt))
 
 
 def width_copy_divergence(
@@ -92,15 +82,11 @@ def width_copy_divergence(
     ``after`` (constant LR), on the same grown model. {steps: {part: divergence}}; 0 = identical copies."""
 
     k = target.n_embd // start.n_embd
-    _, _, big, opt_b, gen = _grow(start, target, options, train, hparams, warm_steps, batch, seq_len, seed)
-    probe = _batch(train, gen, batch, seq_len)[:, :-1]
+    _, _, big, opt_b, batches, nxt = _grow(start, target, options, train, hparams, warm_steps, batch, seq_len, seed)
+    probe = batches(nxt)[:, :-1]
     out, done = {}, 0
     for n in sorted(after):
-        for _ in range(n - done):
-            x = _batch(train, gen, batch, seq_len)
-            opt_b.zero_grad(set_to_none=True)
-            big.train()(x[:, :-1], targets=x[:, 1:]).backward()
-            opt_b.step()
+        train_steps(big, opt_b, (batches(nxt + 1 + i) for i in range(done, n)))
         done = n
         out[n] = width_divergence(big, probe, k)
     return out

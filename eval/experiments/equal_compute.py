@@ -40,7 +40,7 @@ from growlm.growth.stages.trigger import equal_rate_threshold, first_trigger_ind
 from growlm.model.config import GPTConfig, flops_per_token
 from growlm.runtime.commands import HelpFormatter
 from growlm.runtime.launch import free_port
-from growlm.trainer.metrics import read_records, val_points
+from growlm.runtime.metrics_file import read_records, val_points
 
 SLOPE = "slope"  # a growth point fired by the slope trigger
 DEPTH_OPTS = {"layer_order": "interleave", "exact": True}

@@ -25,6 +25,7 @@ from growlm.eval.experiments.equal_compute_markdown import markdown
 from growlm.eval.experiments.ngram import ngram_losses
 from growlm.eval.experiments.staged_report import flops_to_loss
 from growlm.model.config import GPTConfig
+from growlm.runtime.metrics_file import read_records
 
 GOAL = (0.40, 0.25)  # issue 12: >= 40% saved, 95% interval's lower bound > 25%
 
@@ -35,7 +36,7 @@ def _run(args: argparse.Namespace, job: Job) -> dict[str, Any] | None:
         return None
     vals = read_vals(job.out)
     meta = job.out / "job.json"
-    recs = [json.loads(x) for x in (job.out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    recs = read_records(job.out)
     return {"flops": [float(r["flops"]) for r in vals], "loss": [float(r["val_loss"]) for r in vals],
             "steps": [int(r["step"]) for r in vals], "job": json.loads(meta.read_text()),
             "growths": [r for r in recs if r.get("event") == "growth"]}  # fmt: skip

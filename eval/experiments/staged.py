@@ -36,6 +36,7 @@ from growlm.data.tokens import cache_dir
 from growlm.eval.experiments import staged_report as rep
 from growlm.runtime.commands import HelpFormatter
 from growlm.runtime.launch import free_port
+from growlm.runtime.metrics_file import finished_at
 
 TARGET = {"n_layer": 4, "n_embd": 128, "n_head": 4}
 HALF_WIDTH = {"n_layer": 4, "n_embd": 64, "n_head": 2}
@@ -95,11 +96,7 @@ def ds_config(batch: int, lr: float, warmup: int) -> dict:
 
 def run_done(out: Path, max_steps: int) -> bool:
     """True when out/metrics.jsonl holds the run's final validation (a finished run is not repeated)."""
-    path = out / "metrics.jsonl"
-    if not path.is_file():
-        return False
-    recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return any(r.get("event") == "val" and r.get("step") == max_steps for r in recs)
+    return finished_at(out, max_steps)
 
 
 def train_cmd(args: argparse.Namespace, plan: Path, ds: Path, out: Path) -> list[str]:

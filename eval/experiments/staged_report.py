@@ -21,7 +21,7 @@ from typing import Any
 
 from growlm.eval.experiments import scaling as planner
 from growlm.growth.stages.trigger import SLOPE_THRESHOLDS
-from growlm.trainer.metrics import read_records, val_points
+from growlm.runtime.metrics_file import read_records, val_points
 
 
 @dataclass

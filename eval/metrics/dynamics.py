@@ -1,6 +1,10 @@
 """Training-dynamics metrics of a growth: does the grown model train like the model it was grown from, do its copies
 come apart, and how much does a mask ramp cost? Torch only; single process; the caller owns models and optimizers.
 
+The harness that trains a tiny GPT, grows it and measures (``TokenBatches``, ``train_steps``, ``grow_trained``) is
+here too: the operator-dynamics benchmark (eval.bench.operator_dynamics), the experiments' dynamics probe
+(eval.experiments.dynamics_probe) and the tests all use it.
+
 Definitions (DESIGN.md, "Growth dynamics"):
 
 * **Logit step ratio** (``logit_step_ratio``). Staged training (Shen et al. 2022, arXiv 2203.06211, section 3)
@@ -24,11 +28,67 @@ Definitions (DESIGN.md, "Growth dynamics"):
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from growlm.growth.ops.apply import OptimizerPolicy, apply_rules
+from growlm.growth.ops.rules import RuleSet
+from growlm.growth.ops.single_process import make_optimizer
+from growlm.growth.ops.stores import ModuleStore
 from growlm.model.gpt import GPT
+
+
+class TokenBatches:
+    """Random training windows of T+1 token ids: ``batch(seed)`` is a (B, T+1) int64 tensor drawn from ``tokens``
+    (a 1-D array of ids, e.g. a token folder's train.bin memmap) by a generator seeded with ``seed``, so a batch is a
+    pure function of its seed."""
+
+    def __init__(self, tokens: np.ndarray, batch_size: int = 8, seq_len: int = 64) -> None:
+        self.tokens, self.b, self.t = tokens, batch_size, seq_len
+
+    def __call__(self, seed: int) -> Tensor:
+        starts = np.random.default_rng(seed).integers(0, len(self.tokens) - self.t - 1, self.b)
+        return torch.from_numpy(np.stack([self.tokens[s : s + self.t + 1].astype(np.int64) for s in starts]))
+
+
+def adam_step_of(optimizer: torch.optim.Optimizer) -> int:
+    """The Adam step of a torch AdamW that has stepped (every parameter has the same one); 0 before its first step."""
+    state = next(iter(optimizer.state.values()), None)
+    return 0 if state is None else int(state["step"])
+
+
+def train_steps(model: GPT, optimizer: torch.optim.Optimizer, batches: Iterable[Tensor]) -> None:
+    """One optimizer step of ``model`` (train mode) on each (B, T+1) batch of next-token targets; growth masks, if
+    any, follow the Adam step."""
+    for x in batches:
+        optimizer.zero_grad(set_to_none=True)
+        model.train()(x[:, :-1], targets=x[:, 1:]).backward()
+        optimizer.step()
+        model.set_growth_step(adam_step_of(optimizer))
+
+
+def grow_trained(
+    model: GPT,
+    optimizer: torch.optim.Optimizer,
+    plan: RuleSet,
+    hparams: dict[str, Any],
+    policy: OptimizerPolicy | None = None,
+) -> tuple[GPT, torch.optim.AdamW]:
+    """The grown model and its AdamW (``hparams``: lr, betas, eps, weight_decay), grown by ``plan`` from copies of
+    ``model`` and ``optimizer`` (which are left as they were) with the Adam-state ``policy`` (default: the plan's
+    rules); the plan's masks, if any, start their ramp at the current Adam step."""
+    small, small_opt = clone_training(model, optimizer)
+    step = adam_step_of(small_opt)
+    masks = None if plan.masks is None else replace(plan.masks, start_step=step)
+    big = GPT(plan.new, masks=masks)
+    big_opt = make_optimizer(big, hparams)
+    apply_rules(plan, ModuleStore(small, small_opt), ModuleStore(big, big_opt, step=step), policy)
+    return big, big_opt
 
 
 def _lm_loss(model: GPT, batch: Tensor) -> Tensor:

@@ -48,7 +48,7 @@ from growlm.growth.errors import GrowthError
 from growlm.growth.live.transfer import EngineStore, link_optimizer_state, transfer
 from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.preparation import prepare_growth
-from growlm.growth.ops.rules import GrowthPlan
+from growlm.growth.ops.rules import RuleSet
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.model.masks import MaskSpec
 from growlm.runtime.crash_points import hold_point
@@ -174,7 +174,7 @@ class GrowthResult:
 
 def grow_engine(
     old: Any,
-    plan: GrowthPlan,
+    plan: RuleSet,
     build: Callable[[Any, MaskSpec | None], Any],
     *,
     policy: OptimizerPolicy,
@@ -186,7 +186,7 @@ def grow_engine(
 
     Args:
         old: the running DeepSpeed engine (after at least one optimizer step).
-        plan: the growth plan from the old engine's config (growth.ops.make_plan).
+        plan: the growth plan from the old engine's config (growth.ops.make_rules).
         build: ``build(config, masks)`` -> a new DeepSpeed engine for that config (its scheduler from the ds config).
         policy: Adam-state policy (growth.ops.apply.OptimizerPolicy).
         schedule_rule: where the LR schedule goes (runtime.schedule.ScheduleRule).

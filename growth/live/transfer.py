@@ -32,7 +32,7 @@ from torch import Tensor
 from growlm.growth.errors import GrowthError
 from growlm.growth.live.shards import Fragment, gather_bucket, layout_of, no_adam_state, write_fragment
 from growlm.growth.ops.apply import OptimizerPolicy, grow_param
-from growlm.growth.ops.rules import GrowthPlan, Rule, identity, zeros
+from growlm.growth.ops.rules import Rule, RuleSet, identity, zeros
 from growlm.growth.ops.stores import ParamState
 from growlm.runtime.engine import inner_optimizer
 
@@ -215,7 +215,7 @@ def _buckets(sources: list[str], nbytes: dict[str, int], limit: int) -> list[lis
 
 
 def transfer(
-    plan: GrowthPlan, old: Any, new: Any, policy: OptimizerPolicy, bucket_bytes: int = BUCKET_BYTES
+    plan: RuleSet, old: Any, new: Any, policy: OptimizerPolicy, bucket_bytes: int = BUCKET_BYTES
 ) -> TransferStats:
     """Write every parameter of ``plan.new`` into engine ``new`` from engine ``old``; a collective (every rank, same
     arguments, engines of the same ZeRO stage and world size). Values equal ``grow_param`` of the plan's rule on

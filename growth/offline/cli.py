@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--family", choices=("masked", "duplicate"), help="operator family (default: masked)")
     for k in _SHAPE_FLAGS:
         f.add_argument(f"--{k}", type=int, help=f"target {k}")
-    f.add_argument("--option", action="append", metavar="KEY=VALUE", help="operator option (growth.ops.make_plan)")
+    f.add_argument("--option", action="append", metavar="KEY=VALUE", help="operator option (growth.ops.make_rules)")
     f.add_argument("--ramp_steps", type=int, help="masked family: mask ramp length in optimizer steps")
     f.add_argument("--moments", default="carry", help="Adam moments policy: carry | carry_old | reset")
     f.add_argument("--fresh_exp_avg_sq", default="zero", help="exp_avg_sq of fresh entries: zero | mean")

@@ -7,8 +7,8 @@ The tokenizer is the one of the token folder the run trained on (the checkpoint'
 meta.json says GPT-2 BPE or names a trained tokenizer.json), or the ``--tokenizer`` given; when the checkpoint cannot
 say (no folder recorded, the folder gone or rebuilt), the export is refused with a message naming ``--tokenizer``.
 
-The weights are the fp32 masters of any ZeRO stage 1-3 checkpoint at any world size, read through its universal
-form or straight from the native ZeRO shards (growth.offline.shards); the HF naming and Conv1D layout are model.hf's.
+The weights are the fp32 masters of any ZeRO stage 1-3 checkpoint at any world size (growth.offline.weights, the one
+checkpoint-weights reader); the HF naming and Conv1D layout are model.hf's.
 """
 
 from __future__ import annotations
@@ -18,14 +18,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from growlm.data import tokenizer as tok
 from growlm.growth.offline.pipeline import Source, check_output
-from growlm.growth.offline.shards import ZeroShardStore
-from growlm.growth.offline.universal import UniversalStore
-from growlm.growth.ops.rules import param_shapes
-from growlm.model.gpt import GPT
+from growlm.growth.offline.weights import fp32_model
 from growlm.model.hf import to_hf
 from growlm.runtime.atomic import atomic_dir
 from growlm.runtime.checkpoint import CheckpointError
@@ -66,28 +61,18 @@ def check_replaceable(out: Path) -> None:
 
 
 def model_tokenizer(src: Source, spec: str | None = None) -> tok.Tokenizer:
-    """The tokenizer ``src`` was trained with: ``spec`` (``--tokenizer``: gpt2, a tokenizer.json or a token folder)
-    if given, else the one of the token folder its RunState names (``data.tokenizer.from_run_data``).
+    """The tokenizer ``src`` was trained with, by the one policy (data.tokenizer.model_tokenizer): ``spec``
+    (``--tokenizer``) if given, else the one of the token folder its RunState names.
 
     Raises:
-        CheckpointError: the checkpoint cannot say which tokenizer it used and no ``spec`` is given (the message
-            names ``--tokenizer``), the tokenizer cannot be loaded, or it has more tokens than the model's vocab_size.
+        CheckpointError: no ``spec`` and the checkpoint cannot say (the message names ``--tokenizer``), the tokenizer
+            cannot be loaded, or it has more tokens than the model's vocab_size.
     """
+    own = lambda: tok.from_run_data(src.state.data.dir, src.state.data.train_sha256)  # noqa: E731
     try:
-        t = tok.resolve(spec) if spec else tok.from_run_data(src.state.data.dir, src.state.data.train_sha256)
+        return tok.model_tokenizer(spec, own, src.config.vocab_size, str(src.tag_dir))
     except tok.TokenizerError as e:
-        if spec:
-            raise CheckpointError(f"--tokenizer {spec}: {e}") from None
-        raise CheckpointError(
-            f"cannot tell which tokenizer {src.tag_dir} was trained with: {e}; pass it with --export_hf: "
-            "--tokenizer gpt2 (GPT-2 BPE), --tokenizer TOKENIZER.json, or --tokenizer DATA_DIR (its token folder)"
-        ) from None
-    if t.vocab_size > src.config.vocab_size:
-        raise CheckpointError(
-            f"the tokenizer {t.name} has {t.vocab_size} tokens but the model's vocab_size is {src.config.vocab_size}: "
-            "it is not the model's tokenizer; pass the one it was trained with via --tokenizer"
-        )
-    return t
+        raise CheckpointError(str(e)) from None
 
 
 def export_hf(
@@ -119,15 +104,7 @@ def export_hf(
     if overwrite:
         check_replaceable(out)
     with atomic_dir(out, overwrite=overwrite) as tmp:
-        shapes, flat = param_shapes(src.config), src.zero_stage == 3
-        if src.universal:
-            store = UniversalStore(src.tag_dir / "zero", shapes, flat=flat)
-        else:  # the native shards, read directly (growth.offline.shards)
-            store = ZeroShardStore(src.tag_dir, shapes, zero_stage=src.zero_stage, world=src.state.world_size)
-        model = GPT(src.config)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.copy_(store.read_tensor(name, "fp32"))
+        model = fp32_model(src)  # masks done ramping (checked above): a plain GPT-2
         hf = to_hf(model, t.eot_token_id)
         hf.save_pretrained(str(tmp), safe_serialization=True)
         t.save_hf(tmp, model_max_length=src.config.n_positions)

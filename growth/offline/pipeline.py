@@ -3,7 +3,7 @@
 How (DESIGN.md, "Architecture"): one pass over the parameters. Each old parameter is read whole, straight out of the
 native ZeRO shards (growth.offline.shards.ZeroShardStore: the merge DeepSpeed's ``ds_to_universal`` performs, without
 its temporary files) or out of a universal checkpoint's per-parameter files; the stage's growth plan expands it
-(growth.ops.apply.apply_plan; an identity copy when only resharding) and it is written as the universal checkpoint's
+(growth.ops.apply.apply_rules; an identity copy when only resharding) and it is written as the universal checkpoint's
 per-parameter files (growth.offline.universal.UniversalStore), hashed while written for the manifest. Memory: a few full
 tensors of the largest parameter, never the model. The small metadata files are written for the grown model (LR
 placement, Adam step, loss scaler, param shapes) and growlm_state.json records the grown config, masks, consumed
@@ -41,7 +41,7 @@ from growlm.growth.offline.universal import (
     write_model_states,
     write_optimizer_state,
 )
-from growlm.growth.ops.apply import apply_plan
+from growlm.growth.ops.apply import apply_rules
 from growlm.growth.ops.preparation import GrowthPrep, prepare_growth
 from growlm.growth.ops.rules import param_shapes
 from growlm.growth.stages.plan import Stage
@@ -163,7 +163,7 @@ def prepare_offline(src: Source, stage: Stage, seed: int) -> GrowthPrep:
     saved = asdict(state.schedule) if state.schedule is not None else None
     sched = checkpoint_schedule(saved, state.ds_config, lbi) if lbi is not None else None
     return prepare_growth(
-        stage.plan(src.config, seed),
+        stage.rules(src.config, seed),
         src.config,
         step,
         masks=masks,
@@ -259,7 +259,7 @@ def write_params(
     new_store = UniversalStore(new_tag / "zero", param_shapes(cfg), flat=flat, step=old.step, written=written)
     t = time.perf_counter()
     if prep is not None:
-        apply_plan(prep.plan, old.store, new_store, stage.optimizer)
+        apply_rules(prep.plan, old.store, new_store, stage.optimizer)
     else:
         for name in new_store.names():
             new_store.write(name, old.store.read(name))

@@ -1,6 +1,6 @@
-"""Growth operator families; each returns a growth.ops.rules.GrowthPlan. Torch only.
+"""Growth operator families; each returns a growth.ops.rules.RuleSet. Torch only.
 
-``make_plan(old, new, family, **options)`` picks and chains the operators that take ``old`` to ``new``:
+``make_rules(old, new, family, **options)`` picks and chains the operators that take ``old`` to ``new``:
 - family 'masked': ops.masked.masked_growth (every dimension at once, any size, exact).
 - family 'duplicate': ops.width.width_growth (n_embd x k, heads x k), then ops.width.ffn_growth (n_inner beyond
   k F), then ops.depth.depth_growth (n_layer), composed per parameter.
@@ -13,7 +13,7 @@ from typing import Any
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops.depth import depth_growth
 from growlm.growth.ops.masked import masked_growth
-from growlm.growth.ops.rules import GrowthPlan, compose
+from growlm.growth.ops.rules import RuleSet, compose
 from growlm.growth.ops.width import check_width_target, ffn_growth, width_growth
 from growlm.model.config import GPTConfig
 
@@ -24,7 +24,7 @@ _MASKED_OPTIONS = {
 }  # fmt: skip
 
 
-def make_plan(old: GPTConfig, new: GPTConfig, family: str, **options: Any) -> GrowthPlan:
+def make_rules(old: GPTConfig, new: GPTConfig, family: str, **options: Any) -> RuleSet:
     """The growth plan from ``old`` to ``new`` with the given operator family.
 
     Options, masked: layer_order ('stack'|'interleave'), new_layers ('copy'|'fresh'), init_std, bias_std, seed,
@@ -45,7 +45,7 @@ def make_plan(old: GPTConfig, new: GPTConfig, family: str, **options: Any) -> Gr
     if family == "masked":
         return masked_growth(old, new, **options)
     k = check_width_target(old, new)
-    plans: list[GrowthPlan] = []
+    plans: list[RuleSet] = []
     cfg = old
     if k > 1:
         width_opts = {o: options[o] for o in ("pattern", "alpha", "symmetry", "noise_std", "seed") if o in options}
@@ -71,4 +71,4 @@ def make_plan(old: GPTConfig, new: GPTConfig, family: str, **options: Any) -> Gr
     for p in plans[1:]:
         plan = compose(plan, p)
     # carry the target's non-shape fields (dropout, eps, and n_inner=None vs explicit) exactly as asked
-    return GrowthPlan(old=plan.old, new=new, rules=plan.rules, family=plan.family, exact=plan.exact, notes=plan.notes)
+    return RuleSet(old=plan.old, new=new, rules=plan.rules, family=plan.family, exact=plan.exact, notes=plan.notes)

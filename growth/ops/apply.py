@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from growlm.growth.errors import GrowthError
-from growlm.growth.ops.rules import GrowthPlan, Rule
+from growlm.growth.ops.rules import Rule, RuleSet
 from growlm.growth.ops.stores import ParamState, ParamStore
 
 MOMENT_POLICIES = ("carry", "carry_old", "reset")
@@ -70,8 +70,8 @@ def grow_param(rule: Rule, old: ParamState, policy: OptimizerPolicy) -> ParamSta
     return ParamState(w, m, v)
 
 
-def apply_plan(
-    plan: GrowthPlan,
+def apply_rules(
+    plan: RuleSet,
     old: ParamStore,
     new: ParamStore,
     policy: OptimizerPolicy | None = None,

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops.common import BLOCK_PARAMS, check_no_shrink, layer_map
-from growlm.growth.ops.rules import GrowthPlan, Rule, identity, zeros
+from growlm.growth.ops.rules import Rule, RuleSet, identity, zeros
 from growlm.growth.ops.width import ZERO_ENTRY_UPDATE
 from growlm.model.config import GPTConfig
 
@@ -24,7 +24,7 @@ zero_entry_v.elementwise = True  # a rank maps its own ZeRO-3 shard (growth.live
 ZEROED_IN_EXACT = ("attn.c_proj.weight", "attn.c_proj.bias", "mlp.c_proj.weight", "mlp.c_proj.bias")
 
 
-def depth_growth(old: GPTConfig, n_layer: int, *, order: str = "interleave", exact: bool = True) -> GrowthPlan:
+def depth_growth(old: GPTConfig, n_layer: int, *, order: str = "interleave", exact: bool = True) -> RuleSet:
     """n_layer L -> L' (any L' > L): each new block is a copy of an old block (``Rule.source``), placed by ``order``
     (see ops.common.layer_map: 'interleave' L0 L0' L1 L1' ..., 'stack' L0..L(n-1) L0 L1 ...).
 
@@ -65,4 +65,4 @@ def depth_growth(old: GPTConfig, n_layer: int, *, order: str = "interleave", exa
     ):
         rules[name] = Rule(weight=identity, exp_avg=identity, exp_avg_sq=identity)
     notes = () if exact else ("depth plain copy (G_stack-style): not function-preserving",)
-    return GrowthPlan(old=old, new=new, rules=rules, family="duplicate", exact=exact, notes=notes)
+    return RuleSet(old=old, new=new, rules=rules, family="duplicate", exact=exact, notes=notes)

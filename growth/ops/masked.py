@@ -16,7 +16,7 @@ from torch import Tensor
 
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops.common import BLOCK_PARAMS, check_no_shrink, layer_map
-from growlm.growth.ops.rules import GrowthPlan, Map, Rule, seeded_normal
+from growlm.growth.ops.rules import Map, Rule, RuleSet, seeded_normal
 from growlm.model.config import GPTConfig
 from growlm.model.masks import MaskSpec, attn_index
 
@@ -173,7 +173,7 @@ def masked_growth(
     ramp_steps: int | None = None,
     ramp_frac: float | None = None,
     start_step: int = 0,
-) -> GrowthPlan:
+) -> RuleSet:
     """MSG operator from ``old`` to ``new`` (any of n_layer, n_embd, n_head, n_inner larger or equal).
 
     Shapes (HF (in, out)): wte (V, d) -> (V, d'), c_attn.weight (d, 3HQ) -> (d', 3H'Q'), attn c_proj (HQ, d) ->
@@ -228,7 +228,7 @@ def masked_growth(
         start_step=start_step,
         ramp_steps=ramp_steps,
     )
-    return GrowthPlan(old=old, new=new, rules=rules, family="masked", exact=True, masks=spec, ramp_frac=ramp_frac)
+    return RuleSet(old=old, new=new, rules=rules, family="masked", exact=True, masks=spec, ramp_frac=ramp_frac)
 
 
 def _ramp(ramp_steps: int | None, ramp_frac: float | None) -> tuple[int, float | None]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from growlm.growth.errors import GrowthError
-from growlm.growth.ops.rules import GrowthPlan, check_plan, ramp_length
+from growlm.growth.ops.rules import RuleSet, check_rules, ramp_length
 from growlm.growth.ops.schedule_rule import ScheduleRule, place_schedule
 from growlm.model.config import GPTConfig
 from growlm.model.masks import MaskSpec
@@ -32,7 +32,7 @@ class GrowthPrep:
     schedule_changed: the placement moved the schedule or starts a re-warm (False: the LR continues as it was).
     """
 
-    plan: GrowthPlan
+    plan: RuleSet
     step: int
     masks: MaskSpec | None
     schedule: ScheduleState | None
@@ -64,7 +64,7 @@ def rule_moves_schedule(rule: ScheduleRule) -> bool:
 
 
 def prepare_growth(
-    plan: GrowthPlan,
+    plan: RuleSet,
     current: GPTConfig,
     step: int,
     *,
@@ -76,7 +76,7 @@ def prepare_growth(
     """Check a growth of a model of shape ``current`` at optimizer step ``step`` and decide its masks and schedule.
 
     Args:
-        plan: the stage's per-parameter plan (growth.ops.make_plan / growth.stages.plan.Stage.plan).
+        plan: the stage's per-parameter plan (growth.ops.make_rules / growth.stages.plan.Stage.plan).
         current: the shape being grown (the engine's, the checkpoint's or the state's config).
         step: optimizer steps taken so far (the growth happens before step ``step + 1``).
         masks: the current model's masks (None when it has none or their ramp has ended).
@@ -99,7 +99,7 @@ def prepare_growth(
             "build the plan from the model's config"
         )
     check_ramp_done(masks, step)
-    check_plan(plan)  # every grown parameter gets the grown config's shape (meta tensors, no memory)
+    check_rules(plan)  # every grown parameter gets the grown config's shape (meta tensors, no memory)
     new_masks = None
     if plan.masks is not None:
         placed = place_schedule(schedule, step, rule) if schedule is not None else None

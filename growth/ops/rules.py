@@ -52,8 +52,9 @@ class Rule:
 
 
 @dataclass(frozen=True)
-class GrowthPlan:
-    """An operator applied to one config: the grown config, a rule for every grown parameter, and (masked family)
+class RuleSet:
+    """An operator applied to one config, as data: the grown config, a ``Rule`` for every grown parameter (its
+    weight and Adam moments from the old state), and (masked family)
     the masks the grown model needs. ``family`` is 'masked' or 'duplicate'; ``exact`` says whether the grown model
     computes the same function (eval mode) as the old one. ``ramp_frac`` (masked family): the mask ramp's length as
     a fraction of the run left at growth, resolved by ``ramp_length`` when the growth happens (None: the ramp is
@@ -69,7 +70,7 @@ class GrowthPlan:
     ramp_frac: float | None = None
 
 
-def ramp_length(plan: GrowthPlan, remaining_steps: int | None) -> int:
+def ramp_length(plan: RuleSet, remaining_steps: int | None) -> int:
     """The mask ramp length in optimizer steps of a masked growth: ``plan.ramp_frac`` x ``remaining_steps`` (the
     optimizer steps left in the run at growth, e.g. from its LR schedule), at least 1; the plan's fixed
     ``masks.ramp_steps`` when it has no ramp_frac or the remaining run is unknown (None). 0 for a plan without
@@ -144,7 +145,7 @@ def param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
-def compose(first: GrowthPlan, second: GrowthPlan) -> GrowthPlan:
+def compose(first: RuleSet, second: RuleSet) -> RuleSet:
     """The plan that applies ``first`` then ``second``, one parameter at a time (never two whole models).
 
     Raises:
@@ -170,7 +171,7 @@ def compose(first: GrowthPlan, second: GrowthPlan) -> GrowthPlan:
             source=r1.source or (mid if mid != name else None),
             place=compose_maps(place1, place2),
         )
-    return GrowthPlan(
+    return RuleSet(
         old=first.old,
         new=second.new,
         rules=rules,
@@ -180,7 +181,7 @@ def compose(first: GrowthPlan, second: GrowthPlan) -> GrowthPlan:
     )
 
 
-def check_plan(plan: GrowthPlan) -> None:
+def check_rules(plan: RuleSet) -> None:
     """Check, on meta tensors (no memory, no data), that the plan reads only existing old parameters and produces
     every parameter of the grown model with the right shape, for weights and both moments.
 

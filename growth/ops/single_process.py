@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from growlm.growth.errors import GrowthError
-from growlm.growth.ops.apply import OptimizerPolicy, apply_plan
+from growlm.growth.ops.apply import OptimizerPolicy, apply_rules
 from growlm.growth.ops.preparation import check_ramp_done, prepare_growth
-from growlm.growth.ops.rules import GrowthPlan, check_plan, param_shapes
+from growlm.growth.ops.rules import RuleSet, check_rules, param_shapes
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.ops.stores import DictStore, ModuleStore, ParamState
 from growlm.model.config import GPTConfig
@@ -67,7 +67,7 @@ class TrainingState:
         return 1.0 if self.masks is None else self.masks.value(self.adam_step)
 
 
-def validate_growth(state: TrainingState, plan: GrowthPlan) -> None:
+def validate_growth(state: TrainingState, plan: RuleSet) -> None:
     """All checks of ``grow_state``, without touching the state.
 
     Raises:
@@ -85,12 +85,12 @@ def validate_growth(state: TrainingState, plan: GrowthPlan) -> None:
     if got != expected:
         bad = sorted(k for k in set(got) | set(expected) if got.get(k) != expected.get(k))
         raise GrowthError(f"state parameters do not match its config {state.config.shape_str()}: {bad[:5]}")
-    check_plan(plan)
+    check_rules(plan)
 
 
 def grow_state(
     state: TrainingState,
-    plan: GrowthPlan,
+    plan: RuleSet,
     *,
     policy: OptimizerPolicy | None = None,
     schedule: ScheduleRule | None = None,
@@ -117,7 +117,7 @@ def grow_state(
         ramp_steps=ramp_steps,
     )
     new_params: dict[str, ParamState] = {}
-    apply_plan(plan, DictStore(state.params), DictStore(new_params), policy, release=release)
+    apply_rules(plan, DictStore(state.params), DictStore(new_params), policy, release=release)
     return TrainingState(
         config=plan.new,
         params=new_params,

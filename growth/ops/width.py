@@ -12,9 +12,9 @@ from torch import Tensor
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops.common import check_no_shrink
 from growlm.growth.ops.rules import (
-    GrowthPlan,
     Map,
     Rule,
+    RuleSet,
     kron_map,
     leading_block,
     param_shapes,
@@ -119,7 +119,7 @@ def width_growth(
     symmetry: str = "none",
     noise_std: float = 0.3,
     seed: int = 0,
-) -> GrowthPlan:
+) -> RuleSet:
     """Width x k: n_embd d -> k d, n_head H -> k H (head dim Q unchanged), n_inner F -> k F. Exact in eval mode.
 
     Shapes (HF (in, out)): wte (V, d) -> (V, k d) = [E, ..., E]; c_attn.weight (d, 3d) -> (k d, 3 k d) with q, k, v
@@ -195,7 +195,7 @@ def width_growth(
     notes = ()
     if symmetry == "none":
         notes = (f"width x{k} with pattern {pattern!r}: copies stay (nearly) identical; symmetry 'noise' breaks that",)
-    return GrowthPlan(old=old, new=new, rules=rules, family="duplicate", exact=True, notes=notes)
+    return RuleSet(old=old, new=new, rules=rules, family="duplicate", exact=True, notes=notes)
 
 
 def replica_map(n_old: int, n_new: int) -> tuple[Tensor, Tensor]:
@@ -205,7 +205,7 @@ def replica_map(n_old: int, n_new: int) -> tuple[Tensor, Tensor]:
     return g, torch.bincount(g, minlength=n_old).to(torch.float64)
 
 
-def ffn_growth(old: GPTConfig, n_inner: int) -> GrowthPlan:
+def ffn_growth(old: GPTConfig, n_inner: int) -> RuleSet:
     """FFN width F -> F' (any F' > F; d, H unchanged) by Net2Net replication (Chen et al. 2016, section 3.1, eq. 2).
 
     c_fc (d, F) -> (d, F'): column j copies column g(j) (bias too). mlp c_proj (F, d) -> (F', d): row j is row g(j)
@@ -258,7 +258,7 @@ def ffn_growth(old: GPTConfig, n_inner: int) -> GrowthPlan:
         )
     for name in _names_except(old, rules):
         rules[name] = Rule(weight=same, exp_avg=same, exp_avg_sq=same)
-    return GrowthPlan(old=old, new=new, rules=rules, family="duplicate", exact=True)
+    return RuleSet(old=old, new=new, rules=rules, family="duplicate", exact=True)
 
 
 def _names_except(cfg: GPTConfig, taken: dict[str, Rule]) -> list[str]:

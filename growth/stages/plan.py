@@ -1,5 +1,5 @@
 """The stage list of a growth run, as YAML (or JSON, a subset): the starting shape and the stages, validated as a
-chain when loaded (``load_stages`` -> ``StageList``). Each stage builds its per-parameter ``GrowthPlan``
+chain when loaded (``load_stages`` -> ``StageList``). Each stage builds its per-parameter ``RuleSet``
 (growth.ops.rules).
 
     seed: 0
@@ -8,7 +8,7 @@ chain when loaded (``load_stages`` -> ``StageList``). Each stage builds its per-
       - name: deeper
         target: {n_layer: 4}                        # fields that change from the previous stage's shape
         family: masked                              # masked | duplicate
-        options: {layer_order: stack}               # operator options (growth.ops.make_plan)
+        options: {layer_order: stack}               # operator options (growth.ops.make_rules)
         when: {step: 2000}                          # or {tokens: 4.0e7}, {slope: -0.05}, {slope: auto}, or
                                                     #   {slope: auto, reference: runs/target/metrics.jsonl}
         ramp_steps: 500                             # masked family: mask ramp length (optimizer steps), or
@@ -32,9 +32,9 @@ import yaml
 
 from growlm.data.text import InputError, read_text
 from growlm.growth.errors import GrowthError
-from growlm.growth.ops import make_plan
+from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy
-from growlm.growth.ops.rules import GrowthPlan
+from growlm.growth.ops.rules import RuleSet
 from growlm.growth.ops.schedule_rule import CONSTANT_OP, ScheduleRule
 from growlm.growth.stages.trigger import SLOPE_THRESHOLDS
 from growlm.model.config import GPTConfig, from_preset
@@ -81,8 +81,8 @@ class Stage:
     schedule: ScheduleRule = field(default_factory=ScheduleRule)
     resources: dict[str, Any] | None = None  # where growlm-run runs it, as written (trainer.driver.resources)
 
-    def plan(self, current: GPTConfig, seed: int = 0) -> GrowthPlan:
-        """The operator plan of this stage from ``current`` (the previous stage's shape)."""
+    def rules(self, current: GPTConfig, seed: int = 0) -> RuleSet:
+        """The per-parameter rules of this stage's operator from ``current`` (the previous stage's shape)."""
         opts = dict(self.options)
         if self.family == "masked" or opts.get("symmetry") == "noise":
             opts.setdefault("seed", seed)
@@ -91,7 +91,7 @@ class Stage:
                 opts["ramp_steps"] = self.ramp_steps
             if self.ramp_frac is not None:
                 opts["ramp_frac"] = self.ramp_frac
-        return make_plan(current, self.target, self.family, **opts)
+        return make_rules(current, self.target, self.family, **opts)
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ def parse_stages(doc: dict[str, Any]) -> StageList:
             resources=_resources(raw.get("resources"), where),
         )
         try:
-            plan = stage.plan(current, seed)
+            plan = stage.rules(current, seed)
         except GrowthError as e:
             raise GrowthError(f"{where}: {e}") from e
         last[kind] = value

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from dist_utils import fp16_supported
+from dist_utils import fp16_supported, read_metrics
 
 from growlm.eval.bench import throughput as bench
 from growlm.model.config import flops_per_token, from_preset
@@ -95,9 +95,8 @@ def test_bench_reports_the_cost_of_a_live_growth(tmp_path, builtin_data):
     rec = json.loads((out / "zero2-fp32.json").read_text())
     kept = out / "runs"  # --keep_runs: the train.py run folder and its DeepSpeed config stay in OUT/runs
     assert json.loads((kept / "zero2-fp32.json").read_text())["zero_optimization"]["stage"] == 2
-    records = [json.loads(line) for line in (kept / "zero2-fp32" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r["event"] == "train"] == [1, 2, 3, 4]
-    assert [r["step"] for r in records if r["event"] == "growth"] == [2]
+    assert [r["step"] for r in read_metrics(kept / "zero2-fp32")] == [1, 2, 3, 4]
+    assert [r["step"] for r in read_metrics(kept / "zero2-fp32", "growth")] == [2]
     assert sorted(p.name for p in (kept / "zero2-fp32" / "logs").iterdir()) == ["rank0.log", "rank1.log"]
     g = rec["growth"]
     assert g["events"] == 1 and g["per_event"][0]["step"] == 2 and g["seconds"] > 0

@@ -17,11 +17,10 @@ from growlm.growth.offline.cli import main as grow_main
 from growlm.growth.offline.cli import parse_args, stage_from_flags
 from growlm.growth.offline.pipeline import open_source
 from growlm.growth.offline.universal import UniversalStore, convert
+from growlm.growth.offline.weights import fp32_model
 from growlm.growth.ops.apply import grow_param
 from growlm.growth.ops.rules import param_shapes
-from growlm.model.config import GPTConfig
 from growlm.model.gpt import GPT
-from growlm.model.masks import MaskSpec
 from growlm.runtime import checkpoint
 from growlm.runtime.atomic import current_umask
 from growlm.runtime.run_state import VERSION, RunState
@@ -84,16 +83,7 @@ def fixed_batch(data: Path) -> tuple[torch.Tensor, torch.Tensor]:
 
 def universal_model(tag_dir: Path) -> GPT:
     """A single-process fp32 GPT (eval mode, masks at the checkpoint's step) from a universal checkpoint's fp32."""
-    state = json.loads((tag_dir / "growlm_state.json").read_text())
-    cfg = GPTConfig.from_dict(state["model_config"])
-    masks = MaskSpec.from_dict(state["growth_masks"]) if state.get("growth_masks") else None
-    model = GPT(cfg, masks=masks)
-    model.set_growth_step(state["global_step"])
-    store = UniversalStore(tag_dir / "zero", param_shapes(cfg), flat=state["zero_stage"] == 3)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(store.read_tensor(name, "fp32"))
-    return model.eval()
+    return fp32_model(checkpoint.open_checkpoint(tag_dir))  # the one checkpoint-weights reader
 
 
 def same_as_ds_to_universal(native_tag: Path, ours: Path, scratch: Path) -> None:
@@ -138,7 +128,7 @@ def test_grow_offline_keeps_loss_and_applies_adam_rule(tmp_path, sources, builti
     # Adam moments (and weights) are the operator's rule applied to the saved tensors, element by element
     src = open_source(old_tag)
     stage = stage_from_flags(parse_args(["in", "out", *GROW[family]]), src.config, SAVE_STEP)
-    plan = stage.plan(src.config, 0)
+    plan = stage.rules(src.config, 0)
     flat = src.zero_stage == 3
     old = UniversalStore(old_tag / "zero", param_shapes(plan.old), flat=flat)
     new = UniversalStore(new_tag / "zero", param_shapes(plan.new), flat=flat)

@@ -205,11 +205,11 @@ def test_trim_metrics_drops_what_a_resume_writes_again(tmp_path):
         {"event": "perplexity_before"},
     ]  # fmt: skip
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"event": "tra')
-    assert trim_metrics(tmp_path, 2) == 4
+    assert trim_metrics(tmp_path, 2) == 5  # lines: 4 records and the half-written one
     kept = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert kept == [recs[0], recs[1], recs[2], recs[7]]  # the half-written last line is gone as well
     (tmp_path / "metrics.jsonl").write_text('{"event": "tra')  # only a fragment: removed, or the next record glues
-    assert trim_metrics(tmp_path, 2) == 0 and (tmp_path / "metrics.jsonl").read_text() == ""
+    assert trim_metrics(tmp_path, 2) == 1 and (tmp_path / "metrics.jsonl").read_text() == ""
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     trim_metrics(tmp_path, 4, keep_driver_stage="wider", stop_stage="other")  # resuming the grown step-4 checkpoint
     assert [r["event"] for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines())] == [

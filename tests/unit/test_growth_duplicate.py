@@ -8,8 +8,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from growlm.growth.errors import GrowthError
-from growlm.growth.ops import make_plan
-from growlm.growth.ops.apply import apply_plan
+from growlm.growth.ops import make_rules
+from growlm.growth.ops.apply import apply_rules
 from growlm.growth.ops.single_process import make_optimizer
 from growlm.growth.ops.stores import ModuleStore
 from growlm.growth.ops.width import ZERO_ENTRY_UPDATE, replica_map
@@ -40,7 +40,7 @@ def dup_case(draw):
 def test_exact_duplication_preserves_logits(case):
     old, new, opts = case
     small = random_model(old)
-    big = grown_model(small, make_plan(old, new, "duplicate", **opts))
+    big = grown_model(small, make_rules(old, new, "duplicate", **opts))
     x = tokens(old)
     with torch.no_grad():
         assert (big(x) - small(x)).abs().max().item() <= 1e-5
@@ -48,7 +48,7 @@ def test_exact_duplication_preserves_logits(case):
 
 def test_plain_depth_copy_is_not_exact():
     small = random_model(small_cfg())
-    big = grown_model(small, make_plan(small.config, small_cfg(n_layer=4), "duplicate", exact=False))
+    big = grown_model(small, make_rules(small.config, small_cfg(n_layer=4), "duplicate", exact=False))
     x = tokens(small.config)
     with torch.no_grad():
         assert (big(x) - small(x)).abs().max().item() > 1e-3  # documented: G_stack-style copies move the logits
@@ -79,7 +79,7 @@ def test_moment_rule_matches_real_gradients(target):
     """exp_avg maps like the gradient (where momentum is carried); exp_avg_sq like the gradient squared divided by
     the square of the entry's first-update scale (so that its first Adam update is s times the small model's)."""
     small = random_model(small_cfg(), dtype=torch.float64)
-    plan = make_plan(small.config, small_cfg(**(dict(n_layer=2, n_head=2, head_dim=4) | target)), "duplicate")
+    plan = make_rules(small.config, small_cfg(**(dict(n_layer=2, n_head=2, head_dim=4) | target)), "duplicate")
     big = grown_model(small, plan)
     x = tokens(small.config, t=13)
     loss(small, x).backward()
@@ -110,10 +110,10 @@ def test_one_adam_step_moves_duplicates_like_the_small_model():
         opt_s.zero_grad()
         (1e4 * loss(small, tokens(small.config, t=13, seed=10 + seed))).backward()
         opt_s.step()
-    plan = make_plan(small.config, small_cfg(n_head=4), "duplicate")
+    plan = make_rules(small.config, small_cfg(n_head=4), "duplicate")
     big = GPT(plan.new).double().train()
     opt_b = make_optimizer(big, HP)
-    apply_plan(plan, ModuleStore(small, opt_s), ModuleStore(big, opt_b, step=3))
+    apply_rules(plan, ModuleStore(small, opt_s), ModuleStore(big, opt_b, step=3))
     x = tokens(small.config, t=13, seed=99)
     for model, opt in ((small, opt_s), (big, opt_b)):
         opt.zero_grad()
@@ -146,7 +146,7 @@ def halves_gap(model, d):
 @pytest.mark.parametrize("pattern", ["block", "split"])
 def test_symmetry_breaker_makes_halves_diverge(pattern):
     small = random_model(small_cfg())
-    big = grown_model(small, make_plan(small.config, small_cfg(n_head=4), "duplicate", pattern=pattern, alpha=0.8))
+    big = grown_model(small, make_rules(small.config, small_cfg(n_head=4), "duplicate", pattern=pattern, alpha=0.8))
     x = tokens(small.config, t=13)
     with torch.no_grad():
         assert (big(x) - small(x)).abs().max().item() <= 1e-5  # exact either way
@@ -174,9 +174,9 @@ def test_symmetry_breaker_makes_halves_diverge(pattern):
 )
 def test_duplicate_bad_targets(target, match):
     with pytest.raises(GrowthError, match=match):
-        make_plan(small_cfg(), small_cfg(**(dict(n_layer=2, n_head=2, head_dim=4) | target)), "duplicate")
+        make_rules(small_cfg(), small_cfg(**(dict(n_layer=2, n_head=2, head_dim=4) | target)), "duplicate")
 
 
 def test_split_alpha_half_is_refused():
     with pytest.raises(GrowthError, match="keeps symmetry"):
-        make_plan(small_cfg(), small_cfg(n_head=4), "duplicate", pattern="split", alpha=0.5)
+        make_rules(small_cfg(), small_cfg(n_head=4), "duplicate", pattern="split", alpha=0.5)

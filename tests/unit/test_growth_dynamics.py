@@ -16,10 +16,10 @@ from growlm.eval.metrics.dynamics import (
     width_divergence,
 )
 from growlm.growth.errors import GrowthError
-from growlm.growth.ops import make_plan
-from growlm.growth.ops.apply import apply_plan
+from growlm.growth.ops import make_rules
+from growlm.growth.ops.apply import apply_rules
 from growlm.growth.ops.preparation import prepare_growth
-from growlm.growth.ops.rules import GrowthPlan
+from growlm.growth.ops.rules import RuleSet
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.ops.single_process import make_optimizer
 from growlm.growth.ops.stores import ModuleStore
@@ -56,22 +56,22 @@ def trained():
     return model, opt
 
 
-def grown(model, opt, plan: GrowthPlan):
+def grown(model, opt, plan: RuleSet):
     small, small_opt = clone_training(model, opt)
     big = GPT(plan.new)
     big_opt = make_optimizer(big, HP)
     step = int(next(iter(small_opt.state.values()))["step"])
-    apply_plan(plan, ModuleStore(small, small_opt), ModuleStore(big, big_opt, step=step))
+    apply_rules(plan, ModuleStore(small, small_opt), ModuleStore(big, big_opt, step=step))
     return big, big_opt
 
 
-def ratio(trained, plan: GrowthPlan) -> float:
+def ratio(trained, plan: RuleSet) -> float:
     big, big_opt = grown(*trained, plan)
     small, small_opt = clone_training(*trained)
     return logit_step_ratio(small, small_opt, big, big_opt, bigram_batch(1000), bigram_batch(2000)[:, :-1])
 
 
-def old_zero_state_rule(plan: GrowthPlan) -> GrowthPlan:
+def old_zero_state_rule(plan: RuleSet) -> RuleSet:
     """The rule before issue 12: entries without momentum (0 at growth) also got exp_avg_sq 0."""
     rules = {}
     for name, r in plan.rules.items():
@@ -97,7 +97,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_one_step_after_growth_moves_the_logits_like_the_small_model(trained, case):
     target, opts = CASES[case]
-    plan = make_plan(trained[0].config, small_cfg(**(dict(n_layer=2, head_dim=4) | target)), "duplicate", **opts)
+    plan = make_rules(trained[0].config, small_cfg(**(dict(n_layer=2, head_dim=4) | target)), "duplicate", **opts)
     assert 0.95 <= ratio(trained, plan) <= 1.1
 
 
@@ -106,7 +106,7 @@ def test_old_rules_shocked_the_step(trained):
     each is then about (1 - beta1) / sqrt(1 - beta2) lr sign(g)): 1.21 here, 1.76 on a 32-wide model after 40
     steps (DESIGN.md, "Growth dynamics")."""
     cfg = trained[0].config
-    block = make_plan(cfg, small_cfg(n_layer=2, n_head=8, head_dim=4), "duplicate")
+    block = make_rules(cfg, small_cfg(n_layer=2, n_head=8, head_dim=4), "duplicate")
     assert ratio(trained, old_zero_state_rule(block)) > 1.15
 
 
@@ -129,7 +129,7 @@ def test_noise_symmetry_is_exact_and_the_copies_diverge_faster(trained):
     gaps = {}
     noise = {"symmetry": "noise", "noise_std": 1.0}  # the default 0.3 trades divergence for a smaller first-step shock
     for name, opts in {"split": {"pattern": "split"}, "noise": noise}.items():
-        plan = make_plan(model.config, small_cfg(n_layer=2, n_head=8, head_dim=4), "duplicate", **opts)
+        plan = make_rules(model.config, small_cfg(n_layer=2, n_head=8, head_dim=4), "duplicate", **opts)
         big, big_opt = grown(model, opt, plan)
         with torch.no_grad():
             assert (big.eval()(x) - model.eval()(x)).abs().max().item() <= 1e-5
@@ -146,33 +146,33 @@ def test_noise_symmetry_is_exact_and_the_copies_diverge_faster(trained):
 
 def test_masked_ramp_is_a_fraction_of_the_remaining_run():
     old, new = small_cfg(), small_cfg(n_layer=3, n_head=3)
-    plan = make_plan(old, new, "masked")
+    plan = make_rules(old, new, "masked")
     assert (plan.ramp_frac, plan.masks.ramp_steps) == (0.25, 5000)  # defaults: 0.25 of the rest; MSG's 5000 steps
     sched = ScheduleState(total_num_steps=200, warmup_num_steps=10, last_batch_iteration=41)
     prep = prepare_growth(plan, old, 40, masks=None, schedule=sched, rule=ScheduleRule())
     assert prep.masks.ramp_steps == 40  # round(0.25 * (200 - 41))
     assert prepare_growth(plan, old, 40, masks=None, schedule=None, rule=ScheduleRule()).masks.ramp_steps == 5000
-    half = make_plan(old, new, "masked", ramp_frac=0.5)
+    half = make_rules(old, new, "masked", ramp_frac=0.5)
     assert prepare_growth(half, old, 40, masks=None, schedule=sched, rule=ScheduleRule()).masks.ramp_steps == 80
-    fixed = make_plan(old, new, "masked", ramp_steps=7)
+    fixed = make_rules(old, new, "masked", ramp_steps=7)
     assert fixed.ramp_frac is None
     assert prepare_growth(fixed, old, 40, masks=None, schedule=sched, rule=ScheduleRule()).masks.ramp_steps == 7
     with pytest.raises(GrowthError, match="not both"):
-        make_plan(old, new, "masked", ramp_steps=7, ramp_frac=0.5)
+        make_rules(old, new, "masked", ramp_steps=7, ramp_frac=0.5)
     with pytest.raises(GrowthError, match="ramp_frac"):
-        make_plan(old, new, "masked", ramp_frac=1.5)
+        make_rules(old, new, "masked", ramp_frac=1.5)
     stage = {"target": {"n_layer": 3}, "family": "masked", "when": {"step": 10}, "ramp_frac": 0.1}
     stages = parse_stages({"start": old.to_dict(), "stages": [stage]})
-    assert stages.stages[0].plan(old).ramp_frac == 0.1
+    assert stages.stages[0].rules(old).ramp_frac == 0.1
 
 
 def test_ramp_loss_bump_is_zero_at_mask_0_and_measures_the_new_units():
     old = small_cfg()
     torch.manual_seed(0)
     small = GPT(old)
-    plan = make_plan(old, small_cfg(n_head=4), "masked", ramp_steps=10, init_std=0.5)
+    plan = make_rules(old, small_cfg(n_head=4), "masked", ramp_steps=10, init_std=0.5)
     big = GPT(plan.new, masks=plan.masks)
-    apply_plan(plan, ModuleStore(small), ModuleStore(big))
+    apply_rules(plan, ModuleStore(small), ModuleStore(big))
     x = bigram_batch(5)
     bumps = ramp_loss_bump(big, x, (0.0, 0.5, 1.0))
     assert bumps[0] == 0.0 and abs(bumps[2]) > 1e-3 and big.growth_masks is not None  # the model is left as it was

@@ -7,7 +7,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from growlm.growth.errors import GrowthError
-from growlm.growth.ops import make_plan
+from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.single_process import TrainingState, grow_state, to_modules
 from growlm.growth.ops.stores import ParamState
@@ -45,7 +45,7 @@ def masked_case(draw):
 def test_masked_growth_preserves_logits(case):
     old, new, opts = case
     small = random_model(old)
-    big = grown_model(small, make_plan(old, new, "masked", **opts))
+    big = grown_model(small, make_rules(old, new, "masked", **opts))
     x = tokens(old)
     with torch.no_grad():
         assert (big(x) - small(x)).abs().max().item() <= 1e-5
@@ -65,7 +65,7 @@ def test_masked_gradients_into_new_units_are_zero(target):
     old = small_cfg()
     shape = dict(n_layer=2, n_head=2, head_dim=4) | target
     new = small_cfg(**shape)
-    plan = make_plan(old, new, "masked", init_std=0.5, bias_std=0.5)
+    plan = make_rules(old, new, "masked", init_std=0.5, bias_std=0.5)
     small = random_model(old)
     big = grown_model(small, plan).train()
     x = tokens(old, t=13)
@@ -87,7 +87,7 @@ def test_masked_mid_ramp_and_hf_after_ramp():
     small = random_model(old)
     params = random_params(small)
     state = TrainingState(config=old, params=params, adam_step=100, consumed_samples=800)
-    plan = make_plan(old, small_cfg(n_layer=3, n_head=3, head_dim=5, n_inner=44), "masked", init_std=0.3)
+    plan = make_rules(old, small_cfg(n_layer=3, n_head=3, head_dim=5, n_inner=44), "masked", init_std=0.3)
     grown = grow_state(state, plan, ramp_steps=20)
     x = tokens(old)
     model0, _, _ = to_modules(grown)
@@ -113,7 +113,7 @@ def test_masked_moments_old_carried_new_zero():
     old = small_cfg()
     small = random_model(old)
     params = random_params(small)
-    plan = make_plan(old, small_cfg(n_inner=40), "masked")
+    plan = make_rules(old, small_cfg(n_inner=40), "masked")
     grown = grow_state(TrainingState(config=old, params=params, adam_step=7), plan, policy=OptimizerPolicy())
     m = grown.params["transformer.h.0.mlp.c_fc.weight"].exp_avg
     torch.testing.assert_close(m[:, :32], params["transformer.h.0.mlp.c_fc.weight"].exp_avg)
@@ -130,7 +130,7 @@ def test_masked_moments_old_carried_new_zero():
 )
 def test_masked_bad_targets(target, match):
     with pytest.raises(GrowthError, match=match):
-        make_plan(small_cfg(), small_cfg(**(dict(n_layer=2, n_head=2, head_dim=4) | target)), "masked")
+        make_rules(small_cfg(), small_cfg(**(dict(n_layer=2, n_head=2, head_dim=4) | target)), "masked")
 
 
 def test_second_growth_while_ramp_runs_is_refused_and_state_untouched():
@@ -138,12 +138,12 @@ def test_second_growth_while_ramp_runs_is_refused_and_state_untouched():
     params = random_params(random_model(old))
     grown = grow_state(
         TrainingState(config=old, params=params, adam_step=5),
-        make_plan(old, small_cfg(n_layer=3), "masked"),
+        make_rules(old, small_cfg(n_layer=3), "masked"),
         ramp_steps=10,
     )
     before = {k: ParamState(*(t.clone() for t in v)) for k, v in grown.params.items()}
     with pytest.raises(GrowthError, match="ramp is still running"):
-        grow_state(grown, make_plan(grown.config, small_cfg(n_layer=4), "masked"))
+        grow_state(grown, make_rules(grown.config, small_cfg(n_layer=4), "masked"))
     assert all(torch.equal(grown.params[k].weight, before[k].weight) for k in before)
     grown.adam_step = 15  # ramp over: growing again is allowed
-    assert grow_state(grown, make_plan(grown.config, small_cfg(n_layer=4), "masked")).config.n_layer == 4
+    assert grow_state(grown, make_rules(grown.config, small_cfg(n_layer=4), "masked")).config.n_layer == 4

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from growlm.growth.errors import GrowthError
-from growlm.growth.ops import make_plan
+from growlm.growth.ops import make_rules
 from growlm.growth.ops.preparation import prepare_growth
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.model.config import GPTConfig
@@ -17,7 +17,7 @@ SCHED = ScheduleState(total_num_steps=100, warmup_num_steps=10, last_batch_itera
 
 
 def test_masks_start_at_the_growth_step_and_the_schedule_is_placed():
-    plan = make_plan(OLD, DEEPER, "masked", ramp_steps=5)
+    plan = make_rules(OLD, DEEPER, "masked", ramp_steps=5)
     rule = ScheduleRule(kind="target", constant_op=2.0, rewarm_steps=4)
     prep = prepare_growth(plan, OLD, 20, masks=None, schedule=SCHED, rule=rule, ramp_steps=8)
     assert (prep.masks.start_step, prep.masks.ramp_steps) == (20, 8)  # ramp_steps overrides the plan's 5
@@ -31,12 +31,12 @@ def test_masks_start_at_the_growth_step_and_the_schedule_is_placed():
 
 
 def test_duplication_has_no_masks_and_no_schedule_is_fine_when_the_rule_keeps_it():
-    prep = prepare_growth(make_plan(OLD, DEEPER, "duplicate"), OLD, 3, masks=None, schedule=None, rule=ScheduleRule())
+    prep = prepare_growth(make_rules(OLD, DEEPER, "duplicate"), OLD, 3, masks=None, schedule=None, rule=ScheduleRule())
     assert prep.masks is None and prep.schedule is None and not prep.schedule_changed
 
 
 def test_refusals():
-    plan = make_plan(OLD, DEEPER, "masked", ramp_steps=5)
+    plan = make_rules(OLD, DEEPER, "masked", ramp_steps=5)
     ramping = plan.masks  # an earlier growth's masks, ramp of 5 steps
     with pytest.raises(GrowthError, match=r"mask ramp is still running \(value 0.400 at step 12, reaches 1 at step 15"):
         prepare_growth(plan, OLD, 12, masks=replace(ramping, start_step=10), schedule=SCHED, rule=ScheduleRule())

@@ -5,7 +5,7 @@ import torch
 from growth_helpers import random_model, random_params, small_cfg, tokens
 
 from growlm.growth.errors import GrowthError
-from growlm.growth.ops import make_plan
+from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.ops.single_process import (
@@ -52,7 +52,7 @@ def test_round_trip_through_modules():
 
 def test_grow_carries_step_data_position_rng_scaler_and_places_lr():
     _, _, _, state = trained()
-    plan = make_plan(state.config, small_cfg(n_head=4), "duplicate")
+    plan = make_rules(state.config, small_cfg(n_head=4), "duplicate")
     rule = ScheduleRule(kind="target", constant_op=1.8, rewarm_steps=10, total_num_steps=2000, warmup_num_steps=100)
     grown = grow_state(state, plan, schedule=rule)
     assert grown.config == plan.new and grown.adam_step == state.adam_step
@@ -81,7 +81,7 @@ def test_moment_policies(policy):
     params = random_params(random_model(old))
     grown = grow_state(
         TrainingState(config=old, params=params, adam_step=9),
-        make_plan(old, small_cfg(n_head=4), "duplicate"),
+        make_rules(old, small_cfg(n_head=4), "duplicate"),
         policy=OptimizerPolicy(moments=policy),
     )
     m_old = params["transformer.h.0.mlp.c_fc.weight"].exp_avg
@@ -98,7 +98,7 @@ def test_fresh_exp_avg_sq_mean_policy():
     params = random_params(random_model(old))
     grown = grow_state(
         TrainingState(config=old, params=params),
-        make_plan(old, small_cfg(n_inner=40), "masked"),
+        make_rules(old, small_cfg(n_inner=40), "masked"),
         policy=OptimizerPolicy(fresh_exp_avg_sq="mean"),
     )
     v = grown.params["transformer.h.0.mlp.c_fc.weight"].exp_avg_sq
@@ -110,7 +110,7 @@ def test_fresh_exp_avg_sq_mean_policy():
 def test_masked_init_is_deterministic_and_release_gives_same_result():
     old = small_cfg()
     params = random_params(random_model(old))
-    plan = make_plan(old, small_cfg(n_layer=3, n_head=3), "masked", seed=3)
+    plan = make_rules(old, small_cfg(n_layer=3, n_head=3), "masked", seed=3)
     a = grow_state(TrainingState(config=old, params=dict(params)), plan)
     b = grow_state(TrainingState(config=old, params=dict(params)), plan, release=True)
     for k in a.params:
@@ -120,7 +120,7 @@ def test_masked_init_is_deterministic_and_release_gives_same_result():
 def test_depth_copies_do_not_share_storage():
     old = small_cfg()
     params = random_params(random_model(old))
-    grown = grow_state(TrainingState(config=old, params=params), make_plan(old, small_cfg(n_layer=4), "duplicate"))
+    grown = grow_state(TrainingState(config=old, params=params), make_rules(old, small_cfg(n_layer=4), "duplicate"))
     w0 = grown.params["transformer.h.0.ln_1.weight"].weight
     w1 = grown.params["transformer.h.1.ln_1.weight"].weight  # interleaved copy of block 0
     assert torch.equal(w0, w1) and w0.data_ptr() != w1.data_ptr()
@@ -130,15 +130,15 @@ def test_bad_input_fails_before_touching_state():
     old = small_cfg()
     params = random_params(random_model(old))
     state = TrainingState(config=old, params=params)
-    other = make_plan(small_cfg(n_layer=3), small_cfg(n_layer=4), "masked")
+    other = make_rules(small_cfg(n_layer=3), small_cfg(n_layer=4), "masked")
     with pytest.raises(GrowthError, match="the plan grows"):
         grow_state(state, other, release=True)
     assert set(state.params) == set(params)
     broken = TrainingState(config=old, params={k: v for k, v in params.items() if "ln_f" not in k})
     with pytest.raises(GrowthError, match="do not match its config"):
-        grow_state(broken, make_plan(old, small_cfg(n_layer=3), "masked"))
+        grow_state(broken, make_rules(old, small_cfg(n_layer=3), "masked"))
     with pytest.raises(GrowthError, match="n_embd"):
-        make_plan(old, small_cfg(n_head=1, head_dim=4), "masked")  # shrinking
+        make_rules(old, small_cfg(n_head=1, head_dim=4), "masked")  # shrinking
     with pytest.raises(GrowthError, match="unknown moments policy"):
         OptimizerPolicy(moments="keep")
     assert isinstance(ParamState(*params["transformer.wte.weight"]), tuple)

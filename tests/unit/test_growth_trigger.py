@@ -13,8 +13,7 @@ from growlm.growth.stages.trigger import (
     loglog_slope,
     slope_trigger,
 )
-from growlm.trainer.errors import UsageError
-from growlm.trainer.metrics import read_val_curve
+from growlm.runtime.metrics_file import MetricsFileError, read_val_curve
 
 
 def test_slope_of_a_power_law_and_trigger():
@@ -69,9 +68,9 @@ def test_read_val_curve_keeps_one_point_per_step_in_flops_order(tmp_path):
     ]
     path.write_text("\n".join(json.dumps(r) for r in lines) + '\n{"event": "val", "st')  # a half-written line
     assert read_val_curve(path) == ([20.0, 40.0], [7.0, 5.9])
-    with pytest.raises(UsageError, match="needs --eval_interval"):
+    with pytest.raises(MetricsFileError, match="needs --eval_interval"):
         read_val_curve(_write(tmp_path / "none.jsonl", lines[:2]))
-    with pytest.raises(UsageError, match="cannot read the metrics file"):
+    with pytest.raises(MetricsFileError, match="cannot read the metrics file"):
         read_val_curve(tmp_path / "missing.jsonl")
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from growlm.growth.live.transfer import _buckets, local_maps
-from growlm.growth.ops import make_plan
+from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy, grow_param
 from growlm.growth.ops.rules import Rule, identity, zeros
 from growlm.growth.ops.stores import ParamState
@@ -19,8 +19,8 @@ OLD = GPTConfig(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=97)
 
 
 def test_depth_rules_are_local_and_width_rules_are_not():
-    depth = make_plan(OLD, GPTConfig(**{**OLD.to_dict(), "n_layer": 2}), "duplicate")
-    width = make_plan(OLD, GPTConfig(**{**OLD.to_dict(), "n_embd": 64, "n_head": 4}), "duplicate")
+    depth = make_rules(OLD, GPTConfig(**{**OLD.to_dict(), "n_layer": 2}), "duplicate")
+    width = make_rules(OLD, GPTConfig(**{**OLD.to_dict(), "n_embd": 64, "n_head": 4}), "duplicate")
     carry = OptimizerPolicy(moments="carry")
     assert local_maps(depth.rules["transformer.wte.weight"], carry) == (identity, identity, identity)
     assert local_maps(depth.rules["transformer.h.1.ln_1.weight"], carry) == (identity, identity, identity)

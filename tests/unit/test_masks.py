@@ -4,7 +4,7 @@ import pytest
 import torch
 from growth_helpers import grown_model, random_model, small_cfg, tokens
 
-from growlm.growth.ops import make_plan
+from growlm.growth.ops import make_rules
 from growlm.model.gpt import GPT, LayerNorm
 from growlm.model.hf import to_hf
 from growlm.model.masks import MaskSpec
@@ -12,7 +12,7 @@ from growlm.model.masks import MaskSpec
 
 def grown_pair():
     small = random_model(small_cfg())
-    plan = make_plan(
+    plan = make_rules(
         small.config,
         small_cfg(n_layer=3, n_head=3, head_dim=5, n_inner=40),
         "masked",

@@ -1,7 +1,7 @@
 """Bad input train.py used to accept, or refuse only with a traceback after the ranks joined: every case here exits
 with status 2 and one ``growlm-train: error:`` line before any process group starts (``train.main`` in this
 process), and leaves the user's files as they were. Also the run-folder lock (runtime.lock) and the metrics.jsonl
-purge of a resumed run (trainer.metrics.purge_after), which need no run."""
+purge of a resumed run (runtime.metrics_file.purge_after), which need no run."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from cli_utils import train_fails as fails
 
 from growlm.runtime.dist import DistInfo
 from growlm.runtime.lock import LockHeldError, hold_lock
+from growlm.runtime.metrics_file import purge_after, read_records
 from growlm.trainer.config import check_batch
 from growlm.trainer.errors import UsageError
-from growlm.trainer.metrics import MetricsLogger, purge_after, read_records
+from growlm.trainer.logger import MetricsLogger
 
 TINY = ["--preset", "tiny", "--seq_len", "32", "--no_final_eval", "--max_steps", "2"]
 FP32 = json.loads(Path("ds_configs/zero2_fp32.json").read_text())

@@ -14,7 +14,6 @@ are dropped first, so the loss curve has each step once.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -26,11 +25,11 @@ from growlm.growth.stages.plan import StageList
 from growlm.model.config import param_count
 from growlm.runtime import checkpoint
 from growlm.runtime import processes as procs
-from growlm.runtime.atomic import write_json, write_text
+from growlm.runtime.atomic import write_json
 from growlm.runtime.crash_points import hold_point
+from growlm.runtime.metrics_file import append_record, purge_after, read_records
 from growlm.runtime.run_state import RunState, RunStateError
 from growlm.trainer.driver.segments import DriverError, Segment, grown_path
-from growlm.trainer.metrics import read_records
 
 PROGRESS_VERSION = 1
 RECORD_KEYS = ("save_s", "grow_s", "relaunch_s", "seconds")
@@ -68,39 +67,11 @@ def save_progress(run: Run, prog: dict[str, Any]) -> None:
     write_json(run.progress_path, prog, overwrite=True)
 
 
-def read_metrics(out_dir: Path) -> list[dict[str, Any]]:
-    """The records of metrics.jsonl (a line a killed writer left half-written is skipped)."""
-    return read_records(out_dir / "metrics.jsonl")
-
-
 def trim_metrics(out_dir: Path, step: int, keep_driver_stage: str | None = None, stop_stage: str | None = None) -> int:
-    """Drop the records a resume from the checkpoint at ``step`` writes again: train/val records after ``step``,
-    live growth records at or after it (they happened after that checkpoint was saved), stop records after it or
-    at it for ``stop_stage`` (the resumed job stops there again), driver growth records at or after it unless for
-    ``keep_driver_stage``. Rewrites metrics.jsonl atomically; returns the number
-    of records dropped."""
-    path = out_dir / "metrics.jsonl"
-    if not path.exists():
-        return 0
-    records = read_metrics(out_dir)
-
-    def stays(r: dict[str, Any]) -> bool:
-        s, ev = r.get("step"), r.get("event")
-        if s is None:
-            return True
-        if ev == "growth" and r.get("driver"):
-            return s < step or r.get("stage") == keep_driver_stage
-        if ev == "stop":
-            return s < step or (s == step and r.get("stage") != stop_stage)
-        if ev == "growth":
-            return s < step
-        return s <= step
-
-    kept = [r for r in records if stays(r)]
-    text = path.read_text(errors="replace")  # half-written last line (no "\n"): rewritten, so nothing glues to it
-    if len(kept) != len(records) or len(text.splitlines()) != len(records) or (text and not text.endswith("\n")):
-        write_text(path, "".join(json.dumps(r) + "\n" for r in kept), overwrite=True)
-    return len(records) - len(kept)
+    """Drop the records a resume from the checkpoint at ``step`` writes again (runtime.metrics_file.purge_after, the
+    rule train.py applies when it resumes), keeping the offline growth record at ``step`` of ``keep_driver_stage``
+    (the growth that made the checkpoint); returns the number of records dropped."""
+    return purge_after(out_dir, step, stop_stage, grown_stage=keep_driver_stage)
 
 
 def newest_checkpoint(save_dir: Path) -> tuple[Path, RunState] | None:
@@ -121,7 +92,7 @@ def newest_checkpoint(save_dir: Path) -> tuple[Path, RunState] | None:
 
 def stopped_at(out_dir: Path, seg: Segment, step: int) -> dict[str, Any] | None:
     """The job's "stop" record at ``step`` for the segment's stop stage, if it wrote one."""
-    for r in read_metrics(out_dir):
+    for r in read_records(out_dir):
         if r.get("event") == "stop" and r.get("step") == step and r.get("stage") == seg.stop_stage:
             return r
     return None
@@ -181,8 +152,7 @@ def driver_record(run: Run, prog: dict[str, Any], seg: Segment) -> dict[str, Any
 def log_driver_record(run: Run, rec: dict[str, Any]) -> None:
     """Append ``rec`` to metrics.jsonl (one write in append mode: the job's own appends cannot split it) and its
     seconds to TensorBoard (``growth/<key>`` at its step, beside the job's own scalars)."""
-    with open(run.out_dir / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(rec) + "\n")
+    append_record(run.out_dir, rec)
     from torch.utils.tensorboard import SummaryWriter  # lazy: heavy (about 1 s, tensorboard), rank 0 only
 
     w = SummaryWriter(str(run.out_dir / "tb"))
@@ -207,7 +177,7 @@ def wait_job(run: Run, prog: dict[str, Any], seg: Segment, jobs: list, t_launch:
         if seg.index == 0 or prog["record_written"] or time.monotonic() - last[0] < 0.5:
             return
         last[0] = time.monotonic()
-        steps = [r["step"] for r in read_metrics(run.out_dir) if r.get("event") == "train"]
+        steps = [r["step"] for r in read_records(run.out_dir) if r.get("event") == "train"]
         if steps and max(steps) > prog["start_step"]:
             stage = run.plan.stages[seg.first_stage].name
             prog["timings"].setdefault(stage, {})["relaunch_s"] = time.perf_counter() - t_launch
@@ -235,7 +205,7 @@ def train_phase(run: Run, prog: dict[str, Any]) -> str:
     resume, step = resume_point(run, prog)
     stage = run.plan.stages[seg.first_stage].name if seg.index > 0 else None
     if stage is not None and not prog["record_written"]:
-        prog["record_written"] = any(r.get("driver") and r.get("stage") == stage for r in read_metrics(run.out_dir))
+        prog["record_written"] = any(r.get("driver") and r.get("stage") == stage for r in read_records(run.out_dir))
     trim_metrics(run.out_dir, step, stage if prog["record_written"] else None, seg.stop_stage)
     t_launch = time.perf_counter()
     jobs, logs = run.launch(seg, resume)

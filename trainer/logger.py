@@ -1,15 +1,12 @@
-"""The one metrics logger of a run: ``metrics.jsonl`` (one JSON record per step, validation and growth event),
-TensorBoard scalars under ``tb/``, and the console (a tqdm progress bar while training).
+"""The one logger of a run: ``metrics.jsonl`` (runtime.metrics_file: one JSON record per step, validation and growth
+event), TensorBoard scalars under ``tb/``, and the console (a tqdm progress bar while training).
 
-Only rank 0 writes; on other ranks every method does nothing, so callers need no rank checks. Record keys are part
-of the interface (tests and eval.bench.report read metrics.jsonl): "train" records carry step, loss, lr, grad_norm,
-loss_scale, consumed_samples, tokens, skipped_steps, flops, step_time_s, max_rss_bytes; "val" records step,
-val_loss, val_perplexity, val_tokens, tokens, flops; "growth" records are built by trainer.growth_events.
+Only rank 0 writes; on other ranks every method does nothing, so callers need no rank checks. The record keys are
+runtime.metrics_file's; "growth" records are built by trainer.growth_events.
 """
 
 from __future__ import annotations
 
-import json
 import resource
 import time
 from pathlib import Path
@@ -19,8 +16,7 @@ import torch
 from tqdm import tqdm
 
 from growlm.eval.metrics.perplexity import NLL
-from growlm.runtime.atomic import write_text
-from growlm.trainer.errors import UsageError
+from growlm.runtime.metrics_file import open_for_append, purge_after, write_record
 
 TRAIN_SCALARS = ("loss", "lr", "grad_norm", "loss_scale")  # train/<key> in TensorBoard at every log interval
 
@@ -31,88 +27,6 @@ def max_rss_bytes() -> int:
         return int(torch.cuda.max_memory_allocated())
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl file ([] when it does not exist); a line a killed writer left half-written is
-    skipped."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(r, dict):
-            out.append(r)
-    return out
-
-
-def val_points(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The "val" records with FLOPs > 0 (after training started), one per step, in step (= FLOPs) order; of two
-    records of one step the last is kept (the final evaluation repeats the last step's)."""
-    by_step = {int(r["step"]): r for r in records if r.get("event") == "val" and r.get("flops", 0) > 0}
-    return [by_step[k] for k in sorted(by_step)]
-
-
-def read_val_curve(path: str | Path) -> tuple[list[float], list[float]]:
-    """The validation curve of a run: (cumulative training FLOPs, validation loss in nats/token) of its
-    metrics.jsonl's ``val_points``.
-
-    Raises:
-        UsageError: the file cannot be read or holds no validation record after training started.
-    """
-
-    if not Path(path).is_file():
-        raise UsageError(f"cannot read the metrics file {path}: no such file; give a run's metrics.jsonl")
-    pts = val_points(read_records(path))
-    if not pts:
-        raise UsageError(f"{path} holds no validation record; the run it comes from needs --eval_interval")
-    return [float(r["flops"]) for r in pts], [float(r["val_loss"]) for r in pts]
-
-
-def keeps_after_resume(record: dict[str, Any], step: int, stop_stage: str | None = None) -> bool:
-    """Whether a metrics.jsonl record stays when a run resumes from its checkpoint at global step ``step`` (the
-    resumed job writes the others again): records without a step, train/val records up to ``step``, live growth
-    records before it (a growth at ``step`` happened after that checkpoint was saved, and is done again), growlm-run's
-    offline growth records up to it (the one at ``step`` made the checkpoint resumed from), and stop records before it
-    or at it for another stage than ``stop_stage`` (the resumed job stops there again). The same rule as
-    growlm-run's trim between its jobs, so either may run first."""
-    s, event = record.get("step"), record.get("event")
-    if not isinstance(s, (int, float)):
-        return True
-    if event == "growth":
-        return s <= step if record.get("driver") else s < step
-    if event == "stop":
-        return s < step or (s == step and record.get("stage") != stop_stage)
-    return s <= step
-
-
-def purge_after(path: str | Path, step: int, stop_stage: str | None = None) -> int:
-    """Drop from the metrics.jsonl at ``path`` the records an interrupted job wrote after the checkpoint at global
-    step ``step`` (``keeps_after_resume``), so a resumed run's file holds each step once, as TensorBoard's
-    ``purge_step`` does for its scalars. Kept lines are copied byte for byte; a half-written line a killed writer left
-    is dropped. The file is replaced atomically (runtime.atomic: a reader sees the old or the new file) and only when
-    something changes. Returns the number of lines dropped (0 when the file does not exist)."""
-
-    path = Path(path)
-    if not path.is_file():
-        return 0
-    text = path.read_text(errors="replace")
-    lines = text.splitlines()
-    kept = []
-    for line in lines:
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a half-written line: the next record would be glued to it
-        if not isinstance(r, dict) or keeps_after_resume(r, step, stop_stage):
-            kept.append(line)
-    if len(kept) != len(lines) or (text and not text.endswith("\n")):
-        write_text(path, "".join(line + "\n" for line in kept), overwrite=True)
-    return len(lines) - len(kept)
 
 
 class Throughput:
@@ -175,9 +89,9 @@ class MetricsLogger:
 
             out_dir.mkdir(parents=True, exist_ok=True)
             if purge_step is not None:
-                purge_after(out_dir / "metrics.jsonl", purge_step - 1, stop_stage)
+                purge_after(out_dir, purge_step - 1, stop_stage)
             self._writer = SummaryWriter(str(out_dir / "tb"), purge_step=purge_step)
-            self._file = open(out_dir / "metrics.jsonl", "a")
+            self._file = open_for_append(out_dir)
 
     def console(self, message: str) -> None:
         """Print a line (above the progress bar while it runs)."""
@@ -192,8 +106,7 @@ class MetricsLogger:
         """Append ``record`` to metrics.jsonl and write ``scalars`` (TensorBoard tag -> value) at ``step``."""
         if not self.enabled:
             return
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        write_record(self._file, record)
         self.scalars(scalars or {}, record["step"] if step is None else step)
 
     def scalars(self, scalars: dict[str, float], step: int) -> None:
