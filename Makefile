@@ -25,7 +25,7 @@ $(STAMP): setup.py
 	fi
 	[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[mpi,dev]'
+	$(BIN)/pip install -q -e '.[mpi,dev]'  # one package, growlm: the repository's top level (setup.py)
 	touch $(STAMP)
 
 demo: setup
@@ -42,5 +42,5 @@ test-unit: setup  # tests/unit only: no process started, under a minute
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-clean:
-	rm -rf runs data/cache/builtin
+clean:  # run folders here, and growlm's cache (the prepared built-in corpus, the small-vocabulary corpus)
+	rm -rf runs "$${GROWLM_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/growlm}"

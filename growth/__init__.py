@@ -1,13 +1,17 @@
-"""Growth operators on the whole training state (weights, Adam moments, LR schedule, masks, data position, RNG).
+"""Growth of the whole training state (weights, Adam moments, LR schedule, masks, data position, RNG), by job:
 
-Operators as data: ``plan`` (Rule, RuleSet: per-parameter maps), ``ops/`` (masked and duplication families,
-torch only), ``apply`` (runs a plan between two stores with an Adam-state policy), ``stores`` (the ParamStore
-interface, in-memory stores). One preparation for every growth path: ``prepare`` (checks, masks, LR placement).
-Live growth: ``live`` (EngineStore, ``grow_engine``). Offline growth (the growlm-grow command): ``offline`` (the
-grow/reshard pipeline), ``universal`` (universal-checkpoint files, UniversalStore), ``export`` (transformers
-folder), ``grow_checkpoint`` (command line). When and how: ``stages`` (the YAML stage list, StageList),
-``schedule`` (the LR schedule: DeepSpeed's WarmupCosineLR arithmetic, its start, placement and re-warm),
-``trigger`` (the log-log slope trigger), ``scaling`` (the scaling-law growth advisor). Single process:
-``state`` (TrainingState, ``grow_state``), ``single_process`` (TrainingState <-> model + torch AdamW + scheduler).
-The DeepSpeed runtime itself (process group, engine, checkpoints, manifests) is in ``runtime/``.
+``ops/``      the operators as data: ``rules`` (Rule, RuleSet: per-parameter maps), the masked and duplication
+              families (``masked``, ``width``, ``depth``; ``make_rules`` chains them), ``apply`` (a RuleSet between two
+              stores with an Adam-state policy), ``stores`` (the ParamStore interface), ``preparation`` (the one
+              growth preparation: checks, masks, LR placement), ``schedule_rule`` (where the LR schedule continues),
+              ``single_process`` (TrainingState, ``grow_state``, model + AdamW conversion). Torch only: no rank,
+              engine or file.
+``stages/``   the YAML growth plan (``plan``: StageList, Stage, load_stages) and its triggers (``trigger``).
+``live/``     growth inside a running DeepSpeed job: ``engine`` (``grow_engine``), ``transfer`` (EngineStore, the
+              bucketed transfer), ``shards`` (each rank's fragments).
+``offline/``  growth of a saved checkpoint (growlm-grow): ``shards`` (the native ZeRO shard reader), ``universal``
+              (the universal-checkpoint writer), ``pipeline`` (grow and reshard), ``weights`` (a checkpoint's fp32
+              weights), ``export`` (transformers folder), ``cli`` (the command line).
+``errors``    GrowthError, the one error type of growth.
+The DeepSpeed runtime itself (process group, engine, checkpoints, LR schedule) is ``runtime``.
 """

@@ -174,7 +174,7 @@ def keep_freed_memory() -> bool:
 
     glibc serves every allocation above 32 MiB (e.g. a micro batch's logits, B x T x vocab fp32: 8 x 128 x 50257 x
     4 bytes = 206 MB) with a fresh ``mmap`` and unmaps it on free, so each step page-faults and zero-fills it again:
-    on the 2-core development CPU that made system time about equal to user time (issue 13: 6.9M minor faults and
+    on the 2-core development CPU that made system time about equal to user time (measured: 6.9M minor faults and
     24 s sys against 49 s user for 15 steps of the demo; 6 steps side by side: 11.9 -> 6.6 s sys, 3.0M -> 1.6M
     faults, peak RSS 1.31 -> 1.90 GB; DESIGN.md, "DeepSpeed facts"). Equivalent to
     ``MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=<huge>``: allocations come from the heap and freed chunks stay in it

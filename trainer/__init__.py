@@ -1,14 +1,16 @@
 """The training loop behind train.py, one job per module:
 
+cli.py            the growlm-train command line (its parser, ``main``; train.py runs it on every rank)
 config.py         the run configuration, validated before any rank talks to another (RunConfig)
-stages.py         the growth stage list (--growth_plan) judged against the run before launch
+plan_checks.py    the growth plan (--growth_plan) judged against the run before launch
 errors.py         UsageError / RankError: bad input, one message, exit status 2
 loop.py           the training step: micro batches, gradient accumulation, optimizer step, fixed-batch loss
 evaluation.py     periodic validation and the before/after sliding-window perplexity
 checkpointing.py  save/restore of the whole run through runtime.checkpoint and RunState
 init_from.py      --init_from: a transformers GPT-2 folder checked, then loaded into the fresh engine's masters
 growth_events.py  the growth trigger, the live growth (growth.live.engine.grow_engine) and its record
-metrics.py        the one logger of metrics.jsonl, TensorBoard and the console
+logger.py         the one logger of metrics.jsonl, TensorBoard and the console
+driver/           growlm-run: a plan whose stages run on their own resources (above the rest of trainer)
 run.py            wires them: validate, build, train, close (``run(args)``)
 
 Importing the package selects DeepSpeed's accelerator (runtime.dist.select_accelerator), which must happen before

@@ -1,4 +1,4 @@
-"""Benchmark: live growth against growing by save -> load, at ZeRO-2 and ZeRO-3, fp32 and bf16 (issue 13).
+"""Benchmark: live growth against growing by save -> load, at ZeRO-2 and ZeRO-3, fp32 and bf16.
 
 Per row (a growth case at one ZeRO stage and precision) two real ranks (gloo on CPU, NCCL on GPUs) are launched;
 they train a 60-80M-parameter GPT for one step, then:

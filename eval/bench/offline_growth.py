@@ -1,5 +1,5 @@
 """Benchmark: seconds and peak RSS of ``growlm-grow`` on a >= 50M-parameter checkpoint, against DeepSpeed's own
-``ds_to_universal`` conversion of the same checkpoint, as ratios (issue 13: growth at most 1.5x the conversion).
+``ds_to_universal`` conversion of the same checkpoint, as ratios (the goal: growth at most 1.5x the conversion).
 
     python -m growlm.eval.bench.offline_growth [--work DIR] [--json OUT.json] [--repeat N]
 

@@ -2,9 +2,9 @@
 
     python -m growlm.eval.bench.operator_dynamics --data ~/.cache/growlm/bpe4096 --out dynamics.json
 
-1. One-step logit ratio (eval/metrics/dynamics.py ``logit_step_ratio``) per duplication operator, with the moment
-   rules of issue 12 ("after") and the rules before it ("before": exp_avg_sq by the gradient rule alone, so entries
-   that are 0 at growth start at 0, split copies and ln_f are not rescaled).
+1. One-step logit ratio (eval/metrics/dynamics.py ``logit_step_ratio``) per duplication operator, with the
+   dynamics-preserving moment rules ("after") and the rules before them ("before": exp_avg_sq by the gradient rule
+   alone, so entries that are 0 at growth start at 0, split copies and ln_f are not rescaled).
 2. Copy divergence of the width halves (wte, wpe, residual stream) after 20 / 60 / 160 AdamW steps for the block
    pattern, the split, and the 'noise' symmetry breaker.
 3. Masked ramp: the loss bump of ramping the masks 0 -> 1 without training, and with training the worst loss rise
@@ -74,8 +74,9 @@ def grow(model: GPT, opt: torch.optim.Optimizer, plan: RuleSet) -> tuple[GPT, to
 
 
 def old_rules(plan: RuleSet) -> RuleSet:
-    """The duplication rules before issue 12: exp_avg_sq by the gradient rule alone, i.e. the square of the exp_avg
-    map applied to sqrt(exp_avg_sq) (0 where exp_avg is 0; no / P^2, no ln_f or Net2Net c_proj rescaling)."""
+    """The duplication rules before the dynamics-preserving moment rules: exp_avg_sq by the gradient rule alone,
+    i.e. the square of the exp_avg map applied to sqrt(exp_avg_sq) (0 where exp_avg is 0; no / P^2, no ln_f or
+    Net2Net c_proj rescaling)."""
     rules = {n: replace(r, exp_avg_sq=lambda v, r=r: r.exp_avg(v.sqrt()).square()) for n, r in plan.rules.items()}
     return replace(plan, rules=rules)
 

@@ -1,1 +1,3 @@
-"""Experiments: the staged-training experiment (growlm-experiment, eval.experiments.staged) and its report."""
+"""Experiments (growlm-experiment, eval.experiments.cli): the equal-compute protocol (equal_compute, its
+arithmetic compute_protocol, its report), the older equal-steps protocol (staged), and their reports. Commands: they
+launch train.py and sit above trainer."""

@@ -21,12 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# two-sided 95% Student t quantiles t_{0.975, dof} (scipy is not a dependency); dof > 30 uses the normal 1.96
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093,
-        20: 2.086, 21: 2.080, 22: 2.074, 23: 2.069, 24: 2.064, 25: 2.060, 26: 2.056, 27: 2.052, 28: 2.048,
-        29: 2.045, 30: 2.042}  # fmt: skip
-
 
 def step_flops(flops_per_token: int, batch: int, seq_len: int) -> int:
     """FLOPs of one optimizer step: model FLOPs per token (model.config.flops_per_token) x batch x seq_len tokens."""
@@ -72,14 +66,16 @@ def equal_steps_cap(stage_costs: Sequence[float], grow_steps: Sequence[int], tot
 
 
 def t975(dof: int) -> float:
-    """Two-sided 95% Student t quantile for ``dof`` degrees of freedom (table; 1.96 above 30).
+    """Two-sided 95% Student t quantile t_{0.975, dof} (scipy.stats.t.ppf).
 
     Raises:
         ValueError: dof < 1.
     """
     if dof < 1:
         raise ValueError(f"dof={dof}: a t-interval needs at least 2 values")
-    return T975.get(dof, 1.96)
+    from scipy import stats  # lazy: heavy (about 0.5 s), only for statistics
+
+    return float(stats.t.ppf(0.975, dof))
 
 
 def mean_ci95(values: Sequence[float]) -> tuple[float, float | None, float | None]:
@@ -114,27 +110,36 @@ class PowerLaw:
 
 
 def fit_power_law(flops: Sequence[float], losses: Sequence[float]) -> PowerLaw:
-    """Least-squares fit of L(C) = a (C / c_ref)^-b + c (a > 0, monotone decreasing): b on a grid in [0.01, 3],
-    a and c by linear least squares for each b. c_ref = the largest compute.
+    """Least-squares fit of L(C) = a (C / c_ref)^-b + c (a > 0, b in [0.01, 3]: monotone decreasing), c_ref = the
+    largest compute: scipy.optimize.curve_fit from the best of a few starting exponents.
 
     Raises:
         ValueError: fewer than 3 points, non-positive compute, or no fit with a > 0 (a curve that does not fall).
     """
+    from scipy.optimize import curve_fit  # lazy: heavy (about 0.5 s), only for statistics
+
     x = np.asarray(flops, dtype=float)
     y = np.asarray(losses, dtype=float)
     if len(x) < 3 or len(x) != len(y) or (x <= 0).any():
         raise ValueError("need >= 3 (compute > 0, loss) points of equal count to fit a power law")
     c_ref = float(x.max())
+    u = x / c_ref
+
+    def law(u: np.ndarray, a: float, b: float, c: float) -> np.ndarray:
+        return a * u ** (-b) + c
+
     best = None
-    for b in np.concatenate([np.linspace(0.01, 0.5, 99), np.linspace(0.5, 3.0, 101)]):
-        design = np.stack([(x / c_ref) ** (-b), np.ones_like(x)], axis=1)
-        (a, c), *_ = np.linalg.lstsq(design, y, rcond=None)
-        if a <= 0:
+    spread = max(float(y.max() - y.min()), 1e-6)
+    for b0 in (0.05, 0.2, 0.5, 1.0, 2.0):  # starting exponents: curve_fit finds the local optimum near each
+        try:
+            (a, b, c), _ = curve_fit(law, u, y, p0=(spread, b0, float(y.min()) - spread),
+                                     bounds=([1e-12, 0.01, -np.inf], [np.inf, 3.0, np.inf]), maxfev=20_000)  # fmt: skip
+        except (RuntimeError, ValueError):  # no convergence from this start
             continue
-        rmse = float(np.sqrt(np.mean((design @ np.array([a, c]) - y) ** 2)))
+        rmse = float(np.sqrt(np.mean((law(u, a, b, c) - y) ** 2)))
         if best is None or rmse < best.rmse:
             best = PowerLaw(float(a), float(b), float(c), c_ref, rmse)
-    if best is None:
+    if best is None or best.a <= 1e-9:
         raise ValueError("no decreasing power law fits these points (the loss does not fall with compute)")
     return best
 

@@ -27,7 +27,7 @@ from growlm.eval.experiments.staged_report import flops_to_loss
 from growlm.model.config import GPTConfig
 from growlm.runtime.metrics_file import read_records
 
-GOAL = (0.40, 0.25)  # issue 12: >= 40% saved, 95% interval's lower bound > 25%
+GOAL = (0.40, 0.25)  # the target: >= 40% saved, 95% interval's lower bound > 25%
 
 
 def _run(args: argparse.Namespace, job: Job) -> dict[str, Any] | None:

@@ -26,9 +26,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from growlm.data.text import InputError, read_text
 from growlm.growth.errors import GrowthError
@@ -147,6 +148,74 @@ def _sub(cls: type, d: dict[str, Any] | None, where: str) -> Any:
         raise GrowthError(f"{where}: {e}") from e
 
 
+Mapping = dict[str, Any]
+
+
+class StageDoc(BaseModel):
+    """The keys and types of one stage as written (pydantic v2); the values are judged by ``parse_stages``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: StrictStr | None = None
+    target: Mapping
+    family: Literal["masked", "duplicate"]
+    when: Mapping
+    options: Mapping | None = None
+    ramp_steps: Annotated[StrictInt, Field(ge=0)] = 0
+    ramp_frac: Annotated[float, Field(gt=0, le=1)] | None = None
+    optimizer: Mapping | None = None
+    schedule: Mapping | None = None
+    resources: Mapping | None = None
+
+
+class PlanDoc(BaseModel):
+    """The keys and types of a plan file as written: ``seed`` (optional), ``start`` and a non-empty ``stages``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    seed: StrictInt = 0
+    start: Mapping
+    stages: Annotated[list[Mapping], Field(min_length=1)]
+
+
+# the words a refusal uses for each field: ``KEY=VALUE must be ...``
+FIELD_RULES = {
+    "name": "a string", "target": "a mapping of shape keys, e.g. {n_layer: 4}", "family": "masked or duplicate",
+    "when": "a mapping, e.g. {step: 1000}", "options": "a mapping", "ramp_steps": "an integer >= 0",
+    "ramp_frac": "a number in (0, 1]", "optimizer": "a mapping", "schedule": "a mapping", "resources": "a mapping",
+    "seed": "an integer", "start": "a mapping, e.g. {preset: tiny}",
+    "stages": "a non-empty list of mappings, each '- name: ...' with target, family and when",
+}  # fmt: skip
+
+
+def _schema_error(e: ValidationError, raw: Mapping, where: str, required: str) -> GrowthError:
+    """One line for the first problem pydantic found in ``raw``."""
+    err = e.errors()[0]
+    key = str(err["loc"][0]) if err["loc"] else ""
+    if err["type"] in ("extra_forbidden", "missing"):
+        unknown = sorted(k for k in raw if k not in FIELD_RULES)
+        return GrowthError(f"{where} needs {required}; unknown keys {unknown}")
+    return GrowthError(f"{where}: {key}={raw.get(key)!r} must be {FIELD_RULES.get(key, 'valid')}")
+
+
+def check_plan_doc(doc: Any) -> None:
+    """Refuse a plan document whose keys or value types are wrong (``PlanDoc``, each stage a ``StageDoc``).
+
+    Raises:
+        GrowthError: one line naming the first key (and stage) that is wrong.
+    """
+    if not isinstance(doc, dict):
+        raise GrowthError("a growth plan is a mapping with 'start' and 'stages'")
+    try:
+        PlanDoc.model_validate(doc)
+    except ValidationError as e:
+        raise _schema_error(e, doc, "a plan", "'start' and a non-empty 'stages' (optional 'seed')") from None
+    for i, raw in enumerate(doc["stages"]):
+        try:
+            StageDoc.model_validate(raw)
+        except ValidationError as e:
+            where = f"stage {raw.get('name', f'stage {i}')!r}"
+            raise _schema_error(e, raw, where, "target, family and when") from None
+
+
 def parse_stages(doc: dict[str, Any]) -> StageList:
     """Validate a parsed plan document and build its stages.
 
@@ -156,13 +225,7 @@ def parse_stages(doc: dict[str, Any]) -> StageList:
             do not increase, a stage that starts while the previous stage's mask ramp is still running, or a stage
             name that repeats one or holds '/' or '..'.
     """
-    unknown = set(doc) - {"seed", "start", "stages"}
-    if unknown or "start" not in doc or not doc.get("stages"):
-        raise GrowthError(f"a plan needs 'start' and a non-empty 'stages' (optional 'seed'); unknown keys {unknown}")
-    if not isinstance(doc["stages"], list) or not all(isinstance(r, dict) for r in doc["stages"]):
-        raise GrowthError("'stages' must be a list of mappings, each '- name: ...' with target, family and when")
-    if not isinstance(doc["start"], dict):
-        raise GrowthError(f"'start' must be a mapping, e.g. {{preset: tiny}}, not {doc['start']!r}")
+    check_plan_doc(doc)
     seed = int(doc.get("seed", 0))
     start_doc = dict(doc["start"]) if isinstance(doc["start"], dict) else doc["start"]
     start_res = _resources(start_doc.pop("resources", None), "start")  # read by growlm-run (trainer.driver.resources)

@@ -1,4 +1,4 @@
-"""Memory that returns after live growth, and the cost breakdown of each growth (issue 13, items 4 and 1), with 2
+"""Memory that returns after live growth, and the cost breakdown of each growth, with 2
 real ranks (gloo, CPU), fp32, a tiny model.
 
 The probe (tests/growth_memory_probe.py) holds weak references to each engine a growth replaces (and to its module

@@ -1,4 +1,4 @@
-"""Live growth of a ZeRO-sharded run (issue 4) with 2 real ranks (gloo, CPU).
+"""Live growth of a ZeRO-sharded run with 2 real ranks (gloo, CPU).
 
 The probe (tests/live_growth_probe.py) grows a live engine and gathers what the new engine holds; train.py tests
 run a growth plan end to end: loss preserved, training continues, a checkpoint mid-ramp resumes exactly, bad plans

@@ -72,7 +72,7 @@ def test_a_malformed_plan_is_one_line_naming_file_and_line(tmp_path, kind):
 def test_a_plan_whose_stages_are_not_mappings_is_refused(tmp_path):
     f = tmp_path / "p.yaml"
     f.write_text("start: {preset: tiny}\nstages: [deeper]\n")
-    with pytest.raises(GrowthError, match="'stages' must be a list of mappings"):
+    with pytest.raises(GrowthError, match=r"a plan: stages=\['deeper'\] must be a non-empty list of mappings, each "):
         load_stages(f)
 
 

@@ -72,7 +72,8 @@ def ratio(trained, plan: RuleSet) -> float:
 
 
 def old_zero_state_rule(plan: RuleSet) -> RuleSet:
-    """The rule before issue 12: entries without momentum (0 at growth) also got exp_avg_sq 0."""
+    """The rule before the dynamics-preserving moment rules: entries without momentum (0 at growth) also got
+    exp_avg_sq 0."""
     rules = {}
     for name, r in plan.rules.items():
 

@@ -100,7 +100,7 @@ def test_engine_schedule_refuses_another_scheduler_and_checkpoint_schedule_reads
 
 
 def test_rewarm_from_current_starts_at_the_old_lr_not_at_1_over_r():
-    """Issue 12: 'target' placement with a 20-step re-warm from zero trained the first post-growth step at 5% of the
+    """A regression: 'target' placement with a 20-step re-warm from zero trained the first post-growth step at 5% of the
     placed LR; rewarm_from='current' starts at the LR the run had (capped at the placed LR) and reaches the placed
     schedule after R steps."""
     s = ScheduleState(total_num_steps=240, warmup_num_steps=10, last_batch_iteration=81)

@@ -1,6 +1,6 @@
 """One reader of user text files (data/text.py) behind growlm-prepare, growlm-eval and growth plan files.
 
-Regression tests for issue 10 item 3: a row without the text field (was KeyError 'text' in growlm-eval), a null
+Regression tests: a row without the text field (was KeyError 'text' in growlm-eval), a null
 text (was AttributeError), a leading UTF-8 BOM (refused by growlm-eval, accepted by growlm-prepare), a non-UTF-8
 file (not named by growlm-eval, a traceback in growlm-prepare). Every command now accepts and removes a BOM, and
 answers a bad file with exit status 2 and one line ``PROG: error: FILE:LINE: problem; fix``, writing nothing.

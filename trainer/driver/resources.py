@@ -19,7 +19,19 @@ the same rules again with the config's values.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    StringConstraints,
+    ValidationError,
+)
 
 from growlm.growth.errors import GrowthError
 
@@ -34,7 +46,6 @@ RESOURCE_KEYS = (
     "micro_batch",
     "grad_accum",
 )
-STATED_KEYS = ("global_batch",)  # a statement checked at load, not a resource
 
 
 @dataclass(frozen=True)
@@ -98,29 +109,57 @@ def _positive(value: Any, key: str, where: str) -> int:
     return value
 
 
+NonEmpty = Annotated[StrictStr, StringConstraints(min_length=1)]
+
+
+class ResourcesDoc(BaseModel):
+    """The key/type schema of one ``resources:`` mapping as written (pydantic v2, strict: a bool is no integer, a
+    float no ZeRO stage); the relations between keys and with the previous stage are ``parse_resources``'."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    nodes: PositiveInt | None = None
+    ranks_per_node: PositiveInt | None = None
+    hosts: Annotated[list[NonEmpty], Field(min_length=1)] | None = None
+    hostfile: NonEmpty | None = None
+    no_ssh: StrictBool | None = None
+    master_addr: NonEmpty | None = None
+    zero_stage: Annotated[StrictInt, Field(ge=0, le=3)] | None = None
+    micro_batch: PositiveInt | None = None
+    grad_accum: PositiveInt | None = None
+    global_batch: PositiveInt | None = None
+
+
+# what each key must be, in the words of the refusal (``resources.KEY=VALUE must be ...``)
+RULES = {
+    "nodes": "a positive integer", "ranks_per_node": "a positive integer", "micro_batch": "a positive integer",
+    "grad_accum": "a positive integer", "global_batch": "a positive integer", "zero_stage": "0, 1, 2 or 3",
+    "hosts": "a non-empty list of host names, e.g. [n0, n1]", "hostfile": "a non-empty string",
+    "master_addr": "a non-empty string", "no_ssh": "true or false",
+}  # fmt: skip
+
+
 def _fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
-    """The typed, checked fields of one ``resources:`` mapping (only those given)."""
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key in ("nodes", "ranks_per_node", "micro_batch", "grad_accum"):
-            out[key] = _positive(value, key, where)
-        elif key == "zero_stage":
-            if isinstance(value, bool) or not isinstance(value, int) or value not in (0, 1, 2, 3):
-                raise GrowthError(f"{where}: resources.zero_stage={value!r} must be 0, 1, 2 or 3")
-            out[key] = value
-        elif key == "hosts":
-            if not isinstance(value, list) or not value or not all(isinstance(h, str) and h for h in value):
-                raise GrowthError(f"{where}: resources.hosts must be a non-empty list of host names, e.g. [n0, n1]")
-            out[key] = tuple(value)
-        elif key in ("hostfile", "master_addr"):
-            if not isinstance(value, str) or not value:
-                raise GrowthError(f"{where}: resources.{key} must be a non-empty string")
-            out[key] = value
-        elif key == "no_ssh":
-            if not isinstance(value, bool):
-                raise GrowthError(f"{where}: resources.no_ssh must be true or false")
-            out[key] = value
-    return out
+    """The typed, checked fields of one ``resources:`` mapping (only those given; ``global_batch`` is a statement
+    checked by ``parse_resources``, not a field).
+
+    Raises:
+        GrowthError: an unknown key, or a value of the wrong type or range (one line, the first problem).
+    """
+    try:
+        doc = ResourcesDoc.model_validate(raw)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = str(err["loc"][0]) if err["loc"] else ""
+        if err["type"] == "extra_forbidden":
+            unknown = sorted(set(raw) - set(ResourcesDoc.model_fields))
+            raise GrowthError(
+                f"{where}: unknown resources keys {unknown}; known: {', '.join(RESOURCE_KEYS)}, global_batch"
+            ) from None
+        raise GrowthError(f"{where}: resources.{key}={raw.get(key)!r} must be {RULES[key]}") from None
+    given = doc.model_dump(exclude_unset=True, exclude={"global_batch"})
+    if "hosts" in given:
+        given["hosts"] = tuple(given["hosts"])
+    return given
 
 
 def parse_resources(raw: Any, previous: Resources | None, where: str) -> Resources:
@@ -137,11 +176,6 @@ def parse_resources(raw: Any, previous: Resources | None, where: str) -> Resourc
         return base
     if not isinstance(raw, dict):
         raise GrowthError(f"{where}: resources must be a mapping, e.g. {{ranks_per_node: 2, grad_accum: 1}}")
-    unknown = set(raw) - set(RESOURCE_KEYS) - set(STATED_KEYS)
-    if unknown:
-        raise GrowthError(
-            f"{where}: unknown resources keys {sorted(unknown)}; known: {', '.join(RESOURCE_KEYS)}, global_batch"
-        )
     given = _fields(raw, where)
     if "hosts" in given and "hostfile" in given:
         raise GrowthError(f"{where}: give resources.hosts or resources.hostfile, not both")
