@@ -2,7 +2,7 @@
 
     python -m growlm.data.build_corpus                      # rebuild data/corpus/ (xz texts + MANIFEST.json)
     python -m growlm.data.build_corpus --check              # rebuild in a temp dir, compare sha256 with MANIFEST.json
-    python -m growlm.data.build_corpus --extra wikipedia,kernel_docs [--out data/cache/extra]
+    growlm-build-corpus --extra wikipedia,kernel_docs [--out DIR]   # default: growlm's cache, extra/
 
 Sources (provenance and licences: data/corpus/SOURCES.md):
   * Jane Austen's six novels, Debian r-cran-janeaustenr (an R lazy-load database; extracted in data/corpus_sources.py);
@@ -282,7 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--out",
         type=Path,
         default=None,
-        help=f"output directory; default {CORPUS_DIR} for the corpus, {extra_dir()} with --extra",
+        help="output directory; default: the committed data/corpus of a clone (only there: an installed growlm "
+        f"package is never written to), {extra_dir()} with --extra",
     )
     parser.add_argument(
         "--check",
@@ -304,6 +305,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.extra:
         build_extras([n.strip() for n in args.extra.split(",") if n.strip()], args.out or extra_dir())
         return 0
+    if args.out is None and not args.check and not (CORPUS_DIR.parents[1] / ".git").exists():
+        print(
+            f"growlm-build-corpus: error: {CORPUS_DIR} belongs to an installed growlm, which is never written to; "
+            "give --out DIR (or run it in a clone of the repository)",
+            file=sys.stderr,
+        )
+        return 2
     out = args.out or CORPUS_DIR
     if args.check:
         problems = check(out)

@@ -26,6 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from growlm.model.config import GPTConfig
 from growlm.model.masks import MASK_BUFFERS, MaskSpec, mask_values, new_unit_flags
@@ -154,13 +155,22 @@ class GPT(nn.Module):
     ``growth_mask_attn`` (H*Q,), ``growth_mask_ffn`` (F,) and ``growth_gate_layer`` (L,) are passed to the blocks
     as their optional mask inputs; without masks the forward pass is the plain GPT-2 one.
 
+    Activation checkpointing (``activation_checkpointing=True``, or the attribute of the same name): while training
+    with gradients enabled, each block's activations are not kept for backward but recomputed from its input
+    (``torch.utils.checkpoint``, non-reentrant, RNG state preserved: the same losses and gradients as without it),
+    so activation memory is one (B, T, d) tensor per block instead of every intermediate of every block, for about
+    one extra forward pass of the blocks (Chen et al. 2016, arXiv 1604.06174).
+
     Raises:
         ValueError: ``masks`` does not fit ``cfg`` (see ``MaskSpec.check``).
     """
 
-    def __init__(self, cfg: GPTConfig, masks: MaskSpec | None = None) -> None:
+    def __init__(
+        self, cfg: GPTConfig, masks: MaskSpec | None = None, *, activation_checkpointing: bool = False
+    ) -> None:
         super().__init__()
         self.config = cfg
+        self.activation_checkpointing = activation_checkpointing
         self.growth_masks: MaskSpec | None = None
         self.transformer = nn.ModuleDict(
             dict(
@@ -258,9 +268,13 @@ class GPT(nn.Module):
         x = tr.drop(tr.wte(idx) + tr.wpe(pos))  # (B, T, d)
         if hidden is not None:
             x = x * hidden
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for i, block in enumerate(tr.h):
             g = None if gate is None else gate[i]
-            x = block(x, hidden_mask=hidden, qkv_mask=qkv, ffn_mask=ffn, gate=g)
+            if recompute:
+                x = checkpoint(block, x, use_reentrant=False, hidden_mask=hidden, qkv_mask=qkv, ffn_mask=ffn, gate=g)
+            else:
+                x = block(x, hidden_mask=hidden, qkv_mask=qkv, ffn_mask=ffn, gate=g)
         return tr.ln_f(x, mask=hidden)
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> Tensor:

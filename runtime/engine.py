@@ -87,7 +87,14 @@ def _timed(cls: type, attr: str, sink: dict[str, float], key: str) -> Iterator[N
         setattr(cls, attr, orig)
 
 
-def build_engine(cfg: GPTConfig, masks: MaskSpec | None, ds_config: dict, *, partitioned: bool = False) -> Any:
+def build_engine(
+    cfg: GPTConfig,
+    masks: MaskSpec | None,
+    ds_config: dict,
+    *,
+    partitioned: bool = False,
+    activation_checkpointing: bool = False,
+) -> Any:
     """A DeepSpeed engine for a freshly initialised GPT of shape ``cfg`` (with ``masks``), AdamW groups as in
     ``param_groups`` (weight decay on matrices only, from the config's optimizer params).
 
@@ -98,6 +105,8 @@ def build_engine(cfg: GPTConfig, masks: MaskSpec | None, ds_config: dict, *, par
         partitioned: build the module inside ``deepspeed.zero.Init`` (ZeRO-3), so no rank ever holds it whole; its
             initial values are then not GPT-2's init (zero.Init draws each partition on its own), which is fine when
             every parameter is written next, as growth does.
+        activation_checkpointing: recompute each block's activations in backward (GPT's ``activation_checkpointing``;
+            a grown model's engine is built with the same setting, so new blocks get it too).
 
     Returns:
         The ``deepspeed.DeepSpeedEngine`` (its ``lr_scheduler`` built from the config's scheduler section). Its
@@ -116,9 +125,9 @@ def build_engine(cfg: GPTConfig, masks: MaskSpec | None, ds_config: dict, *, par
     if partitioned:
         with _timed(deepspeed.zero.Init, "_post_init_method", split, "zero3_partition"):
             with deepspeed.zero.Init(config_dict_or_path=ds_config):
-                model = GPT(cfg, masks=masks)
+                model = GPT(cfg, masks=masks, activation_checkpointing=activation_checkpointing)
     else:
-        model = GPT(cfg, masks=masks)
+        model = GPT(cfg, masks=masks, activation_checkpointing=activation_checkpointing)
     split["module"] = time.perf_counter() - t - split["zero3_partition"]
     t = time.perf_counter()
     with _timed(DeepSpeedEngine, "_configure_optimizer", split, "optimizer"):

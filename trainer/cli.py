@@ -63,7 +63,8 @@ def _model_and_data_flags(p: argparse.ArgumentParser) -> None:
         "--data",
         default=None,
         help="folder made by growlm-prepare (train.bin, val.bin, meta.json); "
-        "default: the built-in corpus, prepared on first use into data/cache/builtin",
+        "default: the built-in corpus, prepared on first use into growlm's cache (~/.cache/growlm/builtin, or "
+        "$GROWLM_CACHE/builtin)",
     )
     d.add_argument("--seq_len", type=int, default=None, help="tokens per training sequence T (default n_positions)")
     d.add_argument(
@@ -120,6 +121,12 @@ def _training_flags(t: argparse._ArgumentGroup) -> None:
     )
     t.add_argument("--save_interval", type=int, default=0, help="also save every N steps (0: only at the end)")
     t.add_argument("--no_final_save", action="store_true", help="do not save a checkpoint at the end")
+    t.add_argument(
+        "--activation_checkpointing",
+        action="store_true",
+        help="recompute each transformer block's activations in backward instead of keeping them: less activation "
+        "memory for about one more forward pass of the blocks; grown blocks get it too; same losses and gradients",
+    )
     t.add_argument("--log_interval", type=int, default=10, help="steps between TensorBoard/console logs (>= 1)")
     t.add_argument("--dist_timeout_s", type=float, default=300.0, help="seconds to wait for other ranks")
 

@@ -58,7 +58,8 @@ class RunConfig:
         start_step: the global step the run starts at (the checkpoint's, or 0).
         save_steps: global steps at which this run saves.
         max_steps, log_interval, eval_interval, eval_tokens, final_eval_tokens, eval_stride, eval_batch_size,
-            no_final_eval, dist_timeout_s: the flags of the same names (``python train.py --help``).
+            no_final_eval, dist_timeout_s, activation_checkpointing: the flags of the same names
+            (``python train.py --help``).
         stop_before_stage: --stop_before_stage: save and end the run when this plan stage is due (growlm-run).
     """
 
@@ -90,6 +91,7 @@ class RunConfig:
     dist_timeout_s: float
     init_from: Any = None
     stop_before_stage: str | None = None
+    activation_checkpointing: bool = False
 
     @property
     def resume_state(self) -> RunState | None:
@@ -528,4 +530,5 @@ def resolve(args: argparse.Namespace) -> RunConfig:
         dist_timeout_s=args.dist_timeout_s,
         init_from=init,
         stop_before_stage=stop,
+        activation_checkpointing=args.activation_checkpointing,
     )

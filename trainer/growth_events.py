@@ -95,7 +95,9 @@ def grow(p: Progress, stage: Stage, run: RunConfig, data: Batches) -> GrowthEven
     result = grow_engine(
         p.engine,
         stage.rules(old, run.growth.seed),
-        lambda c, m: build_engine(c, m, run.ds_config, partitioned=run.zero_stage == 3),
+        lambda c, m: build_engine(
+            c, m, run.ds_config, partitioned=run.zero_stage == 3, activation_checkpointing=run.activation_checkpointing
+        ),
         policy=stage.optimizer,
         schedule_rule=stage.schedule,
         ramp_steps=stage.ramp_steps or None,
@@ -116,10 +118,9 @@ def grow(p: Progress, stage: Stage, run: RunConfig, data: Batches) -> GrowthEven
 def growth_record(p: Progress, stage: Stage, event: GrowthEvent, seq_len: int) -> dict[str, Any]:
     """The "growth" record of metrics.jsonl for ``event``, a growth into ``p.model`` at ``p.step``: shapes, losses,
     cost (``seconds``, ``bytes_moved``; per phase of growth.live.engine.GROWTH_PHASES ``<phase>_s`` and
-    ``<phase>_bytes``,
-    as growth.live.engine.GrowthResult defines them; ``build_<part>_s``: the engine build split; ``collectives``: gather
-    collectives) and memory (``peak_rss_bytes_all_ranks``: the largest host peak RSS of
-    any rank)."""
+    ``<phase>_bytes``, as growth.live.engine.GrowthResult defines them; ``build_<part>_s``: the engine build split;
+    ``collectives``: gather collectives), memory (``peak_rss_bytes_all_ranks``: the largest host peak RSS of any
+    rank) and whether the grown model recomputes its blocks' activations (``activation_checkpointing``)."""
     old = event.old
     return {
         "event": "growth",
@@ -141,6 +142,7 @@ def growth_record(p: Progress, stage: Stage, event: GrowthEvent, seq_len: int) -
         **{f"{k}_bytes": v for k, v in event.result.phase_bytes.items()},
         **{f"build_{k}_s": v for k, v in event.result.build_seconds.items()},  # the build split (BUILD_SPLIT)
         "collectives": event.result.collectives,
+        "activation_checkpointing": bool(getattr(p.engine.module, "activation_checkpointing", False)),
         "lr": p.engine.get_lr()[0],
         "tokens": p.consumed * seq_len,
         "flops": p.consumed_flops,

@@ -262,7 +262,9 @@ def build(run: RunConfig) -> Any:
     torch.manual_seed(run.seed)  # identical init on every rank
     masks = run.resume_state.growth_masks if run.resume_state else None
     partitioned = run.init_from is not None and run.zero_stage == 3
-    engine = build_engine(run.model, masks, run.ds_config, partitioned=partitioned)
+    engine = build_engine(
+        run.model, masks, run.ds_config, partitioned=partitioned, activation_checkpointing=run.activation_checkpointing
+    )
     start_schedule(engine)  # step 1 trains at the warm-up's first non-zero LR (a resume then loads its position)
     if run.init_from is not None:
         load_weights(engine, run.init_from)
@@ -273,7 +275,7 @@ def run(args: argparse.Namespace) -> int:
     """Validate, build, train, close (see the module docstring). Returns the exit status.
 
     Raises:
-        UsageError, RankError, CheckpointError, GrowthError: bad input, reported by train.main.
+        UsageError, RankError, CheckpointError, GrowthError: bad input, reported by trainer.cli.main.
     """
     cfg = resolve(args)
     info = join(cfg)

@@ -1,15 +1,15 @@
 """growlm-bench: training throughput of train.py for a model size, ZeRO stage, precision, batch, length and ranks.
 
 Every DeepSpeed number comes from a real ``train.py`` run (the same code path as training: ``--no_final_eval
---no_final_save``), whose per-step ``metrics.jsonl`` records are read back; the first ``--warmup`` steps are left
+--no_final_save``), whose per-step ``metrics.jsonl`` records are read back; the first ``--skip_steps`` steps are left
 out. Beside it runs plain PyTorch in the same process layout (``eval/bench/baseline.py``: torch DDP, the same ranks,
 threads per rank, model and global batch), so the ratio measures DeepSpeed's overhead only. Each run gives a JSON
 record; all runs together a markdown table (``bench.md``) and, for two or more, a bar chart (``bench.png``).
 Definitions: DESIGN.md section Evaluation, and ``eval/bench/report.py``. Examples::
 
-    growlm-bench --preset cpu-small --seq_len 128 --zero 2 --precision bf16 --out runs/bench
-    growlm-bench --sweep --seq_len 128 --steps 7 --out eval/results/bench_cpu  # ZeRO 0-3 x fp32/bf16
-    growlm-bench --preset GPT2_base --seq_len 1024 --micro_batch 8 --world_size 1 --zero 1 --precision fp16 bf16
+    growlm-bench --preset cpu-small --seq_len 128 --zero_stage 2 --precision bf16 --out runs/bench
+    growlm-bench --sweep --seq_len 128 --max_steps 7 --out eval/results/bench_cpu  # ZeRO 0-3 x fp32/bf16
+    growlm-bench --preset GPT2_base --seq_len 1024 --micro_batch 8 --world_size 1 --zero_stage 1 --precision fp16 bf16
     growlm-bench ... --growth_plan growth/plans/PLAN.yaml   # also reports each growth's cost
 
 Ranks are started on this machine with RANK/WORLD_SIZE/MASTER_ADDR=127.0.0.1 (like torchrun); on a CPU each rank
@@ -254,7 +254,7 @@ def bench_pytorch(args: argparse.Namespace, precision: str, work: Path, base: di
     }
 
 
-# flag -> (smallest value, what it counts): every count must be at least 1, --warmup at least 0
+# flag -> (smallest value, what it counts): every count must be at least 1, --skip_steps at least 0
 _MIN = {
     "seq_len": (1, "tokens per sequence"),
     "micro_batch": (1, "sequences per rank per micro step"),
@@ -274,7 +274,7 @@ def check_flags(args: argparse.Namespace) -> None:
     """Refuse a numeric flag outside its range before anything runs.
 
     Raises:
-        BenchError: a count below its minimum (``_MIN``: --world_size 0, --steps 0, --micro_batch 0, ...), or a
+        BenchError: a count below its minimum (``_MIN``: --world_size 0, --max_steps 0, --micro_batch 0, ...), or a
             --peak_tflops / --timeout_s that is not a positive number.
     """
     for name, (low, what) in _MIN.items():
@@ -292,7 +292,7 @@ def _resolve(args: argparse.Namespace):
     config, model FLOPs per token).
 
     Raises:
-        BenchError: an unsupported precision, --warmup >= --steps, or a bad model shape / growth plan.
+        BenchError: an unsupported precision, --skip_steps >= --max_steps, or a bad model shape / growth plan.
     """
 
     check_flags(args)

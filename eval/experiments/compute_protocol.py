@@ -1,5 +1,6 @@
-"""The equal-compute protocol's arithmetic (pure functions, numpy only): FLOPs budgets and step counts of staged
-arms, the scratch compute-loss reference curve and its inversion, paired savings, and the 95% t-interval.
+"""The equal-compute protocol's arithmetic (pure functions; numpy, and scipy for the t quantile and the curve fit):
+FLOPs budgets and step counts of staged arms, the scratch compute-loss reference curve and its inversion, paired
+savings, and the 95% t-interval.
 
 Equal compute (DESIGN.md, "When to grow"): every arm gets the FLOPs budget C of the scratch target run (T steps
 of c_target FLOPs each). An arm that trains g_1 steps at c_1 FLOPs/step, then g_2 - g_1 steps at c_2, ..., and ends

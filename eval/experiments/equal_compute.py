@@ -348,6 +348,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads_per_rank", dest="threads", metavar="N", type=int, help="OMP threads per training process")
     p.add_argument("--report_only", action="store_true", help="only (re)write the report from finished runs")
     p.add_argument("--dry_run", action="store_true", help="print the runs (arm, seed, steps, growth) and exit")
+    for action in p._actions:  # the profile's values are the defaults: say them
+        if action.dest in PROFILES["default"]:
+            values = ", ".join(f"{name} {PROFILES[key][action.dest]:g}" for name, key in
+                               (("default", "default"), ("--quick", "quick"), ("--device cuda", "gpu")))  # fmt: skip
+            action.help = f"{action.help} (default: {values})"
     return p
 
 

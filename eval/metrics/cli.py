@@ -185,8 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "model",
         help="growlm checkpoint (run folder, checkpoints folder or tag) or transformers folder (safetensors only). "
-        "DeepSpeed's zero_to_fp32 unpickles a checkpoint's files: use checkpoints from a trusted source only (growlm "
-        "first refuses any file holding more than tensor data and a few known types)",
+        "Its files are read with weights-only unpickling (growth.offline.weights); use checkpoints from a trusted "
+        "source only all the same (growlm refuses any file holding more than tensor data and a few known types)",
     )
     p.add_argument("--sets", default=DEFAULT_SETS, help="comma-separated sets; '' for files only (default: all)")
     p.add_argument(

@@ -6,7 +6,7 @@ moments together); the growth plan's rule computes the grown tensors (identicall
 entries are seeded by parameter name, not by the global RNG); each rank writes only its own fragment of the new
 engine. Rules that only keep or zero a tensor of unchanged shape (depth growth) are applied at ZeRO-3 from the
 rank's own old partition, without communication. A rank holds its old shard, its new shard and a bounded working
-set (live_transfer.BUCKET_BYTES), never a whole model (DESIGN.md, "DeepSpeed facts"; for ZeRO-1/2 the module
+set (growth.live.transfer.BUCKET_BYTES), never a whole model (DESIGN.md, "DeepSpeed facts"; for ZeRO-1/2 the module
 itself is unpartitioned, as always in those stages).
 
 The new engine is built for the grown config by ``deepspeed.initialize`` (ZeRO-3: inside ``zero.Init``, so it is
@@ -145,7 +145,7 @@ class GrowthResult:
     * build: ``build(config, masks)`` plus creating the new engine's Adam state; bytes: RSS growth (VmRSS after -
       before, may be negative when freed memory is reused); split in ``build_seconds`` (runtime.engine.BUILD_SPLIT
       plus ``adam_state``);
-    * gather: reading the old engine's shards (live_transfer.gather_bucket, ``collectives`` in all); bytes: full
+    * gather: reading the old engine's shards (growth.live.shards.gather_bucket, ``collectives`` in all); bytes: full
       fp32 tensors assembled (weights + both moments, = ``bytes_moved``; 0 for locally applied rules);
     * expand: the plan's rules computing grown full tensors; bytes: the grown full fp32 tensors produced (locally
       applied rules excluded);
@@ -189,7 +189,7 @@ def grow_engine(
         plan: the growth plan from the old engine's config (growth.ops.make_rules).
         build: ``build(config, masks)`` -> a new DeepSpeed engine for that config (its scheduler from the ds config).
         policy: Adam-state policy (growth.ops.apply.OptimizerPolicy).
-        schedule_rule: where the LR schedule goes (runtime.schedule.ScheduleRule).
+        schedule_rule: where the LR schedule goes (growth.ops.schedule_rule.ScheduleRule).
         ramp_steps: mask ramp length for the masked family (default: the plan's).
         rewarm: the schedule state of the last growth, whose re-warm may still run (position and schedule
             arguments are read from the old engine's scheduler).

@@ -52,7 +52,7 @@ from growlm.runtime.atomic import atomic_dir
 from growlm.runtime.checkpoint import CheckpointError
 from growlm.runtime.crash_points import hold_point
 from growlm.runtime.manifest import write_manifest
-from growlm.runtime.run_state import RunState
+from growlm.runtime.run_state import RunState, RunStateError
 from growlm.runtime.schedule import checkpoint_schedule
 
 SUPPORTED_STAGES = (1, 2, 3)
@@ -122,13 +122,59 @@ def open_source(path: str | os.PathLike) -> Source:
 
 
 def check_output(out: Path, src: Source, overwrite: bool) -> None:
-    """Refuse an output that exists (unless ``overwrite``) or that overlaps the input."""
+    """Refuse an output that exists (unless ``overwrite``, and then only one growlm-grow wrote:
+    ``check_replaceable``) or that overlaps the input.
+
+    Raises:
+        CheckpointError: names the folder and the fix.
+    """
     out_r, tag_r, ck_r = out.resolve(), src.tag_dir.resolve(), src.ckpt_dir.resolve()
     for inp in (tag_r, ck_r):  # replacing out must not touch the input: not the input, an ancestor, or inside a tag
         if out_r == inp or out_r in inp.parents or tag_r in out_r.parents:
             raise CheckpointError(f"output {out} overlaps the input checkpoint {inp}; choose a folder outside it")
     if out.exists() and not overwrite:
         raise CheckpointError(f"output {out} already exists; choose another folder or pass --overwrite to replace it")
+    if overwrite:
+        check_replaceable(out)
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuse to let ``--overwrite`` replace ``out`` unless growlm-grow wrote it: missing, an empty folder, or a
+    checkpoint folder with growlm-grow's ``latest_universal`` marker holding nothing but ``latest``,
+    ``latest_universal`` and tag folders of universal growlm checkpoints. A user's folder, a training run's
+    checkpoints or an output a user added files to is never deleted.
+
+    Raises:
+        CheckpointError: ``out`` is a file or a link, or a folder that is not (only) a growlm-grow output.
+    """
+    if not os.path.lexists(out):
+        return
+    fix = "choose another output folder, or move it away yourself"
+    if out.is_symlink() or not out.is_dir():
+        raise CheckpointError(f"--overwrite: {out} is not a folder growlm-grow wrote; refusing to replace it; {fix}")
+    entries = list(out.iterdir())
+    if not entries:
+        return
+    if not (out / LATEST_UNIVERSAL).is_file():
+        raise CheckpointError(
+            f"--overwrite: {out} is not a growlm-grow output (no {LATEST_UNIVERSAL}); refusing to delete it; {fix}"
+        )
+    other = []
+    for e in entries:
+        if e.name in (checkpoint.LATEST, LATEST_UNIVERSAL):
+            continue
+        state = e / checkpoint.STATE_FILE
+        try:
+            universal = e.is_dir() and RunState.from_json(state.read_text()).universal
+        except (OSError, RunStateError):
+            universal = False
+        if not universal:
+            other.append(e.name)
+    if other:
+        shown = ", ".join(sorted(other)[:5]) + (", ..." if len(other) > 5 else "")
+        raise CheckpointError(
+            f"--overwrite: {out} holds entries growlm-grow did not write ({shown}); refusing to delete them; {fix}"
+        )
 
 
 def check_target_stage(src: Source, target_zero_stage: int | None) -> None:

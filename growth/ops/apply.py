@@ -1,4 +1,4 @@
-"""Run a growth plan between two stores, one parameter at a time, with an optimizer-state policy.
+"""Apply a RuleSet between two parameter stores, one parameter at a time, with an optimizer-state policy.
 
 At any moment only one old parameter's and one new parameter's tensors (weight and moments) are held, so the same
 loop serves an in-memory state, a live sharded engine and a checkpoint on disk. Torch only.
@@ -71,14 +71,15 @@ def grow_param(rule: Rule, old: ParamState, policy: OptimizerPolicy) -> ParamSta
 
 
 def apply_rules(
-    plan: RuleSet,
+    rules: RuleSet,
     old: ParamStore,
     new: ParamStore,
     policy: OptimizerPolicy | None = None,
     *,
     release: bool = False,
 ) -> None:
-    """Write every parameter of ``plan.new`` into ``new``, reading ``old`` one parameter at a time.
+    """Write every parameter of ``rules.new`` into ``new`` by its Rule (weight and both Adam moments, with the
+    Adam-state ``policy``), reading ``old`` one parameter at a time.
 
     With ``release`` the old store is told when a parameter has been read for the last time (an in-memory store
     then frees it, so peak memory is about one model plus one parameter, not two models).
@@ -88,12 +89,12 @@ def apply_rules(
     """
     policy = policy or OptimizerPolicy()
     have = set(old.names())
-    sources = [rule.source or name for name, rule in plan.rules.items()]
+    sources = [rule.source or name for name, rule in rules.rules.items()]
     missing = sorted(set(sources) - have)
     if missing:
-        raise GrowthError(f"the old state lacks {missing[:5]}: it is not a {plan.old.shape_str()} model")
+        raise GrowthError(f"the old state lacks {missing[:5]}: it is not a {rules.old.shape_str()} model")
     last_read = {src: i for i, src in enumerate(sources)}
-    for i, (name, rule) in enumerate(plan.rules.items()):
+    for i, (name, rule) in enumerate(rules.rules.items()):
         src = sources[i]
         new.write(name, grow_param(rule, old.read(src), policy))
         if release and last_read[src] == i:

@@ -81,7 +81,7 @@ def prepare_growth(
         step: optimizer steps taken so far (the growth happens before step ``step + 1``).
         masks: the current model's masks (None when it has none or their ramp has ended).
         schedule: the current LR schedule (a WarmupCosineLR with its position and re-warm), or None without one.
-        rule: where the LR schedule goes (runtime.schedule.ScheduleRule).
+        rule: where the LR schedule goes (growth.ops.schedule_rule.ScheduleRule).
         ramp_steps: the new masks' ramp length in optimizer steps (default: the plan's, ``ramp_length``: its
             ramp_frac of the steps the LR schedule has left, or its fixed ramp_steps without a schedule).
 

@@ -14,7 +14,7 @@ chain when loaded (``load_stages`` -> ``StageList``). Each stage builds its per-
         ramp_steps: 500                             # masked family: mask ramp length (optimizer steps), or
         ramp_frac: 0.25                             #   a fraction of the run left at growth (the default)
         optimizer: {moments: carry, fresh_exp_avg_sq: mean}
-        schedule: {kind: continue, rewarm_steps: 0} # runtime.schedule.ScheduleRule fields
+        schedule: {kind: continue, rewarm_steps: 0} # growth.ops.schedule_rule.ScheduleRule fields
         resources: {ranks_per_node: 2, grad_accum: 1}  # optional, also in start: where growlm-run runs it
 
 Every stage's operator plan is built when the file is loaded, so a target the family cannot reach fails here, with

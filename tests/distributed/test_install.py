@@ -10,6 +10,7 @@ only growlm itself is installed (``--no-deps --no-index``); the wheel is built w
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -35,8 +36,11 @@ def _files(folder: Path) -> set[str]:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    _run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
+    """The wheel of a copy of the repository's files (setuptools' build/ folder then stays out of the clone)."""
+    out, src = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("src") / "growlm"
+    skip = shutil.ignore_patterns(".git", ".venv", "runs", "build", "*.egg-info", "__pycache__", ".*_cache", "cache")
+    shutil.copytree(REPO, src, ignore=skip, symlinks=True)
+    _run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q", "-w", str(out)],
          cwd=out)  # fmt: skip
     (whl,) = out.glob("growlm-*.whl")
     return whl

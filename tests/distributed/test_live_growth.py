@@ -161,9 +161,12 @@ def test_train_py_grows_and_a_checkpoint_in_the_ramp_resumes_exactly(tmp_path, p
             str(full / "checkpoints" / "global_step5"),
             "--out_dir",
             str(resumed),
+            "--activation_checkpointing",  # the resumed job recomputes activations: the same losses all the same
         ]
     )
     assert r.returncode == 0, r.stdout[-4000:]
+    assert not any(g["activation_checkpointing"] for g in growths)
+    assert all(g["activation_checkpointing"] for g in read_metrics(resumed, "growth"))  # grown blocks get it too
     a, b = {m["step"]: m for m in steps}, read_metrics(resumed)
     assert [m["step"] for m in b] == list(range(6, 11))
     for m in b:

@@ -6,6 +6,7 @@ a WikiText folder without its files, a full disk, and growlm-grow's --help defau
 from __future__ import annotations
 
 import errno
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -381,3 +382,30 @@ def test_growlm_grow_help_shows_one_true_default_per_flag(capsys):
     assert "instead of OUT (default: no export)" in text
     assert "(default: carry)" in text and "re-warm over this many steps (default: 0)" in text
     assert text.count("(default:") == 8  # export_hf, stage, family, moments, fresh_exp_avg_sq, schedule, ...
+
+
+@pytest.mark.bad_input
+def test_grow_overwrite_replaces_only_a_growlm_grow_output(tmp_path):
+    """growlm-grow CKPT OUT --overwrite: a user's folder, a training run's checkpoints folder, or a growlm-grow output
+    a user added a file to is refused and left as it was; an empty folder or a growlm-grow output may be replaced."""
+    from growlm.growth.offline.pipeline import check_replaceable
+    from growlm.runtime.checkpoint import CheckpointError
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(CheckpointError, match=r"not a growlm-grow output \(no latest_universal\)"):
+        check_replaceable(mine)
+    grown = tmp_path / "grown"
+    (grown / "global_step4").mkdir(parents=True)
+    (grown / "global_step4" / "growlm_state.json").write_text(json.dumps(
+        {"model_config": {"n_layer": 1, "n_embd": 8, "n_head": 2}, "global_step": 4, "consumed_samples": 8,
+         "seq_len": 8, "world_size": 1, "zero_stage": 2, "seed": 0, "universal": True}))  # fmt: skip
+    (grown / "latest").write_text("global_step4")
+    (grown / "latest_universal").write_text("global_step4")
+    check_replaceable(grown)  # growlm-grow's own output: may be replaced
+    check_replaceable(tmp_path / "empty_or_missing")
+    (grown / "notes.txt").write_text("keep me too")
+    with pytest.raises(CheckpointError, match=r"holds entries growlm-grow did not write \(notes.txt\)"):
+        check_replaceable(grown)
+    assert (mine / "notes.txt").read_text() == "keep me" and (grown / "notes.txt").is_file()

@@ -110,6 +110,17 @@ def test_build_corpus_extra_writes_each_named_source_under_out(monkeypatch, tmp_
     assert not (tmp_path / "y").exists()
 
 
+@pytest.mark.bad_input
+def test_build_corpus_never_writes_into_an_installed_package(monkeypatch, tmp_path, capsys):
+    installed = tmp_path / "site-packages" / "growlm" / "data" / "corpus"  # no .git above it: not a clone
+    installed.mkdir(parents=True)
+    monkeypatch.setattr(build_corpus, "CORPUS_DIR", installed)
+    assert build_corpus.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"growlm-build-corpus: error: {installed} belongs to an installed growlm") and "--out" in err
+    assert not list(installed.iterdir())
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # growlm-grow: the stage the flags describe (stage_from_flags / stage_from_plan_file), no checkpoint needed
 

@@ -147,11 +147,11 @@ def test_progress_file_refusals(tmp_path):
 
 @pytest.mark.bad_input
 def test_one_driver_per_run_folder(tmp_path):
-    held = cli.hold_lock(tmp_path)
+    held = cli.hold_driver_lock(tmp_path)
     with pytest.raises(DriverError, match="another growlm-run is driving"):
-        cli.hold_lock(tmp_path)
+        cli.hold_driver_lock(tmp_path)
     held.close()
-    cli.hold_lock(tmp_path).close()  # released with its holder
+    cli.hold_driver_lock(tmp_path).close()  # released with its holder
 
 
 def write_plan(tmp_path: Path, last_resources: str) -> Path:

@@ -11,7 +11,6 @@ it continues where the run stopped. One driver per run folder (``<out_dir>/drive
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import os
@@ -28,6 +27,7 @@ from growlm.runtime.checkpoint import CheckpointError
 from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import select_accelerator
 from growlm.runtime.launch import free_port
+from growlm.runtime.lock import LockHeldError, hold_lock
 from growlm.runtime.manifest import ManifestError
 from growlm.trainer import cli as train
 from growlm.trainer.config import load_ds_config
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="growlm-run",
         formatter_class=HelpFormatter,
-        usage="growlm-run PLAN.yaml [--dry_run] [--mem_per_rank_gib G] [--deepspeed PATH] -- TRAIN_ARGS",
+        usage="growlm-run PLAN.yaml [--dry_run] [--mem_per_rank_gib G] [--deepspeed PATH] [--version] -- TRAIN_ARGS",
         description="Run a growth plan whose stages declare their resources (nodes, ranks, ZeRO stage, batch split): "
         "live growth inside a job while the resources stay, save -> offline grow + reshard -> relaunch where they "
         "change. Everything after '--' goes to train.py. Restart the same command to continue an interrupted run.",
@@ -193,24 +193,20 @@ def start_progress(path: Path, plan_sha: str, train_args: list[str], save_dir: P
     }
 
 
-def hold_lock(driver_dir: Path) -> Any:
-    """Take ``driver_dir/lock`` (fcntl.flock, exclusive, not waiting) for this process's lifetime; returns the open
-    file, which must stay referenced (closing it, or the process ending, releases the lock).
+def hold_driver_lock(driver_dir: Path) -> Any:
+    """Take ``driver_dir/lock`` (runtime.lock: exclusive, not waiting, the holder named in it) for this process's
+    lifetime; returns the open file, which must stay referenced (closing it, or the process ending, releases it).
 
     Raises:
         DriverError: another growlm-run holds it (two drivers on one run folder would kill each other's jobs).
     """
-
-    f = open(driver_dir / "lock", "a+")
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
+        return hold_lock(driver_dir / "lock")
+    except LockHeldError as e:
         raise DriverError(
-            f"another growlm-run is driving {driver_dir.parent} ({driver_dir / 'lock'} is held); wait for it to end "
+            f"another growlm-run is driving {driver_dir.parent} ({e.holder}; lock {e.path}); wait for it to end "
             "or stop it, or choose another --out_dir"
         ) from None
-    return f
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             return print_dry_run(plan, segments, base_cfg, ns, args, train_args)
         run = Run(plan, segments, out_dir, ns.max_steps)
         run.driver_dir.mkdir(parents=True, exist_ok=True)
-        lock = hold_lock(run.driver_dir)  # noqa: F841 (held until this process ends)
+        lock = hold_driver_lock(run.driver_dir)  # noqa: F841 (held until this process ends)
         plan_sha = hashlib.sha256(Path(args.plan).read_bytes()).hexdigest()
         prog = start_progress(run.progress_path, plan_sha, train_args, run.save_dir)
         run.launch = make_launch(args, train_args, str(Path(args.plan).resolve()), base_cfg, run.driver_dir)
