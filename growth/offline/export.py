@@ -100,9 +100,7 @@ def export_hf(
             f"{masks.end_step()}); a masked model is not a GPT-2: export a checkpoint from step >= {masks.end_step()}"
         )
     t = model_tokenizer(src, tokenizer)  # before any work: an unknown tokenizer is refused at once
-    check_output(out, src, overwrite)
-    if overwrite:
-        check_replaceable(out)
+    check_output(out, src, overwrite, replaceable=check_replaceable)  # an export's own marker, not growlm-grow's
     with atomic_dir(out, overwrite=overwrite) as tmp:
         model = fp32_model(src)  # masks done ramping (checked above): a plain GPT-2
         hf = to_hf(model, t.eot_token_id)

@@ -19,7 +19,7 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -121,9 +121,9 @@ def open_source(path: str | os.PathLike) -> Source:
     return src
 
 
-def check_output(out: Path, src: Source, overwrite: bool) -> None:
-    """Refuse an output that exists (unless ``overwrite``, and then only one growlm-grow wrote:
-    ``check_replaceable``) or that overlaps the input.
+def check_output(out: Path, src: Source, overwrite: bool, replaceable: Callable[[Path], None] | None = None) -> None:
+    """Refuse an output that exists (unless ``overwrite``, and then only one growlm-grow wrote: ``replaceable(out)``,
+    by default ``check_replaceable`` for a grown checkpoint) or that overlaps the input.
 
     Raises:
         CheckpointError: names the folder and the fix.
@@ -135,7 +135,7 @@ def check_output(out: Path, src: Source, overwrite: bool) -> None:
     if out.exists() and not overwrite:
         raise CheckpointError(f"output {out} already exists; choose another folder or pass --overwrite to replace it")
     if overwrite:
-        check_replaceable(out)
+        (replaceable or check_replaceable)(out)
 
 
 def check_replaceable(out: Path) -> None:

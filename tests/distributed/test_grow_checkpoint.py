@@ -305,9 +305,12 @@ def test_overwrite_mixed_file_and_masks_in_ramp(tmp_path, sources, capsys):
     run, _ = sources("zero2_fp32")
     out = tmp_path / "out"
     out.mkdir()
-    (out / "stale").write_text("x")
+    (out / "stale").write_text("x")  # a file growlm-grow did not write: --overwrite refuses and keeps it
+    assert grow(run / "checkpoints", out, *GROW["masked"], "--overwrite") == 2
+    assert "is not a growlm-grow output" in capsys.readouterr().err and (out / "stale").read_text() == "x"
+    (out / "stale").unlink()  # an empty folder may be replaced
     assert grow(run / "checkpoints", out, *GROW["masked"], "--overwrite") == 0
-    assert not (out / "stale").exists() and (out / "latest").is_file()
+    assert (out / "latest").is_file() and (out / "latest_universal").is_file()
     assert not list(tmp_path.glob(".tmp-*")) and not list(tmp_path.glob(".old-*"))
 
     # a growth while the masks still ramp, and an HF export of a masked model: refused

@@ -131,6 +131,9 @@ def test_train_py_grows_and_a_checkpoint_in_the_ramp_resumes_exactly(tmp_path, p
         ]
     )
     assert r.returncode == 0, r.stdout[-4000:]
+    # a clean console: growlm's own warnings fixed at their cause, the known third-party ones filtered (runtime.quiet)
+    for noise in ("FutureWarning", "is deprecated", "Attempting to get learning rate", "Traceback"):
+        assert noise not in r.stdout, (noise, r.stdout[-4000:])
     growths, steps = read_metrics(full, "growth"), read_metrics(full)
     assert len(growths) == plan_text.count("- name:")
     for g in growths:
