@@ -37,7 +37,13 @@ class _DropMessages(logging.Filter):
 
 
 # DeepSpeed logger records growlm hides: (message prefix, why)
-KNOWN_LOG_LINES: tuple[tuple[str, str], ...] = ()
+KNOWN_LOG_LINES: tuple[tuple[str, str], ...] = (
+    (
+        "Attempting to get learning rate from scheduler before it has started",
+        "DeepSpeed 0.19's WarmupCosineLR constructor asks its own get_lr at last_batch_iteration -1 (LR 0); growlm's "
+        "start_schedule then moves every fresh schedule to its first iteration",
+    ),
+)
 
 
 def quiet_known_noise() -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from growlm.data.tokens import cache_dir
 from growlm.runtime.launch import (  # free_port is re-exported: tests import it from here
     free_port,
     launch_ranks,
@@ -15,6 +16,8 @@ from growlm.runtime.launch import (  # free_port is re-exported: tests import it
 from growlm.runtime.metrics_file import read_records
 
 REPO = Path(__file__).resolve().parents[1]
+SMALL_VOCAB = 4096  # the vocabulary of the ``small_vocab_data`` fixture's token folder (conftest.py) ...
+SMALL_DATA = cache_dir() / f"bpe{SMALL_VOCAB}"  # ... and where it is (tests that name it request the fixture)
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -110,3 +113,26 @@ def assert_close_tree(x, y, where: str, skip: tuple[str, ...] = ("ds_config", "d
         assert len(x) == len(y), where
         for i, (u, v) in enumerate(zip(x, y, strict=True)):
             assert_close_tree(u, v, f"{where}[{i}]", skip)
+
+
+def saved_adam_steps(tag_dir: Path) -> list[float]:
+    """Every Adam ``step`` value saved in a native DeepSpeed tag folder (all groups, all ranks; the optimizer is in
+    ``*optim_states.pt`` at ZeRO 1-3 and in ``mp_rank_00_model_states.pt`` at stage 0)."""
+    import torch
+
+    steps: list[float] = []
+
+    def walk(obj: object) -> None:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                if k == "step" and (torch.is_tensor(v) or isinstance(v, int | float)):
+                    steps.append(float(v))
+                else:
+                    walk(v)
+        elif isinstance(obj, list | tuple):
+            for v in obj:
+                walk(v)
+
+    for f in sorted(tag_dir.glob("*_states.pt")):
+        walk(torch.load(f, map_location="cpu", weights_only=False))  # the tests' own files
+    return steps

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_utils import REPO, read_metrics, run_ranks, write_ds_config
+from dist_utils import REPO, SMALL_DATA, SMALL_VOCAB, read_metrics, run_ranks, saved_adam_steps, write_ds_config
 
 from growlm.data.prepare import open_tokens
 from growlm.data.sampler import TokenWindows
@@ -26,7 +26,8 @@ from growlm.runtime.atomic import current_umask
 from growlm.runtime.run_state import VERSION, RunState
 from growlm.runtime.schedule import ScheduleState
 
-TINY = ["--seq_len", "32", "--log_interval", "1", "--no_final_eval"]
+# the small-vocabulary corpus (conftest.small_vocab_data): growth and resharding do not depend on the tokenizer
+TINY = ["--seq_len", "32", "--log_interval", "1", "--no_final_eval", "--data", str(SMALL_DATA)]
 SAVE_STEP, MAX_STEPS = 3, 5
 # masked growth of every dimension (exact at ramp 0), or duplicate width x2 (exact in eval mode, no masks)
 GROW = {
@@ -55,7 +56,7 @@ def ds_config(tmp: Path, template: str, gas: int = 1) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory, builtin_data):
+def sources(tmp_path_factory, small_vocab_data):
     """template -> (run folder, its train records): 2 ranks, 5 steps, a checkpoint after step 3 (lazily made)."""
     root = tmp_path_factory.mktemp("grow_sources")
     made: dict[str, tuple[Path, list[dict]]] = {}
@@ -63,7 +64,8 @@ def sources(tmp_path_factory, builtin_data):
     def get(template: str) -> tuple[Path, list[dict]]:
         if template not in made:
             out = root / template
-            args = [*TINY, "--preset", "tiny", "--ds_config", str(ds_config(root, template))]
+            args = [*TINY, "--preset", "tiny", "--vocab_size", str(SMALL_VOCAB)]
+            args += ["--ds_config", str(ds_config(root, template))]
             args += ["--max_steps", str(MAX_STEPS), "--save_interval", str(SAVE_STEP), "--no_final_save"]
             r = run_ranks([*args, "--out_dir", str(out)])
             assert r.returncode == 0, r.stdout[-3000:]
@@ -105,7 +107,7 @@ def same_as_ds_to_universal(native_tag: Path, ours: Path, scratch: Path) -> None
 
 
 @pytest.mark.parametrize("template", list(TEMPLATES))
-def test_grow_offline_keeps_loss_and_applies_adam_rule(tmp_path, sources, builtin_data, template):
+def test_grow_offline_keeps_loss_and_applies_adam_rule(tmp_path, sources, small_vocab_data, template):
     run, _ = sources(template)
     ckpt = run / "checkpoints"
     # reshard only (growlm-grow reads the ZeRO shards itself): exactly DeepSpeed's ds_to_universal tensors of the
@@ -119,7 +121,7 @@ def test_grow_offline_keeps_loss_and_applies_adam_rule(tmp_path, sources, builti
     assert (tmp_path / "new" / "latest").read_text() == "global_step3"
     assert not list(tmp_path.glob(".tmp-*"))
 
-    x, y = fixed_batch(builtin_data)
+    x, y = fixed_batch(small_vocab_data)
     with torch.no_grad():
         loss_old = float(universal_model(old_tag)(x, y))
         loss_new = float(universal_model(new_tag)(x, y))
@@ -180,6 +182,27 @@ def test_grown_checkpoint_resumes_at_any_world_size(tmp_path, sources, template,
         assert saved.version == VERSION and saved.global_step == 5
 
 
+@pytest.mark.parametrize("template", ["zero1_fp32", "zero3_fp32"])  # ZeRO-2: the round trip below
+def test_resharded_resume_matches_uninterrupted_and_keeps_one_adam_step(tmp_path, sources, template):
+    """Reshard only (2 ranks -> universal) and resume on 2 ranks: steps 4 and 5 equal the uninterrupted run's (the
+    weights alone fix step 4; step 5 needs every group's Adam step right), and every Adam step saved after step 5 is
+    5 (runtime.engine.repair_adam_steps: DeepSpeed's ZeRO-3 universal loader shares one step tensor between groups)."""
+    run, ref = sources(template)
+    assert set(saved_adam_steps(run / "checkpoints" / "global_step3")) == {3.0}
+    assert grow(run / "checkpoints", tmp_path / "universal") == 0
+    out = tmp_path / "resumed"
+    args = [*TINY, "--ds_config", str(ds_config(tmp_path, template)), "--max_steps", str(MAX_STEPS)]
+    r = run_ranks([*args, "--resume", str(tmp_path / "universal"), "--out_dir", str(out)])
+    assert r.returncode == 0, r.stdout[-3000:]
+    got = read_metrics(out)
+    assert [m["step"] for m in got] == [4, 5]
+    for m, want in zip(got, ref[3:], strict=True):
+        assert abs(m["loss"] - want["loss"]) <= 1e-6, (template, m, want)
+        assert m["lr"] == pytest.approx(want["lr"], rel=1e-12)
+    steps = saved_adam_steps(out / "checkpoints" / "global_step5")
+    assert len(steps) >= 2 and set(steps) == {5.0}, steps  # every group, every rank: the global step
+
+
 def test_reshard_round_trip_2_1_2_matches_uninterrupted(tmp_path, sources):
     run, ref = sources("zero2_fp32")
     assert grow(run / "checkpoints", tmp_path / "u2") == 0  # 2 ranks -> universal
@@ -221,9 +244,12 @@ def test_reshard_round_trip_2_1_2_matches_uninterrupted(tmp_path, sources):
         assert abs(got["loss"] - want["loss"]) <= 1e-6, (got, want)
         assert got["lr"] == pytest.approx(want["lr"], rel=1e-12)
         assert got["consumed_samples"] == want["consumed_samples"]
+    for tag in (one / "checkpoints" / "global_step5", two / "checkpoints" / "global_step5"):
+        steps = saved_adam_steps(tag)
+        assert len(steps) >= 2 and set(steps) == {5.0}, (tag, steps)  # every group's Adam step is the global step
 
 
-def test_export_hf_logits_equal_ours(tmp_path, sources, builtin_data):
+def test_export_hf_logits_equal_ours(tmp_path, sources, small_vocab_data):
     from transformers import GPT2LMHeadModel
 
     run, _ = sources("zero3_bf16")
@@ -235,7 +261,7 @@ def test_export_hf_logits_equal_ours(tmp_path, sources, builtin_data):
         for f in ("model.safetensors", "config.json"):  # the umask's mode (0644 under 022), not tempfile's 0600
             assert (hf_dir / f).stat().st_mode & 0o777 == 0o666 & ~current_umask(), f
         hf = GPT2LMHeadModel.from_pretrained(hf_dir).eval()
-        x, _ = fixed_batch(builtin_data)
+        x, _ = fixed_batch(small_vocab_data)
         if ckpt == tmp_path / "grown":
             ours = universal_model(ckpt / "global_step3")
         else:

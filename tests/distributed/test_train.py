@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from dist_utils import REPO, base_env, free_port, read_metrics, run_ranks, tiny_ds_config
+from dist_utils import REPO, SMALL_VOCAB, base_env, free_port, read_metrics, run_ranks, tiny_ds_config
 
 TINY = ["--preset", "tiny", "--seq_len", "64", "--log_interval", "1", "--final_eval_tokens", "1024"]
 
@@ -24,13 +24,15 @@ TINY = ["--preset", "tiny", "--seq_len", "64", "--log_interval", "1", "--final_e
         ("zero2_bf16", 0.0),
     ],
 )
-def test_zero_trains_and_resume_matches_uninterrupted_run(tmp_path, builtin_data, template, tol):
+def test_zero_trains_and_resume_matches_uninterrupted_run(tmp_path, small_vocab_data, template, tol):
     ds = tiny_ds_config(tmp_path, template)
     full, resumed = tmp_path / "full", tmp_path / "resumed"
+    small = ["--data", str(small_vocab_data), "--vocab_size", str(SMALL_VOCAB)]  # the tokenizer does not matter here
     # dropout on, so the per-rank RNG must be restored for the continuation to match
     r = run_ranks(
         [
             *TINY,
+            *small,
             "--dropout",
             "0.1",
             "--ds_config",
@@ -52,6 +54,7 @@ def test_zero_trains_and_resume_matches_uninterrupted_run(tmp_path, builtin_data
     r = run_ranks(
         [
             *TINY,
+            *small,
             "--no_final_eval",
             "--ds_config",
             str(ds),

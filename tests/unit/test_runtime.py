@@ -215,3 +215,35 @@ def test_a_crafted_pickle_is_refused_by_every_growlm_loader(tmp_path):
 
 
 # ----- the rank launcher ----------------------------------------------------------------------------------------
+
+
+def test_known_noise_is_dropped_and_nothing_else():
+    """runtime.quiet: the known DeepSpeed log line and torch FutureWarnings are hidden; other records are kept."""
+    import logging
+    import warnings
+
+    from growlm.runtime.quiet import quiet_known_noise
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    logger = logging.getLogger("DeepSpeed")
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        quiet_known_noise()
+        quiet_known_noise()  # idempotent: one filter
+        logger.warning("Attempting to get learning rate from scheduler before it has started")
+        logger.warning("total_num_steps 1 is less than warmup_num_steps 20")
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["total_num_steps 1 is less than warmup_num_steps 20"]
+    assert sum(type(f).__name__ == "_DropMessages" for f in logger.filters) == 1
+    with warnings.catch_warnings(record=True) as caught:
+        quiet_known_noise()
+        warnings.warn("`torch.distributed.all_gather_into_tensor` is deprecated", FutureWarning, stacklevel=1)
+        warnings.warn("something else", FutureWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["something else"]
