@@ -22,6 +22,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from growlm.runtime import atomic
 from growlm.runtime.atomic import commit_dir, fresh_dir
 
 CACHE_ENV = "GROWLM_CACHE"
@@ -78,29 +79,21 @@ TOKEN_FOLDER_FILES = frozenset({"meta.json", "tokenizer.json", *(f"{split}.bin" 
 def check_replaceable(out_dir: Path) -> None:
     """Refuse to replace ``out_dir`` unless a token-folder writer made it: missing, an empty folder, or a folder
     with its ``meta.json`` (the marker, even a damaged one) and nothing but the files a token folder holds
-    (``TOKEN_FOLDER_FILES``). A user's folder, or a token folder a user has added files to, is never deleted.
+    (``TOKEN_FOLDER_FILES``). A user's folder, or a token folder a user has added files to, is never deleted
+    (the rule: runtime.atomic.check_replaceable).
 
     Raises:
         FileExistsError: ``out_dir`` is a file or a link, or a folder that is not (only) a token folder.
     """
-    if not os.path.lexists(out_dir):
-        return
-    fix = "choose another --out, or move it away yourself"
-    if out_dir.is_symlink() or not out_dir.is_dir():
-        raise FileExistsError(f"--overwrite: {out_dir} is not a prepared token folder; refusing to replace it; {fix}")
-    names = {p.name for p in out_dir.iterdir()}
-    if not names:
-        return
-    if "meta.json" not in names:
-        raise FileExistsError(
-            f"--overwrite: {out_dir} is not a prepared token folder (no meta.json); refusing to delete it; {fix}"
-        )
-    other = sorted(names - TOKEN_FOLDER_FILES)
-    if other:
-        shown = ", ".join(other[:5]) + (", ..." if len(other) > 5 else "")
-        raise FileExistsError(
-            f"--overwrite: {out_dir} holds files growlm-prepare did not write ({shown}); refusing to delete them; {fix}"
-        )
+    atomic.check_replaceable(
+        out_dir,
+        what="a prepared token folder",
+        marker="meta.json",
+        owned=lambda entry: entry.name in TOKEN_FOLDER_FILES,
+        foreign="files growlm-prepare did not write",
+        fix="choose another --out, or move it away yourself",
+        error=FileExistsError,
+    )
 
 
 class TokenFolderWriter:

@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -238,3 +238,45 @@ def atomic_dir(target: str | os.PathLike, *, overwrite: bool = False, unique: bo
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def check_replaceable(
+    out: Path,
+    *,
+    what: str,
+    marker: str,
+    owned: Callable[[Path], bool],
+    foreign: str,
+    fix: str,
+    error: type[Exception],
+) -> None:
+    """Refuse to let ``--overwrite`` replace ``out`` unless growlm wrote it: the one rule of every growlm command
+    that replaces a folder (growlm-prepare's token folder, growlm-grow's checkpoint and export).
+
+    ``out`` may be replaced when it is missing, an empty folder, or a folder holding the writer's ``marker`` and
+    nothing but entries for which ``owned(entry)`` is true. A user's folder, or one a user added files to, is never
+    deleted.
+
+    Args:
+        what: the kind of folder, for the messages ("a growlm export").
+        foreign: the entries that are not the writer's, for the message ("files an export does not write").
+        fix: the message's last clause: what the user can do instead.
+        error: the exception type the calling command reports with exit status 2.
+
+    Raises:
+        error: ``out`` is a file or a link, has no ``marker``, or holds entries the writer did not write (up to five
+            named).
+    """
+    if not os.path.lexists(out):
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise error(f"--overwrite: {out} is not {what}; refusing to replace it; {fix}")
+    entries = list(out.iterdir())
+    if not entries:
+        return
+    if not (out / marker).is_file():
+        raise error(f"--overwrite: {out} is not {what} (no {marker}); refusing to delete it; {fix}")
+    other = sorted(e.name for e in entries if not owned(e))
+    if other:
+        shown = ", ".join(other[:5]) + (", ..." if len(other) > 5 else "")
+        raise error(f"--overwrite: {out} holds {foreign} ({shown}); refusing to delete them; {fix}")

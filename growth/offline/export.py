@@ -14,7 +14,6 @@ checkpoint-weights reader); the HF naming and Conv1D layout are model.hf's.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from growlm.data import tokenizer as tok
 from growlm.growth.offline.pipeline import Source, check_output
 from growlm.growth.offline.weights import fp32_model
 from growlm.model.hf import to_hf
+from growlm.runtime import atomic
 from growlm.runtime.atomic import atomic_dir
 from growlm.runtime.checkpoint import CheckpointError
 
@@ -35,29 +35,20 @@ EXPORT_FILES = frozenset(
 def check_replaceable(out: Path) -> None:
     """Refuse to let ``--overwrite`` replace ``out`` unless growlm-grow wrote it: an empty folder, or an export
     (its ``EXPORT_MARKER``) holding nothing but the files an export writes. Nothing else is deleted: not a user's
-    folder, a downloaded model, or an export a user has added files to.
+    folder, a downloaded model, or an export a user has added files to (the rule: runtime.atomic.check_replaceable).
 
     Raises:
         CheckpointError: ``out`` is a file or a link, or a folder that is not (only) a growlm export.
     """
-    if not os.path.lexists(out):
-        return
-    fix = "choose another --export_hf folder, or move it away yourself"
-    if out.is_symlink() or not out.is_dir():
-        raise CheckpointError(f"--overwrite: {out} is not a folder growlm-grow exported; refusing to replace it; {fix}")
-    names = {p.name for p in out.iterdir()}
-    if not names:
-        return
-    if EXPORT_MARKER not in names:
-        raise CheckpointError(
-            f"--overwrite: {out} is not a growlm export (no {EXPORT_MARKER}); refusing to delete it; {fix}"
-        )
-    other = sorted(names - EXPORT_FILES)
-    if other:
-        shown = ", ".join(other[:5]) + (", ..." if len(other) > 5 else "")
-        raise CheckpointError(
-            f"--overwrite: {out} holds files an export does not write ({shown}); refusing to delete them; {fix}"
-        )
+    atomic.check_replaceable(
+        out,
+        what="a growlm export",
+        marker=EXPORT_MARKER,
+        owned=lambda entry: entry.name in EXPORT_FILES,
+        foreign="files an export does not write",
+        fix="choose another --export_hf folder, or move it away yourself",
+        error=CheckpointError,
+    )
 
 
 def model_tokenizer(src: Source, spec: str | None = None) -> tok.Tokenizer:

@@ -47,7 +47,7 @@ from growlm.growth.ops.rules import param_shapes
 from growlm.growth.stages.plan import Stage
 from growlm.model.config import GPTConfig
 from growlm.model.masks import MaskSpec, mask_values, new_unit_flags
-from growlm.runtime import checkpoint
+from growlm.runtime import atomic, checkpoint
 from growlm.runtime.atomic import atomic_dir
 from growlm.runtime.checkpoint import CheckpointError
 from growlm.runtime.crash_points import hold_point
@@ -138,43 +138,35 @@ def check_output(out: Path, src: Source, overwrite: bool, replaceable: Callable[
         (replaceable or check_replaceable)(out)
 
 
+def _grown_entry(entry: Path) -> bool:
+    """Whether ``entry`` of an output folder is growlm-grow's: ``latest``, ``latest_universal`` or the tag folder of
+    a universal growlm checkpoint."""
+    if entry.name in (checkpoint.LATEST, LATEST_UNIVERSAL):
+        return True
+    try:
+        return entry.is_dir() and RunState.from_json((entry / checkpoint.STATE_FILE).read_text()).universal
+    except (OSError, RunStateError):
+        return False
+
+
 def check_replaceable(out: Path) -> None:
     """Refuse to let ``--overwrite`` replace ``out`` unless growlm-grow wrote it: missing, an empty folder, or a
     checkpoint folder with growlm-grow's ``latest_universal`` marker holding nothing but ``latest``,
     ``latest_universal`` and tag folders of universal growlm checkpoints. A user's folder, a training run's
-    checkpoints or an output a user added files to is never deleted.
+    checkpoints or an output a user added files to is never deleted (the rule: runtime.atomic.check_replaceable).
 
     Raises:
         CheckpointError: ``out`` is a file or a link, or a folder that is not (only) a growlm-grow output.
     """
-    if not os.path.lexists(out):
-        return
-    fix = "choose another output folder, or move it away yourself"
-    if out.is_symlink() or not out.is_dir():
-        raise CheckpointError(f"--overwrite: {out} is not a folder growlm-grow wrote; refusing to replace it; {fix}")
-    entries = list(out.iterdir())
-    if not entries:
-        return
-    if not (out / LATEST_UNIVERSAL).is_file():
-        raise CheckpointError(
-            f"--overwrite: {out} is not a growlm-grow output (no {LATEST_UNIVERSAL}); refusing to delete it; {fix}"
-        )
-    other = []
-    for e in entries:
-        if e.name in (checkpoint.LATEST, LATEST_UNIVERSAL):
-            continue
-        state = e / checkpoint.STATE_FILE
-        try:
-            universal = e.is_dir() and RunState.from_json(state.read_text()).universal
-        except (OSError, RunStateError):
-            universal = False
-        if not universal:
-            other.append(e.name)
-    if other:
-        shown = ", ".join(sorted(other)[:5]) + (", ..." if len(other) > 5 else "")
-        raise CheckpointError(
-            f"--overwrite: {out} holds entries growlm-grow did not write ({shown}); refusing to delete them; {fix}"
-        )
+    atomic.check_replaceable(
+        out,
+        what="a growlm-grow output",
+        marker=LATEST_UNIVERSAL,
+        owned=_grown_entry,
+        foreign="entries growlm-grow did not write",
+        fix="choose another output folder, or move it away yourself",
+        error=CheckpointError,
+    )
 
 
 def check_target_stage(src: Source, target_zero_stage: int | None) -> None:

@@ -367,7 +367,7 @@ def test_export_overwrite_refuses_a_folder_growlm_did_not_write(tmp_path, capsys
     check_replaceable(hf)
     check_replaceable(tmp_path / "missing")
     (tmp_path / "a_file").write_text("x")
-    with pytest.raises(Exception, match="is not a folder growlm-grow exported"):
+    with pytest.raises(Exception, match="is not a growlm export; refusing to replace it"):
         check_replaceable(tmp_path / "a_file")
 
 
