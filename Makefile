@@ -36,7 +36,7 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q --durations=15
 
-test-unit: setup  # tests/unit only: no process started, under a minute
+test-unit: setup  # tests/unit only: no process started, about 1.5 minutes on 2 cores
 	$(BIN)/python -m pytest -q -m "not dist"
 
 lint: setup
