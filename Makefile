@@ -13,7 +13,14 @@ DEMO_PRECISION ?= $(shell grep -qsE 'avx512_bf16|amx_bf16' /proc/cpuinfo && echo
 DEMO_ARGS ?= --preset cpu-small --seq_len 128 --max_steps 80 --eval_interval 20 --log_interval 5 \
 	--ds_config ds_configs/zero2_$(DEMO_PRECISION).json --final_eval_tokens 65536 --out_dir runs/demo
 
-.PHONY: setup demo test test-unit lint clean
+# GPU nodes without internet: `make wheelhouse` here (PY_VERSION, PLATFORM: the nodes' Python and platform tags),
+# copy the folder over, `make install-offline WHEELHOUSE=DIR` there (NODE_PYTHON: the node's Python with its CUDA torch)
+WHEELHOUSE ?= wheelhouse
+PY_VERSION ?=
+PLATFORM ?=
+NODE_PYTHON ?= python3
+
+.PHONY: setup demo test test-unit lint clean wheelhouse install-offline gpu-check
 
 setup: $(STAMP)
 
@@ -34,13 +41,32 @@ demo: setup
 		--master_port 29500 train.py $(DEMO_ARGS)
 
 test: setup
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=30
 
 test-unit: setup  # tests/unit only: no process started, about 1.5 minutes on 2 cores
 	$(BIN)/python -m pytest -q -m "not dist"
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+# gpu-check: at most 8 minutes on one GPU -> eval/results/gpu/<device>/ (SMOKE=1: tiny shapes on the CPU); no setup:
+# it runs in .venv where there is one, else in NODE_PYTHON's environment (an offline install)
+gpu-check:
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(NODE_PYTHON)) -m growlm.eval.bench.gpu_check --out eval/results/gpu \
+		$(if $(SMOKE),--smoke)
+
+wheelhouse: setup  # growlm, DeepSpeed (built from its sdist) and every dependency except torch and CUDA libraries
+	$(BIN)/python install/wheelhouse.py --out $(WHEELHOUSE) $(if $(PY_VERSION),--python_version $(PY_VERSION)) \
+		$(foreach p,$(PLATFORM),--platform $(p))
+
+install-offline:  # pip --no-index from WHEELHOUSE into NODE_PYTHON's environment; its torch is pinned, never replaced
+	@ls $(WHEELHOUSE)/growlm-*.whl >/dev/null 2>&1 || { echo "make install-offline: no growlm wheel in \
+	WHEELHOUSE=$(WHEELHOUSE): build the folder with make wheelhouse where there is internet and copy it here"; exit 2; }
+	@torch=$$($(NODE_PYTHON) -c "import torch; print(torch.__version__)" 2>/dev/null) || { echo "make install-offline: \
+	$(NODE_PYTHON) has no torch: install the node's CUDA torch first (growlm never installs torch offline)"; exit 2; }; \
+	pin=$$(mktemp); echo "torch==$$torch" > $$pin; echo "keeping torch $$torch"; \
+	PIP_CONFIG_FILE=/dev/null $(NODE_PYTHON) -m pip install -q --no-index --find-links $(WHEELHOUSE) --constraint $$pin \
+		$(WHEELHOUSE)/growlm-*.whl; rc=$$?; rm -f $$pin; exit $$rc
 
 clean:  # run folders here, and growlm's cache (the prepared built-in corpus, the small-vocabulary corpus)
 	rm -rf runs "$${GROWLM_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/growlm}"

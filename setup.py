@@ -76,6 +76,7 @@ setup(
             "growlm-eval = growlm.eval.metrics.cli:main",
             "growlm-experiment = growlm.eval.experiments.cli:main",
             "growlm-bench = growlm.eval.bench.throughput:main",
+            "growlm-gpu-check = growlm.eval.bench.gpu_check:main",
         ]
     },
 )

@@ -26,6 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from growlm.model.config import GPTConfig
@@ -89,6 +90,31 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
         y = y.transpose(1, 2).reshape(b, t, d)  # (B, T, d)
         return self.resid_dropout(self.c_proj(y))
+
+
+def attention_kernel(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> str:
+    """The SDPA kernel PyTorch picks for growlm's causal attention (no attention mask, no dropout) at this head size
+    Q, dtype and device: "flash", "efficient" (memory-efficient), or "math" (the unfused reference, which keeps the
+    (T, T) score matrix). Probed in the dispatcher's order (flash, efficient, math; cuDNN comes after math) with one
+    (1, 1, 8, Q) call per kernel allowed alone.
+
+    On CUDA in bf16/fp16 with Q <= 256 it is "flash" (FlashAttention-2, Dao 2023, arXiv 2307.08691); "math" there
+    means a head size or dtype the fused kernels refuse, and attention memory then grows as T^2.
+    """
+    q = torch.zeros(1, 1, 8, head_dim, dtype=dtype, device=device)
+    order = (
+        ("flash", SDPBackend.FLASH_ATTENTION),
+        ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+        ("math", SDPBackend.MATH),
+    )
+    for name, backend in order:
+        try:
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(q, q, q, is_causal=True)
+            return name
+        except RuntimeError:
+            continue
+    return "none"
 
 
 class MLP(nn.Module):

@@ -46,6 +46,25 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
 BUILD_SPLIT = ("module", "zero3_partition", "optimizer", "engine_other")
 
 
+def optimizer_for_device(ds_cfg: dict, device_type: str) -> dict:
+    """The DeepSpeed config with the Adam implementation for ``device_type`` ("cuda" or "cpu").
+
+    On CUDA, a ``torch_adam`` AdamW (the shipped configs) becomes torch's fused AdamW (``fused: true``): one kernel
+    for the whole parameter list instead of the multi-tensor ``foreach`` kernels, and no op to compile (DeepSpeed's
+    FusedAdam is built with nvcc on first use); the update is the same AdamW (Loshchilov and Hutter 2019). A config
+    that names ``fused`` or ``foreach`` itself, or uses DeepSpeed's own Adam (``torch_adam`` false, CPU offload),
+    is returned unchanged, as is every config on a CPU. The input is not modified.
+
+    Returns:
+        A new dict (a copy when something changed, else ``ds_cfg`` itself).
+    """
+    opt = ds_cfg.get("optimizer") or {}
+    params = opt.get("params") or {}
+    if device_type != "cuda" or not params.get("torch_adam") or "fused" in params or "foreach" in params:
+        return ds_cfg
+    return {**ds_cfg, "optimizer": {**opt, "params": {**params, "fused": True}}}
+
+
 @contextlib.contextmanager
 def weights_uninitialised() -> Iterator[None]:
     """Build modules without drawing their initial weights: ``GPT.reset_parameters`` and the ``reset_parameters``
@@ -94,6 +113,7 @@ def build_engine(
     *,
     partitioned: bool = False,
     activation_checkpointing: bool = False,
+    compile_model: bool = False,
 ) -> Any:
     """A DeepSpeed engine for a freshly initialised GPT of shape ``cfg`` (with ``masks``), AdamW groups as in
     ``param_groups`` (weight decay on matrices only, from the config's optimizer params).
@@ -107,6 +127,8 @@ def build_engine(
             every parameter is written next, as growth does.
         activation_checkpointing: recompute each block's activations in backward (GPT's ``activation_checkpointing``;
             a grown model's engine is built with the same setting, so new blocks get it too).
+        compile_model: compile the module with torch.compile (DeepSpeed's ``engine.compile``); a grown model's
+            engine is built, and so compiled, anew. CUDA only (train.py refuses it elsewhere).
 
     Returns:
         The ``deepspeed.DeepSpeedEngine`` (its ``lr_scheduler`` built from the config's scheduler section). Its
@@ -117,8 +139,10 @@ def build_engine(
         ``deepspeed.initialize``: config, module placement, hooks, scheduler).
     """
     import deepspeed  # lazy: deepspeed picks its accelerator at import
+    from deepspeed.accelerator import get_accelerator  # lazy: deepspeed picks its accelerator at import
     from deepspeed.runtime.engine import DeepSpeedEngine  # lazy: deepspeed picks its accelerator at import
 
+    ds_config = optimizer_for_device(ds_config, get_accelerator().device_name())
     weight_decay = ds_config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
     split: dict[str, float] = dict.fromkeys(BUILD_SPLIT, 0.0)
     t = time.perf_counter()
@@ -135,6 +159,8 @@ def build_engine(
             model=model, model_parameters=param_groups(model, weight_decay), config=ds_config
         )
     split["engine_other"] = time.perf_counter() - t - split["optimizer"]
+    if compile_model:
+        engine.compile()  # torch.compile of the module, traced at the first forward
     engine.growlm_build_seconds = split
     return engine
 

@@ -127,6 +127,12 @@ def _training_flags(t: argparse._ArgumentGroup) -> None:
         help="recompute each transformer block's activations in backward instead of keeping them: less activation "
         "memory for about one more forward pass of the blocks; grown blocks get it too; same losses and gradients",
     )
+    t.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the model with torch.compile (CUDA only; each grown model is compiled anew, the first steps "
+        "after the start and after each growth include the compilation)",
+    )
     t.add_argument("--log_interval", type=int, default=10, help="steps between TensorBoard/console logs (>= 1)")
     t.add_argument("--dist_timeout_s", type=float, default=300.0, help="seconds to wait for other ranks")
 

@@ -58,7 +58,7 @@ class RunConfig:
         start_step: the global step the run starts at (the checkpoint's, or 0).
         save_steps: global steps at which this run saves.
         max_steps, log_interval, eval_interval, eval_tokens, final_eval_tokens, eval_stride, eval_batch_size,
-            no_final_eval, dist_timeout_s, activation_checkpointing: the flags of the same names
+            no_final_eval, dist_timeout_s, activation_checkpointing, compile: the flags of the same names
             (``python train.py --help``).
         stop_before_stage: --stop_before_stage: save and end the run when this plan stage is due (growlm-run).
     """
@@ -92,6 +92,7 @@ class RunConfig:
     init_from: Any = None
     stop_before_stage: str | None = None
     activation_checkpointing: bool = False
+    compile: bool = False
 
     @property
     def resume_state(self) -> RunState | None:
@@ -340,6 +341,22 @@ def check_precision_supported(precision: str, ds_config_path: str, zero_stage: i
         )
 
 
+def check_compile_supported(compile_model: bool) -> None:
+    """Refuse --compile off CUDA (imports deepspeed: call after the accelerator is set). On a CPU, torch.compile's
+    C++ code generation takes minutes per model shape and growlm has not measured it faster there.
+
+    Raises:
+        UsageError: --compile on a device other than CUDA.
+    """
+    from deepspeed.accelerator import get_accelerator  # lazy: deepspeed picks its accelerator at import
+
+    device = get_accelerator().device_name()
+    if compile_model and device != "cuda":
+        raise UsageError(
+            f"--compile: torch.compile is supported on CUDA only, and this run is on {device}; drop --compile"
+        )
+
+
 def zero_stage_of(ds_cfg: dict[str, Any], path: str | None = None) -> int:
     """The ZeRO stage (0-3) a DeepSpeed config sets; 0, DeepSpeed's default, when it sets none (``path``: the
     config's file, named in the message).
@@ -501,6 +518,7 @@ def resolve(args: argparse.Namespace) -> RunConfig:
     start_step = state.global_step if state else 0
     save_steps = check_save_steps(out_dir / "checkpoints", start_step, args)
     check_precision_supported(precision, args.ds_config, zero_stage)
+    check_compile_supported(args.compile)
     return RunConfig(
         ds_config_path=args.ds_config,
         ds_config=ds_cfg,
@@ -531,4 +549,5 @@ def resolve(args: argparse.Namespace) -> RunConfig:
         init_from=init,
         stop_before_stage=stop,
         activation_checkpointing=args.activation_checkpointing,
+        compile=args.compile,
     )

@@ -96,7 +96,12 @@ def grow(p: Progress, stage: Stage, run: RunConfig, data: Batches) -> GrowthEven
         p.engine,
         stage.rules(old, run.growth.seed),
         lambda c, m: build_engine(
-            c, m, run.ds_config, partitioned=run.zero_stage == 3, activation_checkpointing=run.activation_checkpointing
+            c,
+            m,
+            run.ds_config,
+            partitioned=run.zero_stage == 3,
+            activation_checkpointing=run.activation_checkpointing,
+            compile_model=run.compile,
         ),
         policy=stage.optimizer,
         schedule_rule=stage.schedule,

@@ -74,10 +74,15 @@ class Batches:
         return self.windows.seq_len
 
     def micro_batch(self, consumed: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs and targets, each [micro, seq_len] on this rank's device, of micro batch ``j`` of the step that
-        starts at ``consumed`` samples."""
+        """Inputs and targets, each [micro, seq_len] (int64) on this rank's device, of micro batch ``j`` of the step
+        that starts at ``consumed`` samples. On CUDA they are copied from pinned host memory without blocking (the
+        copy overlaps the work queued before it)."""
         start = micro_batch_start(consumed, self.micro, j, self.info.rank, self.info.world_size)
         x, y = self.windows.batch(self.sampler.sample_ids(start, self.micro))
+        if self.info.device.type == "cuda":
+            return x.pin_memory().to(self.info.device, non_blocking=True), y.pin_memory().to(
+                self.info.device, non_blocking=True
+            )
         return x.to(self.info.device), y.to(self.info.device)
 
 
@@ -125,7 +130,9 @@ def train_step(p: Progress, data: Batches, *, own_grad_norm: bool) -> StepResult
     started = time.perf_counter()
     engine = p.engine
     lr = engine.get_lr()[0]  # the LR this step uses
-    loss_sum = torch.zeros((), dtype=torch.float64)
+    loss_sum = torch.zeros(
+        (), dtype=torch.float64, device=data.info.device
+    )  # summed on the device: no sync per micro batch
     stage0_norm = math.nan
     for j in range(data.gas):
         x, y = data.micro_batch(p.consumed, j)
@@ -134,7 +141,7 @@ def train_step(p: Progress, data: Batches, *, own_grad_norm: bool) -> StepResult
         if j == data.gas - 1 and own_grad_norm:
             stage0_norm = _stage0_grad_norm(engine)
         engine.step()
-        loss_sum += loss.detach().double().cpu()
+        loss_sum += loss.detach().double()
         del loss  # its graph holds the parameters (and, through them, a grown-away engine)
     p.step, p.consumed = p.step + 1, p.consumed + data.global_batch
     p.consumed_flops += flops_per_step(p.model, data)

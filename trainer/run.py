@@ -21,6 +21,7 @@ import torch.distributed as dist
 from growlm.data.prepare import ensure_builtin_prepared, load_meta, open_tokens
 from growlm.data.sampler import ResumableSampler, TokenWindows
 from growlm.model.config import param_count
+from growlm.model.gpt import attention_kernel
 from growlm.runtime import checkpoint
 from growlm.runtime.crash_points import hold_point
 from growlm.runtime.dist import DistInfo, init_distributed
@@ -148,10 +149,13 @@ def check_same_plan(run: RunConfig, info: DistInfo) -> None:
 def announce(log: MetricsLogger, run: RunConfig, p: Progress, data: Batches, run_data: RunData) -> None:
     """Print the run's model, parallelism, batch and data on rank 0."""
     info, cfg = data.info, run.model
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(run.precision, torch.float32)
+    kernel = attention_kernel(cfg.n_embd // cfg.n_head, dtype, info.device)
     log.console(
         f"growlm: model {cfg.shape_str()} ({param_count(cfg) / 1e6:.2f}M parameters), ZeRO stage {run.zero_stage}, "
         f"{run.precision}, {info.world_size} rank(s) on {info.device.type}, micro batch {data.micro} x accumulation "
-        f"{data.gas} x {info.world_size} ranks = {data.global_batch} sequences of {run.seq_len} tokens per step"
+        f"{data.gas} x {info.world_size} ranks = {data.global_batch} sequences of {run.seq_len} tokens per step; "
+        f"attention: SDPA {kernel} kernel" + (", compiled" if run.compile else "")
     )
     log.console(
         f"growlm: data {run.data_dir}: {len(run_data.windows.tokens):,} train tokens ({len(run_data.windows):,} "
@@ -263,7 +267,12 @@ def build(run: RunConfig) -> Any:
     masks = run.resume_state.growth_masks if run.resume_state else None
     partitioned = run.init_from is not None and run.zero_stage == 3
     engine = build_engine(
-        run.model, masks, run.ds_config, partitioned=partitioned, activation_checkpointing=run.activation_checkpointing
+        run.model,
+        masks,
+        run.ds_config,
+        partitioned=partitioned,
+        activation_checkpointing=run.activation_checkpointing,
+        compile_model=run.compile,
     )
     start_schedule(engine)  # step 1 trains at the warm-up's first non-zero LR (a resume then loads its position)
     if run.init_from is not None:

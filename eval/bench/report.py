@@ -88,6 +88,28 @@ def growth_cost(records: list[dict], step_time_s: float) -> dict:
     }
 
 
+def peak_memory_bytes(rec: dict) -> int | None:
+    """A run's peak memory: rank 0's peak device allocation on a GPU, else the largest peak RSS of its ranks."""
+    if rec.get("peak_device_bytes_rank0"):
+        return int(rec["peak_device_bytes_rank0"])
+    rss = rec.get("peak_rss_bytes_per_rank") or []
+    return max(rss) if rss else None
+
+
+def add_recompute_savings(records: list[dict]) -> None:
+    """For every run with activation recomputation whose twin without it (same name less ``-ckpt``) is among
+    ``records``, add ``recompute_memory_saved_bytes`` (twin's peak memory - this run's, ``peak_memory_bytes``) and
+    ``recompute_step_time_ratio`` (this run's median step time / the twin's). Modifies the records in place."""
+    by_name = {r["name"]: r for r in records}
+    for r in records:
+        twin = by_name.get(r["name"].removesuffix("-ckpt")) if r.get("activation_recomputation") else None
+        if twin is None:
+            continue
+        a, b = peak_memory_bytes(twin), peak_memory_bytes(r)
+        r["recompute_memory_saved_bytes"] = a - b if a is not None and b is not None else None
+        r["recompute_step_time_ratio"] = r["step_time_s_median"] / twin["step_time_s_median"]
+
+
 def mib(n: float | None) -> str:
     """Bytes as whole MiB with thousands separators ('-' for None)."""
     return "-" if n is None else f"{n / 2**20:,.0f}"
@@ -122,6 +144,17 @@ def markdown(records: list[dict], header: dict) -> str:
             f"| {r.get('skipped_steps', 0)} | {' / '.join(mib(b) for b in rss) or '-'} "
             f"| {_num(ratio, '.2f') + 'x' if ratio is not None else '-'} |"
         )
+    recompute = [r for r in records if "recompute_step_time_ratio" in r]
+    if recompute:
+        lines += ["", "| run | peak memory MiB | without recomputation MiB | saved MiB | step time vs without |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for r in recompute:
+            saved = r["recompute_memory_saved_bytes"]
+            peak = peak_memory_bytes(r)
+            lines.append(
+                f"| {r['name']} | {mib(peak)} | {mib(None if saved is None or peak is None else peak + saved)} "
+                f"| {mib(saved)} | {r['recompute_step_time_ratio']:.2f}x |"
+            )
     growth = [r for r in records if r.get("growth", {}).get("events")]
     if growth:
         lines += ["", "| run | growth events | growth s | equivalent steps |", "|---|---|---|---|"]
@@ -131,11 +164,12 @@ def markdown(records: list[dict], header: dict) -> str:
     lines += [
         "",
         "tokens/s counts the global batch of all ranks; model TFLOP/s = tokens/s x (6N + 12 L H Q T) per token, "
-        "activation recomputation off; MFU = model FLOP/s per rank / the peak above (n/a where the model ran faster "
-        "than that peak: no native kernels for the precision, so the measured product is no peak); "
-        "'vs PyTorch' = DeepSpeed "
+        "the recomputed forward of a -ckpt run (activation checkpointing) not counted; MFU = model FLOP/s per rank / "
+        "the peak above (n/a where the model ran faster than that peak: no native kernels for the precision, so the "
+        "measured product is no peak); 'vs PyTorch' = DeepSpeed "
         "median step time / the plain PyTorch step time (torch DDP, the same ranks, threads, precision and global "
-        "batch; above 1: slower than plain PyTorch). Peak RSS is each rank process's peak resident memory (host).",
+        "batch; above 1: slower than plain PyTorch). Peak RSS is each rank process's peak resident memory (host); "
+        "peak memory is rank 0's peak GPU allocation on a GPU, else the largest peak RSS.",
         "",
     ]
     return "\n".join(lines)
@@ -191,8 +225,8 @@ def write_reports(args, out: Path, records: list[dict], base: dict, shape: str) 
     header = {
         "device": common["device"],
         "model": f"{args.preset} ({shape}), {common['n_params'] / 1e6:.2f}M parameters, "
-        f"{common['flops_per_token'] / 1e6:.1f} MFLOP per token at T={args.seq_len} (6N + 12 L H Q T, activation "
-        "recomputation off)",
+        f"{common['flops_per_token'] / 1e6:.1f} MFLOP per token at T={args.seq_len} (6N + 12 L H Q T, model "
+        "FLOPs: a recomputed forward is not counted)",
         "batch": f"micro {args.micro_batch} x accumulation {args.grad_accum} x {args.world_size} ranks = "
         f"{common['global_batch']} sequences of {args.seq_len} tokens per step",
         "steps": f"{args.max_steps} per run, first {args.skip_steps} left out",

@@ -32,7 +32,7 @@ import torch
 
 from growlm import DS_CONFIG_DIR, PACKAGE_DIR, TRAIN_SCRIPT
 from growlm.eval.bench.peak import device_peak
-from growlm.eval.bench.report import BenchError, summarize_train, write_reports
+from growlm.eval.bench.report import BenchError, add_recompute_savings, summarize_train, write_reports
 from growlm.growth.errors import GrowthError
 from growlm.growth.stages.plan import load_stages
 from growlm.model.config import flops_per_token, from_preset, param_count
@@ -68,6 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip_steps", type=int, default=2, help="leading steps left out of every number (warm-up)")
     p.add_argument("--peak_tflops", type=float, default=None, help="peak per device (default: GPU table or measured)")
     p.add_argument("--no_baseline", action="store_true", help="skip the plain PyTorch baseline")
+    p.add_argument(
+        "--activation_checkpointing",
+        choices=("off", "on", "both"),
+        default="off",
+        help="train.py's --activation_checkpointing: off, on, or both (each run twice; the report then gives the "
+        "peak memory each saves)",
+    )
     p.add_argument(
         "--growth_plan",
         default=None,
@@ -162,9 +169,12 @@ def recorded_command(cmd: list[str], work: Path) -> str:
     return shlex.join(words)
 
 
-def bench_deepspeed(args: argparse.Namespace, stage: int, precision: str, work: Path, base: dict) -> dict:
-    """One train.py run at ``stage`` and ``precision`` with ``args.world_size`` ranks; its JSON record."""
-    name = f"zero{stage}-{precision}"
+def bench_deepspeed(
+    args: argparse.Namespace, stage: int, precision: str, work: Path, base: dict, recompute: bool = False
+) -> dict:
+    """One train.py run at ``stage`` and ``precision`` with ``args.world_size`` ranks (``recompute``: with
+    --activation_checkpointing, named ``...-ckpt``); its JSON record."""
+    name = f"zero{stage}-{precision}" + ("-ckpt" if recompute else "")
     run_dir = work / name
     cfg_path = ds_config(stage, precision, args.micro_batch, args.grad_accum, args.max_steps, work / f"{name}.json")
     shape = [f"--{k}={getattr(args, k)}" for k in ("n_layer", "n_embd", "n_head", "n_inner") if getattr(args, k)]
@@ -174,6 +184,7 @@ def bench_deepspeed(args: argparse.Namespace, stage: int, precision: str, work: 
     cmd += ["--log_interval", str(args.max_steps), "--out_dir", str(run_dir)]
     cmd += ["--data", args.data] if args.data else []
     cmd += ["--growth_plan", args.growth_plan] if args.growth_plan else []
+    cmd += ["--activation_checkpointing"] if recompute else []
     cmd += args.train_extra
     ws = args.world_size
     env: dict[str, str] = {}
@@ -195,6 +206,7 @@ def bench_deepspeed(args: argparse.Namespace, stage: int, precision: str, work: 
         "peak_flops_per_s_per_rank": peak.flops_per_s,
         "peak_source": peak.source,
         "mfu": s["model_flops_per_s_per_rank"] / peak.flops_per_s,
+        "activation_recomputation": recompute,
         "peak_rss_bytes_per_rank": rss,
         "peak_device_bytes_rank0": s["max_rss_bytes_rank0"] if base["device_type"] == "cuda" else None,
         "train_cmd": recorded_command(cmd, work),
@@ -248,6 +260,7 @@ def bench_pytorch(args: argparse.Namespace, precision: str, work: Path, base: di
         "mfu": flops / seconds / ws / peak.flops_per_s,
         "skipped_steps": 0,
         "final_loss": sum(o["losses"][-1] for o in outs) / ws,
+        "activation_recomputation": False,
         "peak_rss_bytes_per_rank": rss,
         "peak_device_bytes_rank0": outs[0]["peak_device_bytes"],
         "train_cmd": recorded_command(cmd, work),
@@ -341,7 +354,6 @@ def _common(args: argparse.Namespace, cfg, fpt: int, device_type: str) -> dict:
         "model": cfg.to_dict(),
         "n_params": param_count(cfg),
         "flops_per_token": fpt,
-        "activation_recomputation": False,  # growlm's GPT recomputes nothing: model FLOPs = executed FLOPs
         "seq_len": args.seq_len,
         "micro_batch": args.micro_batch,
         "grad_accum": args.grad_accum,
@@ -361,17 +373,20 @@ def _measure(args: argparse.Namespace, precisions: list[str], stages: list[int],
         baseline = None if args.no_baseline else bench_pytorch(args, p, work, base)
         if baseline is not None:
             records.append(baseline)
+        modes = {"off": [False], "on": [True], "both": [False, True]}[args.activation_checkpointing]
         for s in stages:
-            rec = bench_deepspeed(args, s, p, work, base)
-            rec["baseline_step_time_s"] = baseline["step_time_s_median"] if baseline else None
-            rec["overhead_vs_baseline"] = (
-                rec["step_time_s_median"] / baseline["step_time_s_median"] if baseline else None
-            )
-            records.append(rec)
-            print(
-                f"growlm-bench: {rec['name']}: {rec['tokens_per_s']:,.0f} tokens/s, MFU {rec['mfu']:.1%}",
-                flush=True,
-            )
+            for recompute in modes:
+                rec = bench_deepspeed(args, s, p, work, base, recompute)
+                rec["baseline_step_time_s"] = baseline["step_time_s_median"] if baseline else None
+                rec["overhead_vs_baseline"] = (
+                    rec["step_time_s_median"] / baseline["step_time_s_median"] if baseline else None
+                )
+                records.append(rec)
+                print(
+                    f"growlm-bench: {rec['name']}: {rec['tokens_per_s']:,.0f} tokens/s, MFU {rec['mfu']:.1%}",
+                    flush=True,
+                )
+    add_recompute_savings(records)
     return records
 
 

@@ -50,6 +50,7 @@ from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.preparation import prepare_growth
 from growlm.growth.ops.rules import RuleSet
 from growlm.growth.ops.schedule_rule import ScheduleRule
+from growlm.growth.ops.stores import adam_step_tensor
 from growlm.model.masks import MaskSpec
 from growlm.runtime.crash_points import hold_point
 from growlm.runtime.engine import inner_optimizer, release_engine, repair_adam_steps, weights_uninitialised
@@ -76,7 +77,7 @@ def ensure_adam_state(engine: Any, adam_step: int) -> None:
             if "exp_avg" not in st:
                 st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            st["step"] = torch.tensor(float(adam_step)) if tensor_step else adam_step
+            st["step"] = adam_step_tensor(opt, adam_step, p) if tensor_step else adam_step
     link_optimizer_state(engine)
 
 

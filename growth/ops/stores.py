@@ -17,6 +17,14 @@ from torch import Tensor, nn
 from growlm.growth.errors import GrowthError
 
 
+def adam_step_tensor(optimizer: torch.optim.Optimizer, value: float, param: torch.Tensor) -> torch.Tensor:
+    """A torch Adam/AdamW ``state['step']`` of ``value`` where that optimizer keeps it: a float32 scalar on the
+    parameter's device for the fused and capturable kernels (which read it there), a CPU scalar otherwise."""
+    if optimizer.defaults.get("fused") or optimizer.defaults.get("capturable"):
+        return torch.tensor(float(value), dtype=torch.float32, device=param.device)
+    return torch.tensor(float(value))
+
+
 class ParamState(NamedTuple):
     """One parameter's fp32 value and Adam moments, all of the parameter's shape (HF (in, out) layout)."""
 
@@ -98,7 +106,7 @@ class ModuleStore:
             p.copy_(state.weight)
         if self.optimizer is not None:
             st = self.optimizer.state[p]
-            st["step"] = torch.tensor(float(self.step))
+            st["step"] = adam_step_tensor(self.optimizer, self.step, p)
             st["exp_avg"] = state.exp_avg.to(p.dtype).clone()
             st["exp_avg_sq"] = state.exp_avg_sq.to(p.dtype).clone()
 

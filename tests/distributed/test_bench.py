@@ -38,15 +38,23 @@ def test_bench_runs_train_py_and_the_pytorch_baseline(tmp_path, builtin_data):
     out = tmp_path / "bench"
     argv = ["--preset", "tiny", "--seq_len", "32", "--zero_stage", "2", "--precision", "fp32", "--micro_batch", "4",
             "--world_size", "2", "--threads_per_rank", "1", "--max_steps", "3", "--skip_steps", "1",
-            "--out", str(out)]  # fmt: skip
+            "--activation_checkpointing", "both", "--out", str(out)]  # fmt: skip
     assert bench.main(argv) == 0
     assert sorted(p.name for p in out.iterdir()) == [
-        "bench.json", "bench.md", "bench.png", "pytorch-fp32.json", "zero2-fp32.json"
+        "bench.json", "bench.md", "bench.png", "pytorch-fp32.json", "zero2-fp32-ckpt.json", "zero2-fp32.json"
     ]  # fmt: skip
     ds = json.loads((out / "zero2-fp32.json").read_text())
     base = json.loads((out / "pytorch-fp32.json").read_text())
+    ckpt = json.loads((out / "zero2-fp32-ckpt.json").read_text())
     fpt = flops_per_token(from_preset("tiny"), 32)
-    assert ds["flops_per_token"] == base["flops_per_token"] == fpt and ds["activation_recomputation"] is False
+    assert ds["flops_per_token"] == base["flops_per_token"] == ckpt["flops_per_token"] == fpt  # model FLOPs
+    assert (ds["activation_recomputation"], ckpt["activation_recomputation"]) == (False, True)
+    assert "--activation_checkpointing" in ckpt["train_cmd"] and "--activation_checkpointing" not in ds["train_cmd"]
+    assert ckpt["final_loss"] == pytest.approx(ds["final_loss"], abs=1e-5)  # the same training, recomputed
+    saved = ckpt["recompute_memory_saved_bytes"]  # the memory it saves: peak RSS of the twin run less its own
+    assert saved == max(ds["peak_rss_bytes_per_rank"]) - max(ckpt["peak_rss_bytes_per_rank"])
+    assert ckpt["recompute_step_time_ratio"] == pytest.approx(ckpt["step_time_s_median"] / ds["step_time_s_median"])
+    assert "recompute_memory_saved_bytes" not in ds
     assert ds["global_batch"] == 8 and ds["tokens_per_step"] == 256
     assert ds["measured_steps"] == 2 and len(ds["step_times_s"]) == 2 and ds["measured_tokens"] == 2 * 256
     assert ds["tokens_per_s"] == pytest.approx(512 / sum(ds["step_times_s"]))
@@ -64,9 +72,12 @@ def test_bench_runs_train_py_and_the_pytorch_baseline(tmp_path, builtin_data):
     assert ds["overhead_vs_baseline"] == pytest.approx(ds["step_time_s_median"] / base["step_time_s_median"])
     md = (out / "bench.md").read_text()
     assert "| zero2-fp32 | 2 | fp32 | 2 |" in md and "| pytorch-fp32 | - | fp32 | 2 |" in md
-    assert "activation recomputation off" in md
+    assert "| zero2-fp32-ckpt | 2 | fp32 | 2 |" in md and "| run | peak memory MiB | without recomputation MiB" in md
+    assert f"| zero2-fp32-ckpt | {max(ckpt['peak_rss_bytes_per_rank']) / 2**20:,.0f} |" in md
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
-    assert [r["name"] for r in json.loads((out / "bench.json").read_text())] == ["pytorch-fp32", "zero2-fp32"]
+    assert [r["name"] for r in json.loads((out / "bench.json").read_text())] == [
+        "pytorch-fp32", "zero2-fp32", "zero2-fp32-ckpt"
+    ]  # fmt: skip
 
 
 GROW_AT_STEP_2 = """

@@ -382,7 +382,7 @@ def test_bench_peak_tflops_replaces_the_measured_peak(monkeypatch, tmp_path):
 def _mains():
     from growlm import train
     from growlm.data import build_corpus, prepare
-    from growlm.eval.bench import throughput
+    from growlm.eval.bench import gpu_check, throughput
     from growlm.eval.experiments import cli as experiment
     from growlm.eval.metrics import cli as eval_cli
     from growlm.growth.offline import cli as grow_cli
@@ -390,7 +390,8 @@ def _mains():
 
     return {"growlm-train": train.main, "growlm-prepare": prepare.main, "growlm-build-corpus": build_corpus.main,
             "growlm-grow": grow_cli.main, "growlm-run": driver_cli.main, "growlm-eval": eval_cli.main,
-            "growlm-experiment": experiment.main, "growlm-bench": throughput.main}  # fmt: skip
+            "growlm-experiment": experiment.main, "growlm-bench": throughput.main,
+            "growlm-gpu-check": gpu_check.main}  # fmt: skip
 
 
 @pytest.mark.parametrize("command", sorted(_mains()))

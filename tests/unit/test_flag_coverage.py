@@ -21,7 +21,7 @@ REPO = TESTS.parent
 def _parsers() -> dict[str, list[Callable[[], argparse.ArgumentParser]]]:
     from growlm import train
     from growlm.data import build_corpus, prepare
-    from growlm.eval.bench import throughput
+    from growlm.eval.bench import gpu_check, throughput
     from growlm.eval.experiments import cli as experiment
     from growlm.eval.experiments import equal_compute, staged
     from growlm.eval.metrics import cli as eval_cli
@@ -38,6 +38,7 @@ def _parsers() -> dict[str, list[Callable[[], argparse.ArgumentParser]]]:
         # --protocol picks the parser of the rest: equal_compute (the default) or staged (equal_steps)
         "growlm-experiment": [experiment.build_protocol_parser, equal_compute.build_parser, staged.build_parser],
         "growlm-bench": [throughput.build_parser],
+        "growlm-gpu-check": [gpu_check.build_parser],
     }
 
 

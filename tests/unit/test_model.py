@@ -163,3 +163,10 @@ def test_activation_checkpointing_keeps_less_for_backward():
         saved[ckpt] = total[0]
         loss.backward()  # and backward still works
     assert saved[True] < saved[False] / 2, saved
+
+
+def test_attention_kernel_is_the_fused_one_on_a_cpu():
+    from growlm.model.gpt import attention_kernel
+
+    for dtype in (torch.float32, torch.bfloat16):  # PyTorch's CPU flash kernel takes both, any head size
+        assert attention_kernel(16, dtype, "cpu") == attention_kernel(64, dtype, "cpu") == "flash"

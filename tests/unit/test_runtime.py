@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from growlm import DS_CONFIG_DIR
 from growlm.runtime import atomic
 from growlm.runtime.checkpoint import (
     CheckpointError,
@@ -247,3 +248,35 @@ def test_known_noise_is_dropped_and_nothing_else():
         warnings.warn("`torch.distributed.all_gather_into_tensor` is deprecated", FutureWarning, stacklevel=1)
         warnings.warn("something else", FutureWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["something else"]
+
+
+def test_cuda_gets_torch_fused_adamw_and_nothing_else_changes():
+    from growlm.runtime.engine import optimizer_for_device
+
+    cfg = json.loads((DS_CONFIG_DIR / "zero2_bf16.json").read_text())
+    fused = optimizer_for_device(cfg, "cuda")
+    assert fused["optimizer"]["params"] == {**cfg["optimizer"]["params"], "fused": True}
+    assert {k: v for k, v in fused.items() if k != "optimizer"} == {k: v for k, v in cfg.items() if k != "optimizer"}
+    assert "fused" not in cfg["optimizer"]["params"]  # the input is not modified
+    assert optimizer_for_device(cfg, "cpu") is cfg
+    own = {**cfg, "optimizer": {**cfg["optimizer"], "params": {**cfg["optimizer"]["params"], "foreach": True}}}
+    assert optimizer_for_device(own, "cuda") is own  # the user's own choice stays
+    offload = json.loads((DS_CONFIG_DIR / "zero2_bf16_offload.json").read_text())
+    assert optimizer_for_device(offload, "cuda")["optimizer"] == offload["optimizer"]  # DeepSpeed's CPU Adam
+
+
+def test_adam_step_tensor_lives_where_the_kernel_reads_it():
+    import torch
+
+    from growlm.growth.ops.stores import adam_step_tensor
+
+    p = torch.nn.Parameter(torch.ones(3))
+    plain = adam_step_tensor(torch.optim.AdamW([p]), 7, p)
+    fused = adam_step_tensor(torch.optim.AdamW([p], fused=True), 7, p)
+    assert plain.device.type == "cpu" and float(plain) == 7.0 and plain.dtype == torch.float32
+    assert fused.device == p.device and fused.dtype == torch.float32 and float(fused) == 7.0
+    opt = torch.optim.AdamW([p], lr=0.1, fused=True)  # the fused kernel steps from it
+    opt.state[p].update(step=fused, exp_avg=torch.zeros(3), exp_avg_sq=torch.zeros(3))
+    p.grad = torch.ones(3)
+    opt.step()
+    assert float(opt.state[p]["step"]) == 8.0
