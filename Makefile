@@ -60,13 +60,16 @@ wheelhouse: setup  # growlm, DeepSpeed (built from its sdist) and every dependen
 		$(foreach p,$(PLATFORM),--platform $(p))
 
 install-offline:  # pip --no-index from WHEELHOUSE into NODE_PYTHON's environment; its torch is pinned, never replaced
-	@ls $(WHEELHOUSE)/growlm-*.whl >/dev/null 2>&1 || { echo "make install-offline: no growlm wheel in \
+	@ls "$(WHEELHOUSE)"/growlm-*.whl >/dev/null 2>&1 || { echo "make install-offline: no growlm wheel in \
 	WHEELHOUSE=$(WHEELHOUSE): build the folder with make wheelhouse where there is internet and copy it here"; exit 2; }
-	@torch=$$($(NODE_PYTHON) -c "import torch; print(torch.__version__)" 2>/dev/null) || { echo "make install-offline: \
+	@torch=$$("$(NODE_PYTHON)" -c "import torch; print(torch.__version__)" 2>/dev/null) || { echo "make install-offline: \
 	$(NODE_PYTHON) has no torch: install the node's CUDA torch first (growlm never installs torch offline)"; exit 2; }; \
 	pin=$$(mktemp); echo "torch==$$torch" > $$pin; echo "keeping torch $$torch"; \
-	PIP_CONFIG_FILE=/dev/null $(NODE_PYTHON) -m pip install -q --no-index --find-links $(WHEELHOUSE) --constraint $$pin \
-		$(WHEELHOUSE)/growlm-*.whl; rc=$$?; rm -f $$pin; exit $$rc
+	export PIP_CONFIG_FILE=/dev/null; \
+	"$(NODE_PYTHON)" -m pip install -q --no-index --find-links "$(WHEELHOUSE)" --constraint $$pin \
+		"$(WHEELHOUSE)"/growlm-*.whl && \
+	"$(NODE_PYTHON)" -m pip install -q --no-index --no-deps --force-reinstall "$(WHEELHOUSE)"/growlm-*.whl; \
+	rc=$$?; rm -f $$pin; exit $$rc
 
 clean:  # run folders here, and growlm's cache (the prepared built-in corpus, the small-vocabulary corpus)
 	rm -rf runs "$${GROWLM_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/growlm}"

@@ -88,6 +88,8 @@ def build(out: Path, python_version: str | None, platforms: list[str], deepspeed
         WheelhouseError: a pip step failed, or a wheel the node provides (torch, CUDA) ended up in the folder.
     """
     out.mkdir(parents=True, exist_ok=True)
+    for old in [*out.glob("growlm-*.whl"), *out.glob("deepspeed-*.whl")]:  # one version of each: pip refuses two
+        old.unlink()
     with tempfile.TemporaryDirectory(prefix="growlm-wheel-") as tmp:
         # growlm: from a copy of the clone (setuptools' build/ folder stays out of it, and no stale file of an
         # earlier build gets in), with this environment's setuptools (no index needed for the build itself)

@@ -60,7 +60,10 @@ def optimizer_for_device(ds_cfg: dict, device_type: str) -> dict:
     """
     opt = ds_cfg.get("optimizer") or {}
     params = opt.get("params") or {}
+    offload = ((ds_cfg.get("zero_optimization") or {}).get("offload_optimizer") or {}).get("device", "none")
     if device_type != "cuda" or not params.get("torch_adam") or "fused" in params or "foreach" in params:
+        return ds_cfg
+    if offload not in (None, "none"):  # the optimizer steps on the CPU
         return ds_cfg
     return {**ds_cfg, "optimizer": {**opt, "params": {**params, "fused": True}}}
 
@@ -160,7 +163,11 @@ def build_engine(
         )
     split["engine_other"] = time.perf_counter() - t - split["optimizer"]
     if compile_model:
-        engine.compile()  # torch.compile of the module, traced at the first forward
+        # torch.compile of the module, traced at its first forward. Dynamo caches on the code objects that every
+        # GPT shares, so a grown model would count as a recompile of the old one (and after the recompile limit
+        # run eager): the caches of the discarded model go first.
+        torch.compiler.reset()
+        engine.compile()
     engine.growlm_build_seconds = split
     return engine
 
@@ -190,9 +197,9 @@ def loss_scale_of(engine: Any) -> float:
 
 
 def repair_adam_steps(engine: Any) -> int:
-    """Give every Adam state entry of ``engine``'s inner torch optimizer its own step counter (same value). Call after
-    every load of optimizer state (native, universal or grown checkpoint) and after a live growth, before the next
-    optimizer step.
+    """Give every Adam state entry of ``engine``'s inner torch optimizer its own step counter (same value), kept where
+    the optimizer's kernel reads it. Call after every load of optimizer state (native, universal or grown checkpoint)
+    and after a live growth, before the next optimizer step.
 
     DeepSpeed 0.19's ZeRO-3 universal loader (``load_hp_checkpoint_state_from_checkpoint_dir_stage3``) puts ONE
     ``state['step']`` tensor object into every parameter group. torch's AdamW increments each group's step in place,
@@ -202,22 +209,38 @@ def repair_adam_steps(engine: Any) -> int:
     after a load is the saved one and is kept; only the sharing is undone. (DeepSpeed's bf16 optimizer at ZeRO
     stage 0 legitimately counts one step more than the engine's global step, so the value is not reset to it.)
 
+    The universal loaders (ZeRO 1-3) also write the saved step and param-group settings directly, past torch's
+    ``load_state_dict``: the step stays the CPU tensor it was saved as and the group takes the saved ``fused``
+    flag. For an optimizer built fused (``optimizer_for_device`` on CUDA) each group gets its ``fused`` setting back
+    and each step moves to its parameter's device as float32 (``growth.ops.stores.adam_step_tensor``), where the
+    fused kernel reads it.
+
     Args:
         engine: a DeepSpeed engine (any ZeRO stage; torch Adam/AdamW tensor steps or DeepSpeed's integer steps).
 
     Returns:
         The number of state entries that got their own counter (0 when none was shared).
     """
+    opt = inner_optimizer(engine)
+    fused = bool(opt.defaults.get("fused"))
+    on_device = fused or bool(opt.defaults.get("capturable"))
+    if fused:
+        for group in opt.param_groups:
+            group["fused"], group["foreach"] = True, False
     seen: set[int] = set()
     repaired = 0
-    for st in inner_optimizer(engine).state.values():
+    for p, st in opt.state.items():
         step = st.get("step")
         if not torch.is_tensor(step):
             continue  # DeepSpeed's fused/CPU Adam keep a plain int, never shared
-        if id(step) in seen:
-            st["step"] = step.detach().clone()
+        shared = id(step) in seen
+        seen.add(id(step))
+        if shared:
+            st["step"] = step = step.detach().clone()
             repaired += 1
-        seen.add(id(st["step"]))
+        if on_device and (step.device != p.device or step.dtype != torch.float32):
+            st["step"] = step = step.detach().to(p.device, torch.float32)
+        seen.add(id(step))
     return repaired
 
 

@@ -67,6 +67,7 @@ class Shapes:
     train_micro: int
     train_steps: int
     grow_depth_to: int  # n_layer after the duplication growth (x2)
+    grow_steps: tuple[int, int]  # the steps of the two growths (after fp16's first overflow-skipped steps)
     grow_width_to: tuple[int, int]  # (n_embd, n_head) after the masked growth
     lr: float
     bench_presets: tuple[str, ...]
@@ -76,8 +77,9 @@ class Shapes:
     timeout_s: float
 
 
-GPU = Shapes(("bf16", "fp16"), "gpt2", 512, 8, 12, 24, (1024, 16), 6e-4, ("gpt2", "gpt2-medium"), 1024, 8, 3, 900.0)
-SMOKE = Shapes(("fp32",), "tiny", 32, 4, 6, 4, (96, 6), 3e-3, ("tiny",), 32, 3, 1, 600.0)
+GPU = Shapes(("bf16", "fp16"), "gpt2", 512, 8, 12, 24, (4, 7), (1024, 16), 6e-4, ("gpt2-medium", "gpt2"), 1024, 8, 3,
+             900.0)  # fmt: skip
+SMOKE = Shapes(("fp32",), "tiny", 32, 4, 6, 4, (2, 4), (96, 6), 3e-3, ("tiny",), 32, 3, 1, 600.0)
 
 
 @dataclass
@@ -102,7 +104,8 @@ def fit_micro_batch(cfg: GPTConfig, seq_len: int, device_bytes: int, *, recomput
     exp_avg_sq; Rajbhandari et al. 2020, ZeRO, section 3.1). Activations per sequence and layer: 34 T d bytes
     (Korthikanti et al. 2022, arXiv 2205.05198, eq. 1, without its 5 a T^2 score term: flash attention keeps none);
     with recomputation each layer keeps only its 2 T d-byte input, plus one layer's 34 T d while it recomputes. The
-    LM head adds 10 T V bytes per sequence (half logits, their fp32 copy and its gradient for the cross entropy).
+    LM head adds 12 T V bytes per sequence at the backward peak (half logits, their fp32 copy for the cross entropy,
+    its fp32 gradient, the half gradient of the logits).
 
     Returns:
         The micro batch (at least 1).
@@ -110,7 +113,7 @@ def fit_micro_batch(cfg: GPTConfig, seq_len: int, device_bytes: int, *, recomput
     state = 16 * param_count(cfg)
     layer = 34 * seq_len * cfg.n_embd
     acts = (cfg.n_layer * 2 * seq_len * cfg.n_embd + layer) if recompute else cfg.n_layer * layer
-    per_seq = acts + 10 * seq_len * cfg.vocab_size
+    per_seq = acts + 12 * seq_len * cfg.vocab_size
     fit = max(1, int((fraction * device_bytes - state) // per_seq))
     return 2 ** int(math.log2(fit))
 
@@ -154,6 +157,7 @@ class Runner:
     def __init__(self, shapes: Shapes, work: Path, data: str | None, budget_s: float, smoke: bool) -> None:
         self.s, self.work, self.data, self.smoke = shapes, work, data, smoke
         self.deadline = time.monotonic() + budget_s
+        self.last_run_s = 30.0 if smoke else 60.0  # the cost guess for the next run: the last run's wall time
         self.checks: list[Check] = []
         self.sections: dict[str, Any] = {}
         self.device = "cuda" if torch.cuda.is_available() and not smoke else "cpu"
@@ -164,6 +168,10 @@ class Runner:
 
     def left_s(self) -> float:
         return self.deadline - time.monotonic()
+
+    def fits(self, factor: float = 1.0) -> bool:
+        """Whether a run like the last one (``factor`` times as long) still fits the budget."""
+        return self.left_s() > factor * self.last_run_s
 
     def ds_config(self, name: str, stage: int, precision: str, lr: float | None = None) -> Path:
         cfg = json.loads((DS_CONFIG_DIR / f"zero{stage}_{precision}.json").read_text())
@@ -182,7 +190,9 @@ class Runner:
         env = {"OMP_NUM_THREADS": str(max(1, (torch.get_num_threads())))} if self.device == "cpu" else {}
         if self.device == "cpu":
             env["DS_ACCELERATOR"] = "cpu"
-        res = launch_ranks(cmd, 1, envs=[env], log_dir=out / "logs", timeout_s=min(self.s.timeout_s, self.left_s()))
+        t = time.monotonic()
+        res = launch_ranks(cmd, 1, envs=[env], log_dir=out / "logs", timeout_s=self.s.timeout_s)
+        self.last_run_s = time.monotonic() - t
         return res.returncode, out
 
     def plan(self, name: str) -> Path:
@@ -192,9 +202,10 @@ class Runner:
         text = (
             f"seed: 0\nstart: {{preset: {self.s.train_preset}, n_layer: {self.s.grow_depth_to // 2}}}\nstages:\n"
             f"  - name: depth-x2\n    target: {{n_layer: {self.s.grow_depth_to}}}\n    family: duplicate\n"
-            "    options: {layer_order: interleave, exact: true}\n    when: {step: 2}\n"
+            f"    options: {{layer_order: interleave, exact: true}}\n    when: {{step: {self.s.grow_steps[0]}}}\n"
             "    optimizer: {moments: carry}\n    schedule: {kind: continue}\n"
-            f"  - name: width\n    target: {{n_embd: {d}, n_head: {h}}}\n    family: masked\n    when: {{step: 4}}\n"
+            f"  - name: width\n    target: {{n_embd: {d}, n_head: {h}}}\n    family: masked\n"
+            f"    when: {{step: {self.s.grow_steps[1]}}}\n"
             "    ramp_steps: 2\n    schedule: {kind: continue}\n"
         )
         assert d > base.n_embd, (d, base.n_embd)
@@ -203,51 +214,64 @@ class Runner:
         return path
 
 
+def train_and_check(r: Runner, name: str, stage: int, precision: str, extra: list[str]) -> dict[str, Any] | str:
+    """One training run of section 2 and its checks; its record (or why it was skipped)."""
+    if not r.fits():
+        return "skipped: budget"
+    args = ["--ds_config", str(r.ds_config(name, stage, precision)), "--max_steps", str(r.s.train_steps)]
+    args += ["--preset", r.s.train_preset] if stage == 1 else ["--growth_plan", str(r.plan(name))]
+    rc, run = r.train(name, [*args, *extra])
+    rec: dict[str, Any] = {"exit_status": rc, "wall_s": r.last_run_s}
+    if not r.check("training", f"{name} ran", rc == 0, f"exit status {rc}" + (f", logs in {name}/logs" if rc else "")):
+        return rec
+    steps = read_records(run, "train")
+    losses = [s["loss"] for s in steps]
+    times = [s["step_time_s"] for s in steps][1:]
+    median = statistics.median(times) if times else float("nan")
+    rec.update(losses=losses, skipped_steps=steps[-1].get("skipped_steps", 0) if steps else None,
+               step_time_s_median=median)  # fmt: skip
+    r.check("training", f"{name} losses finite", all(math.isfinite(x) for x in losses), f"{len(losses)} steps")
+    r.check("training", f"{name} loss falls", losses[-1] < losses[0], f"{losses[0]:.4f} -> {losses[-1]:.4f}")
+    if precision == "fp16":
+        skipped = rec["skipped_steps"]
+        r.check("training", f"{name} loss scaler", skipped is not None and skipped < len(losses),
+                f"{skipped} overflow-skipped step(s) of {len(losses)}")  # fmt: skip
+    growths = read_records(run, "growth")
+    rec["growths"] = [
+        {k: g[k] for k in ("step", "stage", "family", "loss_before", "loss_after", "seconds")}
+        | {"equivalent_steps": g["seconds"] / median if median > 0 else None}
+        for g in growths
+    ]
+    if stage > 1:
+        r.check("training", f"{name} grew twice", len(growths) == 2, f"{len(growths)} growth record(s)")
+        for g in growths:
+            diff = abs(g["loss_after"] - g["loss_before"])
+            r.check("training", f"{name} {g['stage']} ({g['family']}) preserves the loss",
+                    diff <= GROWTH_TOL[precision],
+                    f"{g['loss_before']:.6f} -> {g['loss_after']:.6f} (|diff| {diff:.2e}, tolerance "
+                    f"{GROWTH_TOL[precision]:g}); {g['seconds']:.2f} s")  # fmt: skip
+    return rec
+
+
 def section_training(r: Runner) -> dict[str, Any]:
-    """Section 2: precision x ZeRO 1-3, live growth at ZeRO 2 and 3."""
+    """Section 2: precision x ZeRO 1-3, live growth at ZeRO 2 and 3; on a GPU also the ZeRO-2 growth run of the first
+    precision with --compile (the same losses within the precision's tolerance, its median step time against the
+    run without)."""
     out: dict[str, Any] = {}
     for precision in r.s.precisions:
         for stage in (1, 2, 3):
             name = f"train-zero{stage}-{precision}"
-            if r.left_s() < 60:
-                out[name] = "skipped: budget"
-                continue
-            args = ["--ds_config", str(r.ds_config(name, stage, precision)), "--max_steps", str(r.s.train_steps)]
-            args += ["--preset", r.s.train_preset] if stage == 1 else ["--growth_plan", str(r.plan(name))]
-            t = time.monotonic()
-            rc, run = r.train(name, args)
-            rec: dict[str, Any] = {"exit_status": rc, "wall_s": time.monotonic() - t}
-            out[name] = rec
-            if not r.check(
-                "training", f"{name} ran", rc == 0, f"exit status {rc}" + (f", logs in {name}/logs" if rc else "")
-            ):
-                continue
-            steps = read_records(run, "train")
-            losses = [s["loss"] for s in steps]
-            times = [s["step_time_s"] for s in steps][1:]
-            median = statistics.median(times) if times else float("nan")
-            rec.update(losses=losses, skipped_steps=steps[-1].get("skipped_steps", 0) if steps else None,
-                       step_time_s_median=median)  # fmt: skip
-            r.check("training", f"{name} losses finite", all(math.isfinite(x) for x in losses), f"{len(losses)} steps")
-            r.check("training", f"{name} loss falls", losses[-1] < losses[0], f"{losses[0]:.4f} -> {losses[-1]:.4f}")
-            if precision == "fp16":
-                skipped = rec["skipped_steps"]
-                r.check("training", f"{name} loss scaler", skipped is not None and skipped < len(losses),
-                        f"{skipped} overflow-skipped step(s) of {len(losses)}")  # fmt: skip
-            growths = read_records(run, "growth")
-            rec["growths"] = [
-                {k: g[k] for k in ("step", "stage", "family", "loss_before", "loss_after", "seconds")}
-                | {"equivalent_steps": g["seconds"] / median if median > 0 else None}
-                for g in growths
-            ]
-            if stage > 1:
-                r.check("training", f"{name} grew twice", len(growths) == 2, f"{len(growths)} growth record(s)")
-                for g in growths:
-                    diff = abs(g["loss_after"] - g["loss_before"])
-                    r.check("training", f"{name} {g['stage']} ({g['family']}) preserves the loss",
-                            diff <= GROWTH_TOL[precision],
-                            f"{g['loss_before']:.6f} -> {g['loss_after']:.6f} (|diff| {diff:.2e}, tolerance "
-                            f"{GROWTH_TOL[precision]:g}); {g['seconds']:.2f} s")  # fmt: skip
+            out[name] = train_and_check(r, name, stage, precision, [])
+    if not r.smoke:
+        p = r.s.precisions[0]
+        name, plain = f"train-zero2-{p}-compile", out.get(f"train-zero2-{p}")
+        rec = out[name] = train_and_check(r, name, 2, p, ["--compile"])
+        if isinstance(rec, dict) and isinstance(plain, dict) and "losses" in rec and "losses" in plain:
+            worst = max(abs(a - b) for a, b in zip(rec["losses"], plain["losses"], strict=True))
+            rec["step_time_vs_eager"] = rec["step_time_s_median"] / plain["step_time_s_median"]
+            r.check("training", f"{name}: the same losses as without --compile", worst <= GROWTH_TOL[p],
+                    f"max |diff| {worst:.2e}; median step time {rec['step_time_vs_eager']:.2f}x of eager "
+                    "(the first step, which compiles, left out)")  # fmt: skip
     return out
 
 
@@ -265,7 +289,9 @@ def section_offline(r: Runner) -> dict[str, Any]:
         [str(src), str(r.work / "grown"), "--family", "masked", "--n_layer", str(n_layer), "--ramp_steps", "2"]
     )
     out["grow_s"] = time.monotonic() - t
-    if r.check("offline", "growlm-grow (masked, +1 layer)", rc == 0, f"exit status {rc}"):
+    if r.check("offline", "growlm-grow (masked, +1 layer)", rc == 0, f"exit status {rc}") and not r.fits():
+        out["resume"] = "skipped: budget"
+    elif rc == 0:
         name = "resume-grown"
         args = ["--resume", str(r.work / "grown"), "--max_steps", str(r.s.train_steps + 2)]
         args += ["--ds_config", str(r.ds_config(name, 2, precision))]
@@ -278,6 +304,9 @@ def section_offline(r: Runner) -> dict[str, Any]:
     a, b = r.work / "hf-a", r.work / "hf-b"
     rc = grow_main([str(src), "--export_hf", str(a)])
     if not r.check("offline", "export to transformers", rc == 0, f"exit status {rc}"):
+        return out
+    if not r.fits():
+        out["init_from"] = "skipped: budget"
         return out
     name = "init-from"
     args = ["--init_from", str(a), "--max_steps", "1", "--ds_config", str(r.ds_config(name, 2, precision, lr=0.0))]
@@ -296,20 +325,20 @@ def section_offline(r: Runner) -> dict[str, Any]:
 def section_throughput(r: Runner, device_bytes: int | None) -> dict[str, Any]:
     """Section 4: growlm-bench runs (one rank), with and without activation checkpointing, and the baseline."""
     out: dict[str, Any] = {}
-    for preset in r.s.bench_presets:
-        big = preset == r.s.bench_presets[-1]
+    for preset in r.s.bench_presets:  # the largest first: its MFU is the number the check exists for
+        big = preset == r.s.bench_presets[0]
         precisions = ["bf16", "fp16"] if not r.smoke and big else [r.s.precisions[0]]
         stages = ["1", "3"] if not r.smoke and big else ["1"]
         cfg = from_preset(preset)
         micro = 4 if r.smoke else fit_micro_batch(cfg, r.s.bench_seq_len, device_bytes or 0, recompute=False)
         name = f"bench-{preset}"
-        if r.left_s() < 120:
+        if not r.fits(3):  # the baseline and two train.py runs at least
             out[name] = "skipped: budget"
             continue
         argv = ["--preset", preset, "--seq_len", str(r.s.bench_seq_len), "--world_size", "1", "--zero_stage", *stages,
                 "--precision", *precisions, "--micro_batch", str(micro), "--max_steps", str(r.s.bench_steps),
                 "--skip_steps", str(r.s.bench_skip), "--activation_checkpointing", "both",
-                "--timeout_s", str(max(60.0, r.left_s())), "--out", str(r.work / name)]  # fmt: skip
+                "--timeout_s", str(max(30.0, r.left_s())), "--out", str(r.work / name)]  # fmt: skip
         argv += ["--threads_per_rank", "1"] if r.device == "cpu" else []
         argv += ["--data", r.data] if r.data else []
         rc = bench.main(argv)

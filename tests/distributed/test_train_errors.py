@@ -182,10 +182,7 @@ def test_resume_with_another_data_order_is_refused(capsys, one_rank_checkpoint):
     fails(capsys, [*common, "--seed", "7"], "--seed 7 differs from the checkpoint's 1234", "drop --seed")
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="on CUDA --compile runs (growlm-gpu-check)")
 def test_compile_is_refused_off_cuda(capsys, builtin_data):
-    import torch
-
-    if torch.cuda.is_available():  # on a GPU node --compile runs (growlm-gpu-check measures it)
-        return
     fails(capsys, ["--preset", "tiny", "--seq_len", "32", "--compile"],
           "--compile: torch.compile is supported on CUDA only, and this run is on cpu; drop --compile")  # fmt: skip

@@ -27,3 +27,32 @@ def test_repair_adam_steps_unshares_the_step_so_each_group_counts_once():
     opt.step()
     assert [float(opt.state[p]["step"]) for p in (a, b)] == [4.0, 4.0]  # shared, they would read 5.0 and 5.0
     assert repair_adam_steps(Engine(opt)) == 0
+
+
+def test_a_fused_optimizer_gets_its_fused_groups_and_float32_steps_back_after_a_universal_load():
+    """The universal loaders write the saved step (a CPU tensor, here float64 as a CPU run may save it) and the saved
+    group flags (``fused`` False from a run without it) past ``load_state_dict``; the repair restores what the fused
+    kernel needs. (On a CPU the parameter's device is the CPU: the move itself is the GPU's case.)"""
+    from growlm.runtime.engine import repair_adam_steps
+
+    class Engine:
+        def __init__(self, opt):
+            self.optimizer = opt
+
+    a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.AdamW([{"params": [a]}, {"params": [b]}], lr=1e-2, fused=True)
+    shared = torch.tensor(3.0, dtype=torch.float64)
+    for group in opt.param_groups:
+        group.update(fused=False, foreach=None)  # the saved groups of an unfused run
+    for p in (a, b):
+        opt.state[p].update(step=shared, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+    assert repair_adam_steps(Engine(opt)) == 1
+    assert [(g["fused"], g["foreach"]) for g in opt.param_groups] == [(True, False), (True, False)]
+    for p in (a, b):
+        st = opt.state[p]["step"]
+        assert st.dtype == torch.float32 and st.device == p.device and float(st) == 3.0
+    a.grad, b.grad = torch.ones(3), torch.ones(2)
+    opt.step()  # the fused kernel
+    assert [float(opt.state[p]["step"]) for p in (a, b)] == [4.0, 4.0]
+    unfused = torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))], lr=1e-2)
+    assert repair_adam_steps(Engine(unfused)) == 0 and unfused.param_groups[0]["fused"] is None  # left as it was
