@@ -43,7 +43,7 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q --durations=30
 
-test-unit: setup  # tests/unit only: no process started, about 1.5 minutes on 2 cores
+test-unit: setup  # tests/unit only: no process started, about 2.5 minutes on 2 cores
 	$(BIN)/python -m pytest -q -m "not dist"
 
 lint: setup

@@ -1,6 +1,6 @@
 """Shared fixtures and the test kinds.
 
-``tests/unit/`` holds fast tests that start no process (``pytest -m "not dist"`` runs only these, in about 1.5
+``tests/unit/`` holds fast tests that start no process (``pytest -m "not dist"`` runs only these, in about 2.5
 minutes on 2 cores); ``tests/distributed/`` holds tests that start real runs (train.py, growlm-grow, 2 ranks over
 gloo on loopback), marked ``dist`` here by folder. Tests import helpers from this folder (``dist_utils``,
 ``growth_helpers``) and the project as the installed package ``growlm`` (``pip install -e .``).
