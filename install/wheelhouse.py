@@ -126,6 +126,8 @@ def build(out: Path, python_version: str | None, platforms: list[str], deepspeed
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line (``--out``, ``--python_version``, ``--platform``, ``--deepspeed``): 0 when the wheelhouse is
+    complete, 2 with one line for a bad argument or a failed pip step."""
     p = argparse.ArgumentParser(
         prog="install/wheelhouse.py",
         description="Collect wheels of growlm, DeepSpeed and their dependencies (not torch, not CUDA) for an offline "

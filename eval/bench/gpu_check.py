@@ -163,10 +163,12 @@ class Runner:
         self.device = "cuda" if torch.cuda.is_available() and not smoke else "cpu"
 
     def check(self, section: str, name: str, ok: bool, detail: str) -> bool:
+        """Record one check of the report; returns ``ok``."""
         self.checks.append(Check(section, name, bool(ok), detail))
         return bool(ok)
 
     def left_s(self) -> float:
+        """Seconds of the budget left (negative once it is spent)."""
         return self.deadline - time.monotonic()
 
     def fits(self, factor: float = 1.0) -> bool:
@@ -174,6 +176,8 @@ class Runner:
         return self.left_s() > factor * self.last_run_s
 
     def ds_config(self, name: str, stage: int, precision: str, lr: float | None = None) -> Path:
+        """ds_configs/zero{STAGE}_{PRECISION}.json with the mode's micro batch, peak LR (or ``lr``) and a 2-step
+        warm-up, written to WORK/NAME.json; its path."""
         cfg = json.loads((DS_CONFIG_DIR / f"zero{stage}_{precision}.json").read_text())
         cfg["train_micro_batch_size_per_gpu"] = self.s.train_micro
         cfg["optimizer"]["params"]["lr"] = self.s.lr if lr is None else lr
@@ -398,6 +402,7 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The growlm-gpu-check argument parser."""
     p = argparse.ArgumentParser(
         prog="growlm-gpu-check",
         description="Prove growlm on this machine's GPU: environment, bf16/fp16 training at ZeRO 1-3 with live "
@@ -457,6 +462,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """growlm-gpu-check's entry point: 0 when every check passed, 1 when one failed, 2 for bad input (one line)."""
     args = build_parser().parse_args(argv)
     try:
         report, folder = run(args)
