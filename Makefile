@@ -40,8 +40,10 @@ demo: setup
 	MASTER_ADDR=127.0.0.1 OMP_NUM_THREADS=1 $(BIN)/deepspeed --num_gpus 2 --master_addr 127.0.0.1 \
 		--master_port 29500 train.py $(DEMO_ARGS)
 
+# test: pytest-xdist workers (TEST_WORKERS); a test file runs whole on one worker (its fixtures are shared)
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q --durations=30
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 test-unit: setup  # tests/unit only: no process started, about 2.5 minutes on 2 cores
 	$(BIN)/python -m pytest -q -m "not dist"

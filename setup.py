@@ -64,7 +64,7 @@ setup(
     ],
     extras_require={
         "mpi": ["mpi4py>=3.1"],  # needs a system MPI (apt-get install libopenmpi-dev openmpi-bin)
-        "dev": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6"],
+        "dev": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "ruff>=0.6"],
     },
     entry_points={
         "console_scripts": [

@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from growlm.runtime.processes import kill_group, wait_procs
 
@@ -43,6 +44,22 @@ def rank_env(rank: int, world_size: int, port: int, base: Mapping[str, str] | No
     )
     env.update(extra)
     return env
+
+
+class RankProcess(Protocol):
+    """A started rank as ``launch_ranks`` needs it (``subprocess.Popen`` is one): a child PID, which is its process
+    group id, and its exit code once reaped."""
+
+    pid: int
+    returncode: int | None
+
+    def wait(self) -> int: ...
+
+
+def start_rank(argv: list[str], env: dict[str, str], cwd: str | os.PathLike | None, log_path: Path) -> RankProcess:
+    """Start ``argv`` as a fresh process in a new session, stdout and stderr to ``log_path`` (truncated)."""
+    with open(log_path, "w") as log:
+        return subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 @dataclass
@@ -80,6 +97,9 @@ def launch_ranks(
 ) -> LaunchResult:
     """Run ``nproc`` ranks of a command on loopback and wait for all of them.
 
+    Each rank is started by this module's ``start_rank``, looked up at each call (the test suite replaces it with a
+    fork server's, whose ranks are children of this process too).
+
     Args:
         cmds: one command (argv list) for every rank, or one per rank.
         nproc: number of ranks (world size).
@@ -104,16 +124,11 @@ def launch_ranks(
     with tempfile.TemporaryDirectory(prefix="growlm-ranks-") as scratch:
         logs = Path(log_dir) if log_dir is not None else Path(scratch)
         logs.mkdir(parents=True, exist_ok=True)
-        procs: list[subprocess.Popen] = []
+        procs: list[RankProcess] = []
         try:
             for r in range(nproc):
                 env = rank_env(r, nproc, port, base_env, **dict(envs[r] if envs else {}))
-                with open(logs / f"rank{r}.log", "w") as log:
-                    procs.append(
-                        subprocess.Popen(
-                            per_rank[r], cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-                        )
-                    )
+                procs.append(start_rank(per_rank[r], env, cwd, logs / f"rank{r}.log"))
             codes, rss, timed_out = wait_procs(procs, timeout_s, grace_s)
         finally:
             for p in procs:  # an exception (KeyboardInterrupt) while waiting: leave no rank behind

@@ -3,11 +3,13 @@
 ``tests/unit/`` holds fast tests that start no process (``pytest -m "not dist"`` runs only these, in about 2.5
 minutes on 2 cores); ``tests/distributed/`` holds tests that start real runs (train.py, growlm-grow, 2 ranks over
 gloo on loopback), marked ``dist`` here by folder. Tests import helpers from this folder (``dist_utils``,
-``growth_helpers``) and the project as the installed package ``growlm`` (``pip install -e .``).
+``growth_helpers``) and the project as the installed package ``growlm`` (``pip install -e .``). Ranks started through
+``growlm.runtime.launch.launch_ranks`` are forked from ``rank_server.py`` (imports done once) unless GROWLM_TEST_FORK=0.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -40,6 +42,17 @@ def small_vocab_data() -> Path:
     if not (out / "meta.json").is_file():  # the token-folder writer renames a complete folder into place
         prepare_small_vocab(out, SMALL_VOCAB)
     return out
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ranks started through ``growlm.runtime.launch.launch_ranks`` in this process are forked from the tests' fork
+    server (rank_server.py: torch, DeepSpeed and growlm imported once) unless GROWLM_TEST_FORK=0."""
+    if os.environ.get("GROWLM_TEST_FORK", "1") != "0":
+        import rank_server
+
+        from growlm.runtime import launch
+
+        launch.start_rank = rank_server.make_start_rank(launch.start_rank)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

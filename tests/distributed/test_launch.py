@@ -1,6 +1,5 @@
-"""runtime/: atomic writes and file modes, RunState (fixtures written by the code before RunState), the checkpoint
-opener, safe loading (a crafted pickle is refused by every growlm loader and never runs), and the rank launcher.
-Single process, no DeepSpeed engine; about 20 s."""
+"""The rank launcher (runtime.launch.launch_ranks: fresh processes) and the tests' fork server (tests/rank_server.py,
+which run_ranks uses): rendezvous variables, per-rank output, exit codes, stragglers killed. About 15 s."""
 
 from __future__ import annotations
 
@@ -30,3 +29,36 @@ def test_launch_ranks_kills_stragglers_after_a_failure_and_on_timeout():
     assert time.monotonic() - t0 < 20 and res.outputs[0] == "bad\n"
     res = launch_ranks([sys.executable, "-c", "import time; time.sleep(60)"], 2, timeout_s=1)
     assert res.timed_out and all(c < 0 for c in res.returncodes)
+
+
+def test_the_fork_server_starts_ranks_as_python_script_would(tmp_path):
+    """Ranks forked by tests/rank_server.py: own PID and session, this process their parent, the request's argv,
+    folder, environment and sys.path[0], ``__main__``, one OpenMP thread, exit codes and atexit as a fresh process."""
+    import json
+    import os
+    import subprocess
+
+    import pytest
+    from dist_utils import REPO, run_ranks
+
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import atexit, json, os, sys, torch\n"
+        "atexit.register(lambda: open(sys.argv[1] + os.environ['RANK'], 'w').write('exited'))\n"
+        "print(json.dumps(dict(rank=os.environ['RANK'], world=os.environ['WORLD_SIZE'], cwd=os.getcwd(), argv=sys.argv,"
+        " path0=sys.path[0], pid=os.getpid(), ppid=os.getppid(), sid=os.getsid(0), threads=torch.get_num_threads(),"
+        " main=__name__, x=float(torch.ones(3).sum()))))\n"
+        "sys.exit(3 * int(os.environ['RANK']))\n"
+    )
+    res = run_ranks([str(tmp_path / "done")], script=str(script))
+    assert res.returncode == 3 and "--- rank 1\n" in res.stdout
+    rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    assert [r["rank"] for r in rows] == ["0", "1"] and {r["world"] for r in rows} == {"2"}
+    for r in rows:
+        assert r["argv"] == [str(script), str(tmp_path / "done")] and r["path0"] == str(tmp_path)
+        assert r["cwd"] == str(REPO) and r["main"] == "__main__" and r["threads"] == 1 and r["x"] == 3.0
+        assert r["pid"] == r["sid"] != os.getpid() and r["ppid"] == os.getpid()
+    assert [(tmp_path / f"done{r}").read_text() for r in range(2)] == ["exited", "exited"]
+    script.write_text("import time\ntime.sleep(60)\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_ranks([], script=str(script), timeout=2)

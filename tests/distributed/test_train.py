@@ -170,30 +170,3 @@ def test_torchrun(tmp_path, builtin_data):
     r = _launch(cmd, tmp_path)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert "2 rank(s) on cpu" in r.stdout + r.stderr
-
-
-def test_mpirun_with_mpi4py_discovery(tmp_path, builtin_data):
-    pytest.importorskip("mpi4py", reason="mpi4py needs an MPI: make setup installs openmpi and growlm[mpi]")
-    if shutil.which("mpirun") is None:
-        pytest.skip("no mpirun (apt-get install openmpi-bin)")
-    cmd = [
-        "mpirun",
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "-n",
-        "2",
-        "-x",
-        "MASTER_ADDR=127.0.0.1",
-        "-x",
-        f"MASTER_PORT={free_port()}",
-        "-x",
-        "OMP_NUM_THREADS=1",
-        "-x",
-        "DS_ACCELERATOR=cpu",
-        sys.executable,
-        "train.py",
-        *_train_args(tmp_path, "mpi"),
-    ]
-    r = _launch(cmd, tmp_path)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert "2 rank(s) on cpu" in r.stdout + r.stderr

@@ -1,0 +1,229 @@
+"""A fork server for the ranks the tests start: torch, DeepSpeed and growlm imported once, each rank forked from it.
+
+A rank of a tiny test run spends most of its ~10 CPU seconds importing: torch (~3.5 s), then torch._dynamo (torch's
+optimizers import it) and torch._inductor (DeepSpeed's ZeRO optimizer imports kernels that call torch.compile), ~6 s
+on a 2-core CPU without AVX512. The server imports all of that once per pytest process and then forks one child per
+rank, which starts in well under a second. Each rank is still a real, separate process (its own PID and session, the
+environment, working folder, argv and log file it was given, its own gloo process group over loopback) that runs its
+script as ``__main__`` and ends through the interpreter's normal exit (atexit handlers, thread joins), as
+``python SCRIPT ARGS`` or ``python -m MODULE ARGS`` would; only the imports were done before it forked.
+
+conftest.py plugs ``start_rank`` into ``growlm.runtime.launch`` for the whole suite, so every rank started through
+``launch_ranks`` in a test (run_ranks, growlm-bench, growlm-gpu-check) is forked. Commands that are not a Python
+script or module of this interpreter (``python -c``, launchers) start fresh, as do the tests of the launchers
+themselves (deepspeed, torchrun, mpirun, growlm-run, the offline install). ``GROWLM_TEST_FORK=0`` turns it off.
+
+Forking is safe because the server only imports: it starts no thread (checked; it runs with OMP_NUM_THREADS=1, so
+no OpenMP pool exists) and creates no process group. A rank gets the intra-op threads a fresh process would have
+(``torch.set_num_threads``: its OMP_NUM_THREADS, else every CPU it may run on).
+
+Protocol, one JSON object per line: the client writes ``{"argv", "env", "cwd", "log"}`` to the server's stdin; the
+server forks a helper, which forks the rank and exits, so that the rank is re-parented to the client (a child
+subreaper, ``prctl(PR_SET_CHILD_SUBREAPER)``) and the client reaps it like any child (``os.wait4``: exit status, peak
+RSS) and kills its process group. The server then answers ``{"pid": RANK_PID}`` on ``--reply_fd``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> None:
+    """Linux prctl(option, value); OSError when it fails."""
+    if ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}, {value}) failed")
+
+
+# --- the server (run as a script) ---
+
+
+def _preload() -> None:
+    """Import what every rank imports (the slow part of a rank's start) and load DeepSpeed's shared-memory comm op
+    (built by the first server when the cache has none; torch's extension lock makes the others wait)."""
+    import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.runtime.zero.muon import muon_optimizer  # noqa: F401  (torch.compile -> torch._inductor)
+    from torch.utils.tensorboard import SummaryWriter  # noqa: F401  (rank 0's logger)
+    from transformers import GPT2Config, GPT2LMHeadModel  # noqa: F401  (HF export, --init_from, references)
+
+    get_accelerator().create_op_builder("ShareMemCommBuilder").load()  # DeepSpeed's CPU comm op, JIT-built once here
+    import growlm.growth.live.engine  # noqa: F401
+    import growlm.model.hf  # noqa: F401
+    import growlm.trainer.run  # noqa: F401
+
+
+def _become_rank(req: dict) -> None:
+    """In the forked rank: a new session, the request's environment, folder, argv and log; stdin from /dev/null."""
+    os.setsid()
+    os.chdir(req["cwd"])
+    os.environ.clear()
+    os.environ.update(req["env"])
+    log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for fd, to in ((null, 0), (log, 1), (log, 2)):
+        os.dup2(fd, to)
+    os.close(null)
+    os.close(log)
+    sys.stdin = open(os.devnull)  # noqa: SIM115  (the server's stdin object may hold read-ahead of its pipe)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    import torch  # the server ran with one OpenMP thread: give the rank what a fresh process would have
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or len(os.sched_getaffinity(0)))
+
+
+def serve(reply_fd: int) -> dict | None:
+    """Fork a rank per request until stdin closes; returns the request in a rank, None in the server at EOF."""
+    for line in sys.stdin:
+        req = json.loads(line)
+        pid_r, pid_w = os.pipe()
+        helper = os.fork()
+        if helper == 0:  # the helper: fork the rank, tell its PID, exit (the rank is re-parented to the client)
+            helper_pid = os.getpid()
+            rank = os.fork()
+            if rank == 0:
+                for fd in (pid_r, pid_w, reply_fd):
+                    os.close(fd)
+                while os.getppid() == helper_pid:  # start once re-parented to the client, as its child
+                    time.sleep(0.001)
+                return req
+            os.write(pid_w, str(rank).encode())
+            os._exit(0)
+        os.close(pid_w)
+        with os.fdopen(pid_r, "rb") as pipe:
+            rank = int(pipe.read())
+        os.waitpid(helper, 0)  # the helper is gone, so the rank is the client's child now: answer
+        os.write(reply_fd, (json.dumps({"pid": rank}) + "\n").encode())
+    return None
+
+
+def main() -> None:
+    """Preload, check, serve; in a rank, run the script or module as ``__main__``."""
+    reply_fd = int(sys.argv[sys.argv.index("--reply_fd") + 1])
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the server dies with its client (a fork does not inherit this)
+    _preload()
+    if (threads := len(os.listdir("/proc/self/task"))) != 1:
+        raise SystemExit(f"rank_server: {threads} threads after the imports; forking would be unsafe")
+    os.write(reply_fd, b'{"ready": true}\n')
+    req = serve(reply_fd)
+    if req is None:
+        return
+    _become_rank(req)
+    import runpy
+
+    argv = req["argv"]
+    if argv[0] == "-m":  # python -m MODULE ARGS: sys.path[0] is the working folder
+        sys.argv = [argv[1], *argv[2:]]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:  # python SCRIPT ARGS: sys.path[0] is the script's folder
+        sys.argv = [os.path.abspath(argv[0]), *argv[1:]]
+        sys.path[0] = os.path.dirname(sys.argv[0])
+        runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+# --- the client (imported by conftest.py) ---
+
+
+class ForkedRank:
+    """A rank forked by the server and re-parented to this process (``growlm.runtime.launch.RankProcess``)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def wait(self) -> int:
+        """Reap the rank (this process's child: it is a child subreaper)."""
+        if self.returncode is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+class RankServer:
+    """The client: starts the server (``python tests/rank_server.py``) and asks it for ranks."""
+
+    def __init__(self) -> None:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        self._lock = threading.Lock()
+        read_fd, write_fd = os.pipe()
+        self._replies = os.fdopen(read_fd, "rb", buffering=0)
+        self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"growlm-rank-server-{os.getpid()}.log"
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+        with open(self.log, "w") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, __file__, "--reply_fd", str(write_fd)], stdin=subprocess.PIPE, stdout=log,
+                stderr=subprocess.STDOUT, pass_fds=(write_fd,), env=env, cwd=Path(__file__).parent,
+            )  # fmt: skip
+        os.close(write_fd)
+        self._reply(timeout=300)  # {"ready": true} once the imports are done
+
+    def _reply(self, timeout: float) -> dict:
+        """The server's next answer line; RuntimeError with its log when it died or stayed silent."""
+        line = b""
+        while not line.endswith(b"\n"):
+            ready, _, _ = select.select([self._replies], [], [], timeout)
+            chunk = self._replies.read(4096) if ready else b""
+            if not chunk:
+                raise RuntimeError(f"the tests' rank fork server did not answer; its log:\n{self.log.read_text()}")
+            line += chunk
+        return json.loads(line)
+
+    def fork(self, argv: list[str], env: dict[str, str], cwd: str | os.PathLike | None, log: Path) -> ForkedRank:
+        """Fork ``argv`` (``SCRIPT ARGS`` or ``-m MODULE ARGS``) as a rank in its own session, output to ``log``."""
+        req = {"argv": argv, "env": dict(env), "cwd": str(cwd or os.getcwd()), "log": str(log)}
+        with self._lock:
+            self._proc.stdin.write((json.dumps(req) + "\n").encode())
+            self._proc.stdin.flush()
+            return ForkedRank(self._reply(timeout=60)["pid"])
+
+    def close(self) -> None:
+        """Stop the server (end of its input); ranks still running are not touched."""
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            self._proc.wait(timeout=30)
+
+
+_SERVER: RankServer | None = None
+
+
+def forkable(argv: list[str]) -> bool:
+    """Whether ``argv`` is this interpreter running a ``.py`` script or ``-m MODULE`` (what the server can fork)."""
+    if len(argv) < 2 or Path(argv[0]) != Path(sys.executable):
+        return False
+    return argv[1].endswith(".py") or (argv[1] == "-m" and len(argv) > 2)
+
+
+def make_start_rank(fresh):
+    """A ``growlm.runtime.launch.start_rank`` that forks what ``forkable`` accepts and calls ``fresh`` otherwise;
+    the server starts on first use (~10 s) and stops at interpreter exit."""
+
+    def start_rank(argv: list[str], env: dict[str, str], cwd: str | os.PathLike | None, log_path: Path):
+        global _SERVER
+        if not forkable(argv):
+            return fresh(argv, env, cwd, log_path)
+        if _SERVER is None:
+            _SERVER = RankServer()
+            import atexit
+
+            atexit.register(_SERVER.close)
+        return _SERVER.fork(argv[1:], env, cwd, log_path)
+
+    return start_rank
+
+
+if __name__ == "__main__":
+    main()
