@@ -9,6 +9,7 @@ gloo on loopback), marked ``dist`` here by folder. Tests import helpers from thi
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 from pathlib import Path
@@ -39,8 +40,11 @@ def small_vocab_data() -> Path:
     from growlm.data.small_vocab import prepare_small_vocab
 
     out = SMALL_DATA
-    if not (out / "meta.json").is_file():  # the token-folder writer renames a complete folder into place
-        prepare_small_vocab(out, SMALL_VOCAB)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:  # pytest-xdist workers: one prepares, the other waits
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (out / "meta.json").is_file():  # the token-folder writer renames a complete folder into place
+            prepare_small_vocab(out, SMALL_VOCAB)
     return out
 
 

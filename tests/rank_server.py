@@ -13,6 +13,12 @@ conftest.py plugs ``start_rank`` into ``growlm.runtime.launch`` for the whole su
 script or module of this interpreter (``python -c``, launchers) start fresh, as do the tests of the launchers
 themselves (deepspeed, torchrun, mpirun, growlm-run, the offline install). ``GROWLM_TEST_FORK=0`` turns it off.
 
+What a forked rank does not share with a fresh interpreter: the modules above are already imported (import-time
+warnings go to the server's log), the hash seed and numpy's global RNG state are the server's, its peak RSS
+(``ru_maxrss``) counts the pages inherited from the server, and ``/proc/PID/cmdline`` names rank_server.py. Only
+ranks whose DS_ACCELERATOR is ``cpu`` are forked (the server's DeepSpeed chose the CPU accelerator at import); each
+gets the client's umask at the time of the request.
+
 Forking is safe because the server only imports: it starts no thread (checked; it runs with OMP_NUM_THREADS=1, so
 no OpenMP pool exists) and creates no process group. A rank gets the intra-op threads a fresh process would have
 (``torch.set_num_threads``: its OMP_NUM_THREADS, else every CPU it may run on).
@@ -66,12 +72,13 @@ def _preload() -> None:
 
 
 def _become_rank(req: dict) -> None:
-    """In the forked rank: a new session, the request's environment, folder, argv and log; stdin from /dev/null."""
-    os.setsid()
+    """In the forked rank (already in its own session): the request's umask, environment, folder and log; stdin
+    from /dev/null; default SIGINT/SIGTERM handling; the intra-op threads a fresh process would have."""
+    os.umask(req["umask"])
     os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])
-    log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     null = os.open(os.devnull, os.O_RDONLY)
     for fd, to in ((null, 0), (log, 1), (log, 2)):
         os.dup2(fd, to)
@@ -80,32 +87,38 @@ def _become_rank(req: dict) -> None:
     sys.stdin = open(os.devnull)  # noqa: SIM115  (the server's stdin object may hold read-ahead of its pipe)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    import torch  # the server ran with one OpenMP thread: give the rank what a fresh process would have
+    import torch  # the server ran with one OpenMP thread
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or len(os.sched_getaffinity(0)))
+    try:
+        threads = int(os.environ.get("OMP_NUM_THREADS", "").split(",")[0])
+    except ValueError:
+        threads = len(os.sched_getaffinity(0))
+    torch.set_num_threads(max(1, threads))
 
 
 def serve(reply_fd: int) -> dict | None:
     """Fork a rank per request until stdin closes; returns the request in a rank, None in the server at EOF."""
     for line in sys.stdin:
         req = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
         pid_r, pid_w = os.pipe()
         helper = os.fork()
-        if helper == 0:  # the helper: fork the rank, tell its PID, exit (the rank is re-parented to the client)
+        if helper == 0:  # the helper: fork the rank and exit (the rank is re-parented to the client)
             helper_pid = os.getpid()
-            rank = os.fork()
-            if rank == 0:
+            if os.fork() == 0:  # the rank: its own session first, then its PID to the server (its process group id)
+                os.setsid()
+                os.write(pid_w, str(os.getpid()).encode())
                 for fd in (pid_r, pid_w, reply_fd):
                     os.close(fd)
-                while os.getppid() == helper_pid:  # start once re-parented to the client, as its child
+                while os.getppid() == helper_pid:  # run nothing before it is the client's child
                     time.sleep(0.001)
                 return req
-            os.write(pid_w, str(rank).encode())
             os._exit(0)
         os.close(pid_w)
-        with os.fdopen(pid_r, "rb") as pipe:
+        with os.fdopen(pid_r, "rb") as pipe:  # EOF once the helper is gone and the rank closed its end
             rank = int(pipe.read())
-        os.waitpid(helper, 0)  # the helper is gone, so the rank is the client's child now: answer
+        os.waitpid(helper, 0)  # the helper is reaped, so the rank is the client's child now: answer
         os.write(reply_fd, (json.dumps({"pid": rank}) + "\n").encode())
     return None
 
@@ -184,7 +197,10 @@ class RankServer:
 
     def fork(self, argv: list[str], env: dict[str, str], cwd: str | os.PathLike | None, log: Path) -> ForkedRank:
         """Fork ``argv`` (``SCRIPT ARGS`` or ``-m MODULE ARGS``) as a rank in its own session, output to ``log``."""
-        req = {"argv": argv, "env": dict(env), "cwd": str(cwd or os.getcwd()), "log": str(log)}
+        umask = os.umask(0)
+        os.umask(umask)
+        req = {"argv": argv, "env": dict(env), "cwd": os.path.abspath(cwd or os.getcwd()),
+               "log": os.path.abspath(log), "umask": umask}  # fmt: skip
         with self._lock:
             self._proc.stdin.write((json.dumps(req) + "\n").encode())
             self._proc.stdin.flush()
@@ -213,7 +229,7 @@ def make_start_rank(fresh):
 
     def start_rank(argv: list[str], env: dict[str, str], cwd: str | os.PathLike | None, log_path: Path):
         global _SERVER
-        if not forkable(argv):
+        if not forkable(argv) or env.get("DS_ACCELERATOR") != "cpu":  # the server's DeepSpeed chose the CPU
             return fresh(argv, env, cwd, log_path)
         if _SERVER is None:
             _SERVER = RankServer()

@@ -33,7 +33,8 @@ def test_launch_ranks_kills_stragglers_after_a_failure_and_on_timeout():
 
 def test_the_fork_server_starts_ranks_as_python_script_would(tmp_path):
     """Ranks forked by tests/rank_server.py: own PID and session, this process their parent, the request's argv,
-    folder, environment and sys.path[0], ``__main__``, one OpenMP thread, exit codes and atexit as a fresh process."""
+    folder, environment, umask and sys.path[0], ``__main__``, one OpenMP thread, exit codes and atexit as a fresh
+    process."""
     import json
     import os
     import subprocess
@@ -45,19 +46,24 @@ def test_the_fork_server_starts_ranks_as_python_script_would(tmp_path):
     script.write_text(
         "import atexit, json, os, sys, torch\n"
         "atexit.register(lambda: open(sys.argv[1] + os.environ['RANK'], 'w').write('exited'))\n"
+        "mask = os.umask(0); os.umask(mask)\n"
         "print(json.dumps(dict(rank=os.environ['RANK'], world=os.environ['WORLD_SIZE'], cwd=os.getcwd(), argv=sys.argv,"
         " path0=sys.path[0], pid=os.getpid(), ppid=os.getppid(), sid=os.getsid(0), threads=torch.get_num_threads(),"
-        " main=__name__, x=float(torch.ones(3).sum()))))\n"
+        " main=__name__, x=float(torch.ones(3).sum()), mask=mask)))\n"
         "sys.exit(3 * int(os.environ['RANK']))\n"
     )
-    res = run_ranks([str(tmp_path / "done")], script=str(script))
+    mask = os.umask(0o027)  # the umask at the request is the rank's (not the one the server started with)
+    try:
+        res = run_ranks([str(tmp_path / "done")], script=str(script))
+    finally:
+        os.umask(mask)
     assert res.returncode == 3 and "--- rank 1\n" in res.stdout
     rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     assert [r["rank"] for r in rows] == ["0", "1"] and {r["world"] for r in rows} == {"2"}
     for r in rows:
         assert r["argv"] == [str(script), str(tmp_path / "done")] and r["path0"] == str(tmp_path)
         assert r["cwd"] == str(REPO) and r["main"] == "__main__" and r["threads"] == 1 and r["x"] == 3.0
-        assert r["pid"] == r["sid"] != os.getpid() and r["ppid"] == os.getpid()
+        assert r["pid"] == r["sid"] != os.getpid() and r["ppid"] == os.getpid() and r["mask"] == 0o027
     assert [(tmp_path / f"done{r}").read_text() for r in range(2)] == ["exited", "exited"]
     script.write_text("import time\ntime.sleep(60)\n")
     with pytest.raises(subprocess.TimeoutExpired):

@@ -3,8 +3,8 @@ checkpoint exactly like one node with two ranks (fp32, same losses, same saved w
 
 Forms covered (README "Multi-node"): the deepspeed launcher with a hostfile and ``--no_ssh`` (one launcher per
 node, ``--node_rank``, master address/port), and ``mpirun`` with mpi4py discovery, each rank in its own UTS
-namespace so that MPI sees two host names (one node of two ranks where ``unshare --uts`` is not allowed). Plus an
-unreachable master: a clear message and exit 2, not a hang.
+namespace so that MPI sees two host names, and on one host. Plus an unreachable master: a clear message and exit 2,
+not a hang.
 """
 
 from __future__ import annotations
@@ -111,26 +111,28 @@ def _uts_namespaces_work() -> bool:
     return r.returncode == 0 and r.stdout.strip() == "node1"
 
 
-def test_mpirun_with_mpi4py_discovery_matches_one_node(tmp_path, single_node):
-    """Two simulated nodes of one rank each where ``unshare --uts`` works (root), else one node of two ranks."""
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_mpirun_with_mpi4py_discovery_matches_torchrun_style_ranks(tmp_path, single_node, nodes):
+    """``mpirun -n 2`` on one host (README), and two simulated nodes of one rank each (``unshare --uts``, root)."""
     pytest.importorskip("mpi4py", reason="mpi4py needs an MPI: make setup installs openmpi and growlm[mpi]")
     if shutil.which("mpirun") is None:
         pytest.skip("no mpirun (apt-get install openmpi-bin)")
+    if nodes == 2 and not _uts_namespaces_work():
+        pytest.skip("needs `unshare --uts` (root) to give each simulated node its own host name")
     args = [sys.executable, "train.py", *train_args(tmp_path, tmp_path / "out")]
     line = " ".join(args)
-    if _uts_namespaces_work():
+    contexts = ["-n", "2", *args]  # one host: Open MPI numbers the local ranks itself
+    if nodes == 2:
         contexts = []
         for node in ("node0", "node1"):  # MPMD: one context per node, each rank sees what it would on its own node:
             contexts += [":"] if contexts else []  # its host name, node-local rank 0 of 1 (Open MPI's local numbering)
             per_node = f"hostname {node} && OMPI_COMM_WORLD_LOCAL_RANK=0 OMPI_COMM_WORLD_LOCAL_SIZE=1 exec {line}"
             contexts += ["-n", "1", "unshare", "--uts", "sh", "-c", per_node]
-    else:  # one host name: both ranks on one node
-        contexts = ["-n", "2", *args]
-    # MASTER_ADDR is exported to the first context only: discovery hands rank 0's address to every rank
+    # MASTER_ADDR through -x only (to the first context of two): discovery hands rank 0's address to every rank
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-x", "MASTER_ADDR=127.0.0.1",
            "-x", f"MASTER_PORT={free_port()}", *contexts]  # fmt: skip
     env = base_env()
-    del env["MASTER_ADDR"]  # only through -x, to the first context
+    del env["MASTER_ADDR"]  # only through -x
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert "2 rank(s) on cpu" in r.stdout + r.stderr
