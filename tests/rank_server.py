@@ -207,10 +207,11 @@ class RankServer:
             return ForkedRank(self._reply(timeout=60)["pid"])
 
     def close(self) -> None:
-        """Stop the server (end of its input); ranks still running are not touched."""
+        """Stop the server (end of its input) and remove its log; ranks still running are not touched."""
         if self._proc.poll() is None:
             self._proc.stdin.close()
             self._proc.wait(timeout=30)
+        self.log.unlink(missing_ok=True)
 
 
 _SERVER: RankServer | None = None
