@@ -16,7 +16,7 @@ from growlm.runtime.launch import (  # free_port is re-exported: tests import it
 from growlm.runtime.metrics_file import read_records
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL_VOCAB = 4096  # the vocabulary of the ``small_vocab_data`` fixture's token folder (conftest.py) ...
+SMALL_VOCAB = 320  # the vocabulary of the ``small_vocab_data`` fixture's token folder (conftest.py) ...
 SMALL_DATA = cache_dir() / f"bpe{SMALL_VOCAB}"  # ... and where it is (tests that name it request the fixture)
 
 

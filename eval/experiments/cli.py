@@ -1,80 +1,151 @@
-"""growlm-experiment: the command line of the experiments. ``--protocol`` picks the experiment, whose own parser
-reads the other flags: ``equal_compute`` (the default; eval/experiments/equal_compute.py, report by
-equal_compute_report.py) or ``equal_steps`` (eval/experiments/staged.py, the older protocol in which every arm stops at
-the same step). ``growlm-experiment --help`` shows both parsers.
+"""growlm-experiment: does growing beat the model you could have trained instead? The IsoFLOP-envelope experiment
+(eval/experiments/protocol.py; DESIGN.md, "Does growth pay"): a pilot tunes every size's and arm's LR, then the
+main runs measure the envelope and the growth arms over several seeds; the report compares each arm with the best
+scratch model at the same FLOPs.
+
+    growlm-experiment                       # pilot + main on this CPU, results in eval/results/isoflop/
+    growlm-experiment --phase pilot         # the pilot only
+    growlm-experiment --report_only         # rebuild report.md, results.json and the plots from the curves
+    growlm-experiment --quick --out runs/isoflop_quick      # the whole pipeline at toy size, under a minute
+    growlm-experiment --profile gpu         # the GPU profile (16 seeds, larger budgets), results in
+                                            # eval/results/isoflop_gpu/
+
+Exit status: 0 done; 1 a run failed (the others finish; a rerun retries it); 2 bad flags, or curves in --out made
+with other settings.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from dataclasses import replace
+from pathlib import Path
 
-from growlm.data.small_vocab import prepare_small_vocab
-from growlm.eval.experiments import equal_compute as ec
-from growlm.eval.experiments import equal_compute_report as report
-from growlm.eval.experiments import staged
-from growlm.runtime.commands import add_version
+from growlm.runtime.commands import HelpFormatter, add_version
 
-PROTOCOLS = ("equal_compute", "equal_steps")
+DEFAULT_OUT = {"cpu": "eval/results/isoflop", "gpu": "eval/results/isoflop_gpu"}
 
 
-def build_protocol_parser() -> argparse.ArgumentParser:
-    """growlm-experiment's first parser: only --protocol, which picks the experiment whose parser reads the rest."""
-    pre = argparse.ArgumentParser(
-        prog="growlm-experiment",
-        add_help=False,
-        description="Growth experiments at equal compute or equal steps; --protocol picks one, its own flags follow.",
+def build_parser() -> argparse.ArgumentParser:
+    """growlm-experiment's flags."""
+    p = argparse.ArgumentParser(prog="growlm-experiment", description=__doc__.split("\n\n")[0],
+                                formatter_class=HelpFormatter)  # fmt: skip
+    p.add_argument("--out", type=Path, default=None,
+                   help="folder of the curves (curves/) and the report (default: eval/results/isoflop, "
+                        "eval/results/isoflop_gpu with --profile gpu; runs/isoflop_quick with --quick)")  # fmt: skip
+    p.add_argument("--profile", choices=("cpu", "gpu"), default="cpu", help="settings profile (default: %(default)s)")
+    p.add_argument("--quick", action="store_true", help="the same protocol at toy size (2 seeds): the pipeline test")
+    p.add_argument("--phase", choices=("all", "pilot"), default="all",
+                   help="'pilot': stop after the pilot (default: %(default)s)")  # fmt: skip
+    p.add_argument("--seeds", type=int, default=None, help="main-run seeds (default: the profile's, 5 on cpu)")
+    p.add_argument("--parallel", type=int, default=None,
+                   help="runs at once, one thread each (default: 2 on cpu, 8 on gpu)")  # fmt: skip
+    p.add_argument("--device", default=None, help="torch device of the runs (default: the profile's, cpu or cuda)")
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="token folder of the 320-token BPE (default: GROWLM_CACHE/bpe320, prepared when missing)",
     )
-    pre.add_argument(
-        "--protocol", choices=PROTOCOLS, default="equal_compute", help="the experiment (default: %(default)s)"
-    )
-    pre.add_argument("-h", "--help", action="store_true", help="show this help and every protocol's flags, then exit")
-    return add_version(pre)
+    p.add_argument("--report_only", action="store_true", help="run nothing: rebuild the report from --out's curves")
+    p.add_argument("--dry_run", action="store_true", help="print the runs that would start now, run nothing")
+    return add_version(p)
 
 
-def run_equal_compute(argv: list[str] | None = None) -> int:
-    """growlm-experiment --protocol equal_compute: run the unfinished runs and write the report; exit 1 when a run
-    failed, 2 on a flag out of range."""
-    args = ec.parse_args(argv)
-    problem = ec.check_flags(args)
-    if problem:
-        print(f"growlm-experiment: error: {problem}", file=sys.stderr)
-        return 2
-    if args.dry_run:
-        meta_file = args.data / "meta.json"
-        vocab = json.loads(meta_file.read_text())["vocab_size"] if meta_file.is_file() else args.vocab_size
-        for j in ec.plan_jobs(args, vocab):
-            steps = j.max_steps or "set when it starts (slope trigger)"
-            print(f"{j.key:36s} steps {steps}  growth at {j.grow_steps or '-'}  eval every {j.eval_interval}")
-        return 0
-    if not (args.data / "meta.json").is_file():
-        print(f"growlm-experiment: training a {args.vocab_size}-token BPE and tokenizing into {args.data}", flush=True)
-        prepare_small_vocab(args.data, args.vocab_size)
-    meta = json.loads((args.data / "meta.json").read_text())
-    jobs = ec.plan_jobs(args, meta["vocab_size"])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "ds_config.json").write_text(json.dumps(ec.ds_config(args), indent=2))
-    failed = [] if args.report_only else ec.run_all(args, jobs, meta["vocab_size"])
-
-    rc = report.write_report(args, jobs, meta)
-    return 1 if failed else rc
+def fail(msg: str) -> int:
+    print(f"growlm-experiment: error: {msg}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
-    """growlm-experiment: dispatch on ``--protocol`` (``--help`` and ``--version`` describe every protocol)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    pre = build_protocol_parser()
-    known, rest = pre.parse_known_args(argv)
-    if known.help:
-        print(pre.format_help())
-        for name, build in (("equal_compute", ec.build_parser), ("equal_steps", staged.build_parser)):
-            print(f"\n--protocol {name}:\n")
-            print(build().format_help())
-        return 0
-    if known.protocol == "equal_compute":
-        return run_equal_compute(rest)
-    return staged.run_equal_steps(rest)
+    """growlm-experiment (see the module docstring)."""
+    args = build_parser().parse_args(argv)
+    from growlm.eval.experiments import plan, protocol, report, runner
+
+    s = protocol.PROFILES[args.profile]
+    if args.quick:
+        s = protocol.quick(s)
+    if args.seeds is not None:
+        if args.seeds < 2:
+            return fail(f"--seeds {args.seeds}: a 95% interval needs at least 2 seeds")
+        s = replace(s, seeds=args.seeds, budgets_2c_seeds=min(s.budgets_2c_seeds, args.seeds))
+    if args.device:
+        s = replace(s, device=args.device)
+    parallel = args.parallel if args.parallel is not None else (8 if args.profile == "gpu" else 2)
+    if parallel < 1:
+        return fail(f"--parallel {parallel}: must be >= 1")
+    out = args.out or Path("runs/isoflop_quick" if args.quick else DEFAULT_OUT[args.profile])
+    if out.exists() and not out.is_dir():
+        return fail(f"--out {out} is a file; give a folder")
+    settings = s.as_dict()
+    if args.report_only:
+        try:
+            done = runner.load_curves(out, settings, with_data=False)
+        except runner.SettingsMismatch as e:
+            return fail(str(e))
+        if not done:
+            return fail(f"no curves under {out / 'curves'}; run the experiment first (or give its --out)")
+        return report.write(s, done, out)
+    if s.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            return fail("no CUDA device visible to torch; use --device cpu (or the cpu profile)")
+    data = args.data
+    if data is None:
+        from growlm.data.tokens import cache_dir
+
+        data = cache_dir() / f"bpe{s.vocab_size}"
+    if not (data / "meta.json").is_file():
+        if args.data is not None:
+            return fail(f"--data {data} has no meta.json; prepare it with python -m growlm.data.small_vocab")
+        from growlm.data.small_vocab import prepare_small_vocab
+
+        print(f"growlm-experiment: training a {s.vocab_size}-token BPE into {data}", flush=True)
+        prepare_small_vocab(data, s.vocab_size)
+    settings["data"] = runner.data_fingerprint(data)
+    if settings["data"]["vocab_size"] != s.vocab_size:
+        return fail(f"--data {data} has a {settings['data']['vocab_size']}-token vocabulary; the protocol needs "
+                    f"{s.vocab_size}")  # fmt: skip
+    try:
+        done = runner.load_curves(out, settings)
+    except runner.SettingsMismatch as e:
+        return fail(str(e))
+    if args.dry_run:
+        specs, st = plan.pilot(s, done)
+        return dry_run(s, [sp for sp in specs if sp.name not in done], st, done)
+    with runner.Workers(parallel) as workers:
+        rnd = 0
+        while True:
+            specs, st = plan.pilot(s, done)
+            todo = [sp for sp in specs if sp.name not in done]
+            if not todo:
+                break
+            rnd += 1
+            failed = runner.run_all(s, todo, data, out, settings, workers, f"pilot round {rnd}")
+            done = runner.load_curves(out, settings)
+            if failed:
+                return 1
+        if args.phase == "pilot":
+            print(f"growlm-experiment: pilot complete ({len(done)} runs in {out / 'curves'})")
+            return 0
+        failed = runner.run_all(s, plan.main_specs(s, st), data, out, settings, workers, "main")
+    done = runner.load_curves(out, settings)
+    rc = report.write(s, done, out)
+    return 1 if failed else rc
+
+
+def dry_run(s, todo, st, done) -> int:
+    """Print the runs that would start now (the main runs not yet finished, when the pilot is complete)."""
+    from growlm.eval.experiments import plan, protocol
+
+    if st.complete:
+        todo = [sp for sp in plan.main_specs(s, st) if sp.name not in done]
+    for sp in todo:
+        steps = protocol.run_steps(s, sp)
+        print(f"{sp.phase:5s} {sp.name:48s} steps {steps[-1]:6d}  growth at {steps[:-1] or '-'}")
+    print(f"{len(todo)} runs, {sum(sp.budget for sp in todo):.2f} C of compute (C = {s.c_flops:.3g} FLOPs)")
+    return 0
 
 
 if __name__ == "__main__":

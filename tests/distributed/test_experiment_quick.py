@@ -1,46 +1,65 @@
-"""growlm-experiment --quick end to end (real train.py processes, 2 at a time), started through the GPU script on the
-CPU (its smoke test): runs, the scratch reference fit, paired savings, intervals, report.md, results.json and plots;
-a rerun skips the finished runs."""
+"""growlm-experiment end to end: --quick through the pilot and the main runs in 2 worker processes, resumed from
+--phase pilot, rerun without training, and --report_only from a copy of the curves alone (the report,
+results.json and the plots rebuilt number for number)."""
+
+from __future__ import annotations
 
 import json
-import os
-import subprocess
+import shutil
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-ARMS = "scratch,scratch-long,depth-g50,depth-slope,multi-1x64-2x128-4x128"
+from growlm.eval.experiments import cli as experiment
+
+ARM_FIELDS = {
+    "arm",
+    "n_seeds",
+    "delta_vs_envelope_mean",
+    "delta_vs_envelope_ci95_low",
+    "delta_vs_envelope_ci95_high",
+    "saving_vs_envelope_mean",
+    "saving_vs_same_size_mean",
+    "saving_vs_same_size_ci95_low",
+    "wall_s_mean",
+}
 
 
-def _run(out: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, GROWLM_DEVICE="cpu")
-    cmd = ["bash", str(REPO / "eval/experiments/gpu_staged.sh"), "--quick", "--arms", ARMS, "--out", str(out),
-           "--report", str(out / "report")]  # fmt: skip
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500)  # generous: shared CI machines
+def _mtimes(out: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in (out / "curves").glob("*/*.json")}
 
 
-def test_quick_experiment_writes_the_report_and_resumes(tmp_path):
-    r = _run(tmp_path)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    res = json.loads((tmp_path / "report/results.json").read_text())
-    arms = {a["arm"]: a for a in res["arms"]}
-    assert set(arms) == {"depth-g50", "depth-slope", "multi-1x64-2x128-4x128"}
-    for a in arms.values():
-        assert a["n_seeds"] == 2 and len(a["per_seed"]) == 2
-        assert a["saving_ci95_low"] <= a["saving_mean"] <= a["saving_ci95_high"]
-        assert 0 <= a["seeds_positive"] <= 2
-        assert a["seeds_positive"] == sum(r["saving"] > 0 for r in a["per_seed"])
-        assert 0.5 < a["dynamics_logit_ratio"] < 2.0  # duplication growth: near-preserving
-    assert len(arms["multi-1x64-2x128-4x128"]["dynamics_logit_ratios"]) == 2
-    g50 = arms["depth-g50"]["per_seed"][0]
-    assert g50["grow_steps"] == [16] and g50["steps"] > 32  # the cheap stage buys extra steps at equal compute
-    slope = json.loads((tmp_path / "depth-slope/seed1000/job.json").read_text())
-    assert slope["slope_threshold"] < 0 and slope["max_steps"] > 32
-    assert res["ngram"]["bigram_all_train"] < res["ngram"]["unigram_all_train"]
-    div = arms["multi-1x64-2x128-4x128"]["copy_divergence"]  # its first growth doubles the width
-    assert len(div) == 1 and set(next(iter(div.values()))) == {"2", "5", "10"}
-    for png in ("loss_vs_flops.png", "savings.png", "dynamics.png"):
-        assert (tmp_path / "report" / png).stat().st_size > 10_000
-    assert "| depth-g50 | 2 |" in (tmp_path / "report/report.md").read_text()
-    assert list((tmp_path / "scratch/seed1000/tb").iterdir())  # TensorBoard per run
-    again = _run(tmp_path)
-    assert again.returncode == 0 and "9 already finished, 0 to run" in again.stdout, again.stdout[-2000:]
+def test_quick_experiment_pilot_then_main_then_nothing_to_rerun(tmp_path, small_vocab_data, capsys):
+    out = tmp_path / "q"
+    argv = ["--quick", "--out", str(out), "--data", str(small_vocab_data), "--parallel", "2"]
+    assert experiment.main([*argv, "--phase", "pilot"]) == 0
+    assert "pilot complete" in capsys.readouterr().out
+    assert not (out / "curves" / "main").exists() and not (out / "results.json").exists()
+    pilot = _mtimes(out)
+    assert experiment.main(argv) == 0  # resumes: the pilot's curves are kept, the main runs added
+    after = _mtimes(out)
+    assert {k: after[k] for k in pilot} == pilot and len(after) > len(pilot)
+    res = json.loads((out / "results.json").read_text())
+    assert {a["arm"] for a in res["arms"]} == {"depth-x2", "multi-1-2-4", "gstack-x4", "width-x2", "msg-depth"}
+    for a in res["arms"]:
+        assert ARM_FIELDS <= set(a) and a["n_seeds"] == 2
+        assert a["delta_vs_envelope_ci95_low"] <= a["delta_vs_envelope_mean"] <= a["delta_vs_envelope_ci95_high"]
+        assert a["beats_envelope"] == (a["delta_vs_envelope_ci95_high"] < 0)
+        assert a["wall_s_mean"] > 0
+    assert set(res["envelope"]) == {"0.25", "0.5", "1.0", "2.0"}
+    assert all(e["loss"] == min(e["losses"].values()) for e in res["envelope"].values())
+    assert set(res["lr_sweep"]) == {*res["settings"]["sizes"], *(a["arm"] for a in res["arms"])}
+    assert all(len(sw) >= 3 for sw in res["lr_sweep"].values())
+    for png in ("loss_vs_flops.png", "lr_sweep.png", "deltas.png"):
+        assert (out / png).stat().st_size > 10_000
+    assert "**Verdict.**" in (out / "report.md").read_text()
+    capsys.readouterr()
+    assert experiment.main([*argv, "--dry_run"]) == 0
+    assert "0 runs" in capsys.readouterr().out  # nothing left to run
+    assert experiment.main(argv) == 0  # a rerun trains nothing and writes the same numbers
+    assert _mtimes(out) == after and json.loads((out / "results.json").read_text()) == res
+    # --report_only from the curves alone (no token folder): the same results.json and report.md, number for number
+    shutil.copytree(out / "curves", tmp_path / "copy" / "curves")
+    assert experiment.main(["--quick", "--report_only", "--out", str(tmp_path / "copy")]) == 0
+    assert json.loads((tmp_path / "copy" / "results.json").read_text()) == res
+    assert (tmp_path / "copy" / "report.md").read_text() == (out / "report.md").read_text()
+    for png in ("loss_vs_flops.png", "lr_sweep.png", "deltas.png"):
+        assert (tmp_path / "copy" / png).stat().st_size > 10_000

@@ -17,7 +17,6 @@ from growlm.data import prepare
 from growlm.data.text import InputError, read_text
 from growlm.data.tokens import SplitWriter
 from growlm.eval.bench import throughput as bench
-from growlm.eval.experiments import cli as experiment
 from growlm.eval.metrics import cli as eval_cli
 from growlm.growth.errors import GrowthError
 from growlm.growth.offline import cli as grow
@@ -163,30 +162,6 @@ def test_growlm_bench_refuses_numbers_out_of_range(tmp_path, capsys, argv, messa
     assert bench.main(["--preset", "tiny", "--out", str(tmp_path / "b"), *argv]) == 2
     assert one_error_line(capsys.readouterr().err, "growlm-bench").startswith(message)
     assert not (tmp_path / "b").exists()
-
-
-@pytest.mark.bad_input
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["--quick", "--steps", "0", "--dry_run"], "--steps 0: must be >= 5, so that every growth"),
-        (["--quick", "--steps", "4", "--dry_run"], "--steps 4: must be >= 5"),
-        (["--quick", "--seeds", "0", "--dry_run"], "--seeds 0: must be >= 1"),
-        (["--quick", "--batch", "0", "--dry_run"], "--batch 0: must be >= 1"),
-        (["--quick", "--lr", "0", "--dry_run"], "--lr 0.0: must be a positive number"),
-        (["--protocol", "equal_steps", "--max_steps", "0"], "--max_steps 0: must be >= 1"),
-        (["--protocol", "equal_steps", "--grow_frac", "1.0"], "--grow_frac 1.0 with --max_steps 240 grows at step 240"),
-    ],
-)
-def test_growlm_experiment_refuses_numbers_out_of_range(capsys, argv, message):
-    assert experiment.main(argv) == 2
-    assert one_error_line(capsys.readouterr().err, "growlm-experiment").startswith(message)
-
-
-def test_growlm_experiment_quick_dry_run_at_the_smallest_steps(capsys):
-    assert experiment.main(["--quick", "--steps", "5", "--dry_run", "--arms", "scratch,depth-g12"]) == 0
-    out = capsys.readouterr().out
-    assert "depth-g12/seed1000" in out and "growth at [1]" in out
 
 
 @pytest.mark.bad_input

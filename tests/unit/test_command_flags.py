@@ -14,9 +14,6 @@ import pytest
 
 from growlm.data import build_corpus
 from growlm.eval.bench import throughput as bench
-from growlm.eval.experiments import cli as experiment
-from growlm.eval.experiments import equal_compute as ec
-from growlm.eval.experiments import staged
 from growlm.growth.errors import GrowthError
 from growlm.growth.offline import cli as grow
 from growlm.growth.ops.apply import OptimizerPolicy
@@ -224,106 +221,6 @@ def test_eval_wiki_split_picks_the_held_out_articles(tiny_hf, tmp_path, monkeypa
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# growlm-experiment: the default protocol (equal_compute) and --protocol equal_steps (staged); no run is started
-
-
-def _token_folder(tmp_path: Path) -> Path:
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "meta.json").write_text(json.dumps({"vocab_size": 512, "tokenizer": "bpe512"}))
-    return data
-
-
-def test_experiment_seeds_evals_batch_lr_report_only(tmp_path, monkeypatch, capsys):
-    args = ec.parse_args(["--quick", "--arms", "scratch", "--seeds", "2", "--seed", "7", "--steps", "40",
-                          "--evals", "4", "--batch", "3", "--lr", "0.004", "--warmup_steps", "6"])  # fmt: skip
-    jobs = ec.plan_jobs(args, 512)
-    assert [(j.key, j.eval_interval) for j in jobs] == [("scratch/seed7", 10), ("scratch/seed8", 10)]
-    cfg = ec.ds_config(args)
-    assert (cfg["train_micro_batch_size_per_gpu"], cfg["optimizer"]["params"]["lr"]) == (3, 0.004)
-    assert cfg["scheduler"]["params"]["warmup_num_steps"] == 6
-    assert ec.cost(ec.parse_args(["--quick", "--batch", "6"]), "target", 512) == 2 * ec.cost(args, "target", 512)
-
-    from growlm.eval.experiments import equal_compute_report
-
-    reported, ran = [], []
-    monkeypatch.setattr(equal_compute_report, "write_report", lambda a, j, m: reported.append(len(j)) or 0)
-    monkeypatch.setattr(ec, "run_all", lambda *a: ran.append(1) or [])
-    argv = ["--quick", "--arms", "scratch", "--seeds", "2", "--data", str(_token_folder(tmp_path)),
-            "--out", str(tmp_path / "out"), "--batch", "3"]  # fmt: skip
-    assert experiment.main([*argv, "--report_only"]) == 0
-    assert (ran, reported) == ([], [2])  # the report from what exists, no run started
-    assert json.loads((tmp_path / "out" / "ds_config.json").read_text())["train_micro_batch_size_per_gpu"] == 3
-    assert experiment.main(argv) == 0
-    assert (ran, reported) == ([1], [2, 2])
-
-
-def test_experiment_threads_and_parallel(tmp_path, monkeypatch, capsys):
-    args = ec.parse_args(["--quick", "--arms", "scratch", "--seeds", "4", "--out", str(tmp_path),
-                                                                                       "--threads_per_rank", "3",
-                          "--parallel", "2"])  # fmt: skip
-    jobs = ec.plan_jobs(args, 512)
-    started = []
-
-    def popen(cmd, env, stdout, stderr):
-        started.append(env["OMP_NUM_THREADS"])
-        return types.SimpleNamespace()
-
-    monkeypatch.setattr(ec.subprocess, "Popen", popen)
-    proc = ec.start_job(args, jobs[0], 512)
-    proc.log.close()
-    assert started == ["3"]  # --threads: each training process's OMP threads
-
-    live, peak, finished = [0], [0], set()
-
-    def start(a, job, vocab):
-        live[0] += 1
-        peak[0] = max(peak[0], live[0])
-        job.out.mkdir(parents=True, exist_ok=True)
-
-        def poll():
-            live[0] -= 1
-            finished.add(job.key)
-            return 0
-
-        return types.SimpleNamespace(poll=poll, returncode=0, log=types.SimpleNamespace(close=lambda: None), t0=0.0)
-
-    monkeypatch.setattr(ec, "start_job", start)
-    monkeypatch.setattr(ec, "job_done", lambda a, job: job.key in finished)
-    assert ec.run_all(args, jobs, 512) == []
-    assert (len(finished), peak[0]) == (4, 2)  # --parallel: two at a time, never more
-    assert "4 runs, 0 already finished, 4 to run, 2 at a time" in capsys.readouterr().out
-
-
-def test_experiment_protocol_equal_steps_runs_grow_frac_batch_lr_threads(tmp_path, monkeypatch, capsys):
-    data = _token_folder(tmp_path)
-    # --runs without 'scratch' is refused by equal_steps' own check: --protocol chose that experiment
-    assert experiment.main(["--protocol", "equal_steps", "--runs", "msg-depth", "--data", str(data)]) == 2
-    assert "--runs must include 'scratch'" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # the default protocol (equal_compute) has no --runs
-        experiment.main(["--runs", "scratch", "--data", str(data)])
-    capsys.readouterr()
-    argv = ["--protocol", "equal_steps", "--runs", "scratch,msg-depth", "--max_steps", "40", "--grow_frac", "0.25",
-            "--batch", "3", "--lr", "0.005", "--data", str(data), "--out", str(tmp_path / "out"),
-            "--report", str(tmp_path / "report")]  # fmt: skip
-    assert experiment.main([*argv, "--report_only"]) == 1  # no finished run to report on, and none started
-    assert "the scratch run has not finished; no report" in capsys.readouterr().err
-    assert not (tmp_path / "out" / "scratch").exists()
-    plan = load_stages(tmp_path / "out" / "msg-depth.yaml")
-    assert [(s.name, s.when.value) for s in plan.stages] == [("depth-x2", 10.0)]  # round(40 x 0.25)
-    ds = json.loads((tmp_path / "out" / "ds_config.json").read_text())
-    assert (ds["train_micro_batch_size_per_gpu"], ds["optimizer"]["params"]["lr"]) == (3, 0.005)
-
-    calls = []
-    monkeypatch.setattr(staged.subprocess, "call", lambda cmd, env, stdout, stderr: calls.append(env) or 7)
-    assert (
-        experiment.main([*argv, "--threads_per_rank", "3"]) == 7
-    )  # the first run "fails": its exit status is returned
-    assert [c["OMP_NUM_THREADS"] for c in calls] == ["3"]
-    assert "run scratch failed (exit 7)" in capsys.readouterr().err
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # growlm-bench: what reaches train.py and the report, without starting it
 
 
@@ -402,16 +299,6 @@ def test_every_command_has_version(command, capsys):
         _mains()[command](["--version"])
     assert e.value.code == 0
     assert capsys.readouterr().out.strip() == f"{command} (growlm {growlm.__version__})"
-
-
-def test_experiment_help_shows_the_protocol_and_both_parsers_with_defaults(capsys):
-    from growlm.eval.experiments import cli as experiment
-
-    assert experiment.main(["-h"]) == 0
-    out = capsys.readouterr().out
-    assert "--protocol {equal_compute,equal_steps}" in out and "(default: equal_compute)" in out
-    assert "--protocol equal_compute:" in out and "--protocol equal_steps:" in out
-    assert "--warmup_steps" in out and "(default: 240)" in out  # equal_steps' --max_steps default is shown
 
 
 def test_train_help_shows_defaults(capsys):

@@ -1,18 +1,14 @@
-"""Stage scheduling and the staged-training report: the slope trigger on a synthetic power law, FLOPs accounting
-against 6N + 12LHQT counted from a real model, Kaplan-form fits, FLOPs-to-loss and the saving on synthetic runs."""
+"""Stage scheduling: the slope trigger on a synthetic power law, FLOPs accounting against 6N + 12LHQT counted from a
+real model, and the Kaplan-form fits of the scaling advisor (eval.experiments.scaling)."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
 import pytest
 
 from growlm.eval.experiments import scaling
-from growlm.eval.experiments import staged_report as rep
-from growlm.eval.experiments.staged import RUNS, plan_doc
-from growlm.growth.stages.plan import parse_stages
 from growlm.growth.stages.trigger import SLOPE_THRESHOLDS, first_trigger_index, loglog_slope
 from growlm.model.config import GPTConfig, flops_per_token
 from growlm.model.gpt import GPT
@@ -87,46 +83,3 @@ def test_kaplan_forms_and_growth_proposal():
     assert p.slope_saving is None or p.slope_saving <= p.best_saving + 1e-9
     assert scaling.predicted_saving(small, target, 10**6, 2000) < 0  # growing far too late costs compute
     assert scaling.predicted_saving(small, target, 10**6, 5) is None  # the target never gets that low in 5 steps
-
-
-def _write_run(path, flops, losses, growth_at=None):
-    path.mkdir(parents=True)
-    recs = [{"event": "val", "step": 0, "val_loss": 9.0, "flops": 0}]
-    recs += [
-        {"event": "val", "step": 10 * (i + 1), "val_loss": v, "flops": f}
-        for i, (f, v) in enumerate(zip(flops, losses, strict=True))
-    ]
-    if growth_at is not None:
-        recs.append({"event": "growth", "step": 10 * (growth_at + 1), "flops": flops[growth_at], "family": "duplicate"})
-    recs.append(dict(recs[-1] if growth_at is None else recs[-2]))  # train.py's final evaluation repeats the last step
-    (path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
-
-
-def test_flops_to_loss_interpolates_in_log_flops_and_report_on_synthetic_runs(tmp_path):
-    assert rep.flops_to_loss([1e9, 1e11], [5.0, 3.0], 4.0) == pytest.approx(1e10)
-    assert rep.flops_to_loss([1e9, 1e11], [5.0, 3.0], 2.0) is None
-    assert rep.flops_to_loss([1e9, 1e11], [5.0, 3.0], 6.0) == 1e9
-    c = np.geomspace(1e10, 1e12, 8)
-    _write_run(tmp_path / "scratch", c, power_law(c, c_c=1e10))
-    _write_run(tmp_path / "fast", c * 0.75, power_law(c, c_c=1e10), growth_at=2)  # same curve, 25% cheaper
-    _write_run(tmp_path / "slow", c, power_law(c, c_c=1e10) + 0.1)
-    scratch, fast, slow = (rep.read_run(n, tmp_path / n, {"start": "x"}) for n in ("scratch", "fast", "slow"))
-    assert len(scratch.flops) == 8 and fast.growths[0]["step"] == 30
-    s = rep.summarize(scratch, [fast, slow])
-    assert s["target_loss"] == pytest.approx(float(power_law(c[-1], c_c=1e10)))
-    rows = {r["run"]: r for r in s["runs"]}
-    assert rows["fast"]["saving"] == pytest.approx(0.25)
-    assert rows["slow"]["saving"] is None and rows["slow"]["flops_to_target"] is None
-    png = rep.plot([scratch, fast, slow], s["target_loss"], tmp_path / "p.png", "synthetic")
-    assert png.stat().st_size > 10_000
-    md = rep.markdown(s, "setup", png.name)
-    assert "+25.0%" in md and "never reached" in md
-
-
-def test_experiment_plans_are_valid_growth_plans():
-    for spec in RUNS:
-        plan = parse_stages(plan_doc(spec, vocab_size=4096, n_positions=128, grow_step=80, ramp_steps=20, rewarm=20))
-        assert plan.start.vocab_size == 4096 and plan.start.n_positions == 128
-        final = plan.stages[0].target
-        if spec.family is not None:  # every staged run ends at the scratch run's shape
-            assert (final.n_layer, final.n_embd, final.n_head) == (4, 128, 4) and plan.stages[0].family == spec.family

@@ -23,7 +23,6 @@ def _parsers() -> dict[str, list[Callable[[], argparse.ArgumentParser]]]:
     from growlm.data import build_corpus, prepare
     from growlm.eval.bench import gpu_check, throughput
     from growlm.eval.experiments import cli as experiment
-    from growlm.eval.experiments import equal_compute, staged
     from growlm.eval.metrics import cli as eval_cli
     from growlm.growth.offline import cli as grow_checkpoint
     from growlm.trainer.driver import cli as driver_cli
@@ -35,8 +34,7 @@ def _parsers() -> dict[str, list[Callable[[], argparse.ArgumentParser]]]:
         "growlm-grow": [grow_checkpoint.build_parser],
         "growlm-run": [driver_cli.build_parser],
         "growlm-eval": [eval_cli.build_parser],
-        # --protocol picks the parser of the rest: equal_compute (the default) or staged (equal_steps)
-        "growlm-experiment": [experiment.build_protocol_parser, equal_compute.build_parser, staged.build_parser],
+        "growlm-experiment": [experiment.build_parser],
         "growlm-bench": [throughput.build_parser],
         "growlm-gpu-check": [gpu_check.build_parser],
     }
@@ -88,7 +86,7 @@ def test_the_option_search_matches_whole_flags_only():
 def test_flag_list_is_the_help_of_each_command():
     flags = _flags()
     assert ("growlm-bench", "--keep_runs") in flags and ("growlm-grow", "--export_hf") in flags
-    assert ("growlm-experiment", "--protocol") in flags and ("growlm-experiment", "--runs") in flags
+    assert ("growlm-experiment", "--phase") in flags and ("growlm-experiment", "--report_only") in flags
     assert ("growlm-train", "--local_rank") not in flags  # hidden from --help (set by the deepspeed launcher)
     assert not [f for f in flags if f[1] in ("-h", "--help")]
     assert len({c for c, _ in flags}) == len(_parsers())  # every command has flags

@@ -1,0 +1,166 @@
+"""Which runs the IsoFLOP experiment needs, given the runs finished so far (pure; no torch).
+
+Pilot (one seed, ``Settings.pilot_seed``), in rounds, each deciding from the finished runs of the ones before:
+1. every scratch size at budget C over the LR grid, widened by a factor of 2 while the best LR sits at an edge;
+2. every size at C/4 and C/2 at its best LR: the envelope points that give the crossover of each arm's two sizes;
+3. every growth arm at C over the LR grid (LR policy 'continue', Adam moments carried), widened alike, each growth
+   at the crossover budget of its two sizes (``growth_points``);
+4. each arm at its best LR with the LR re-warmed after growth ('rewarm'), and the levers: depth-x2 grown at half and
+   at twice its crossover budget, depth-x2 with Adam moments reset, width-x2 without symmetry breaking.
+Main (``Settings.seeds`` seeds): every size at every budget at its pilot LR (2 C on the first ``budgets_2c_seeds``
+seeds, and on every seed for the target size), and every arm at C with its pilot LR and LR policy. The comparator
+of the primary metric is the size with the lowest pilot loss at C (chosen once, not per seed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from growlm.eval.experiments.analysis import best_lr, crossover
+from growlm.eval.experiments.protocol import ARMS, Arm, RunSpec, Settings, lr_grid_next, run_steps
+
+GROW_MIN, GROW_MAX = 0.05, 0.75  # a growth point is kept within these fractions of C (flagged when moved)
+LEVERS = {"early": "depth-x2 grown at half its crossover budget", "late": "depth-x2 grown at twice its crossover "
+          "budget", "reset": "depth-x2 with Adam moments reset at growth", "nosym": "width-x2 without symmetry "
+          "breaking (exact copies)"}  # fmt: skip
+
+
+def final_loss(done: Mapping[str, dict], spec: RunSpec) -> float | None:
+    """The final validation loss of a finished run, None if it has not finished."""
+    rec = done.get(spec.name)
+    return None if rec is None else float(rec["curve"]["final"]["val_loss"])
+
+
+def _sweep(s: Settings, done: Mapping[str, dict], base: RunSpec) -> tuple[list[RunSpec], float | None]:
+    """The LR sweep of one size or arm: the specs it needs now and its best LR once it is complete."""
+    specs = [replace(base, lr=lr) for lr in s.lrs]
+    while True:
+        losses = {sp.lr: final_loss(done, sp) for sp in specs}
+        if any(v is None for v in losses.values()):
+            return specs, None
+        nxt = lr_grid_next(losses, s.lr_widen - (len(specs) - len(s.lrs)))
+        if nxt is None:
+            return specs, best_lr(losses)
+        specs.append(replace(base, lr=nxt))
+
+
+@dataclass
+class PilotState:
+    """What the finished pilot runs decided so far (None: not yet)."""
+
+    lr: dict[str, float]  # size or arm -> best LR
+    crossovers: dict[str, dict[str, Any]]  # "small->big" -> {budget, flag}
+    growth: dict[str, tuple[float, ...]]  # arm -> growth points (FLOPs)
+    growth_flags: dict[str, list[str]]
+    policy: dict[str, str]  # arm -> 'continue' | 'rewarm'
+    comparator: str | None
+    complete: bool
+
+
+def growth_points(s: Settings, a: Arm, cross: Mapping[str, dict], scale: float = 1.0) -> tuple[tuple, list[str]]:
+    """The growth points of arm ``a`` (cumulative FLOPs): each growth at ``scale`` x the crossover budget of its two
+    sizes, kept within [GROW_MIN, GROW_MAX] x C and increasing; the flags name every point moved or read outside
+    the measured budgets."""
+    pts, flags = [], []
+    for small, big in zip(a.stages, a.stages[1:], strict=False):
+        c = cross[f"{small}->{big}"]
+        f = c["budget"] * scale
+        if c["flag"]:
+            flags.append(f"{small}->{big}: crossover {c['flag']} the measured budgets")
+        g = min(max(f, GROW_MIN), GROW_MAX)
+        if g != f:
+            flags.append(f"{small}->{big}: growth moved from {f:.3g} C to {g:.3g} C")
+        pts.append(g)
+    for i in range(len(pts) - 2, -1, -1):  # keep increasing: an earlier growth goes to half of the next one
+        if pts[i] >= pts[i + 1]:
+            flags.append(f"growth {i + 1} moved from {pts[i]:.3g} C to {pts[i + 1] / 2:.3g} C (before the next)")
+            pts[i] = pts[i + 1] / 2
+    return tuple(p * s.c_flops for p in pts), flags
+
+
+def pilot(s: Settings, done: Mapping[str, dict]) -> tuple[list[RunSpec], PilotState]:
+    """The pilot runs needed given the finished ones, and what they decided (see the module docstring)."""
+    seed = s.pilot_seed
+    specs: list[RunSpec] = []
+    st = PilotState({}, {}, {}, {}, {}, None, False)
+    for size in s.sizes:
+        need, lr = _sweep(s, done, RunSpec("pilot", "scratch", seed, 1.0, 0.0, size=size))
+        specs += need
+        if lr is not None:
+            st.lr[size] = lr
+    if len(st.lr) < len(s.sizes):
+        return specs, st
+    st.comparator = min(s.sizes, key=lambda z: final_loss(done, RunSpec("pilot", "scratch", seed, 1.0, st.lr[z],
+                                                                         size=z)))  # fmt: skip
+    env: dict[str, dict[float, float]] = {}
+    for size in s.sizes:
+        runs = [RunSpec("pilot", "scratch", seed, b, st.lr[size], size=size) for b in (0.25, 0.5, 1.0)]
+        specs += runs
+        env[size] = {r.budget: final_loss(done, r) for r in runs}
+    if any(v is None for e in env.values() for v in e.values()):
+        return specs, st
+    for a in ARMS:
+        for small, big in zip(a.stages, a.stages[1:], strict=False):
+            b, flag = crossover(env[small], env[big])
+            st.crossovers[f"{small}->{big}"] = {"budget": b, "flag": flag}
+    for a in ARMS:
+        st.growth[a.name], st.growth_flags[a.name] = growth_points(s, a, st.crossovers)
+        base = RunSpec("pilot", "grow", seed, 1.0, 0.0, arm=a.name, grow_flops=st.growth[a.name])
+        need, lr = _sweep(s, done, base)
+        specs += need
+        if lr is not None:
+            st.lr[a.name] = lr
+    if any(a.name not in st.lr for a in ARMS):
+        return specs, st
+    finished = True
+    for a in ARMS:
+        cont = RunSpec("pilot", "grow", seed, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name])
+        rew = replace(cont, policy="rewarm")
+        specs.append(rew)
+        lc, lw = final_loss(done, cont), final_loss(done, rew)
+        if lw is None:
+            finished = False
+        else:
+            st.policy[a.name] = "rewarm" if lw < lc else "continue"
+    specs += lever_specs(s, st)
+    st.complete = finished and all(sp.name in done for sp in specs)
+    return specs, st
+
+
+def lever_specs(s: Settings, st: PilotState) -> list[RunSpec]:
+    """The lever runs (``LEVERS``) at each arm's best LR, LR policy 'continue'."""
+    seed, d = s.pilot_seed, "depth-x2"
+    base = RunSpec("pilot", "grow", seed, 1.0, st.lr[d], arm=d, grow_flops=st.growth[d])
+    arm_d = next(a for a in ARMS if a.name == d)
+    early, _ = growth_points(s, arm_d, st.crossovers, 0.5)
+    late, _ = growth_points(s, arm_d, st.crossovers, 2.0)
+    w = "width-x2"
+    return [
+        replace(base, grow_flops=early, tag="early"),
+        replace(base, grow_flops=late, tag="late"),
+        replace(base, moments="reset", tag="reset"),
+        RunSpec("pilot", "grow", seed, 1.0, st.lr[w], arm=w, grow_flops=st.growth[w], symmetry="none", tag="nosym"),
+    ]
+
+
+def main_specs(s: Settings, st: PilotState) -> list[RunSpec]:
+    """Every main run (needs a complete pilot)."""
+    specs = []
+    for seed in range(s.seeds):
+        for size in s.sizes:
+            for b in s.budgets:
+                if b == 2.0 and seed >= s.budgets_2c_seeds and size != s.target:
+                    continue
+                specs.append(RunSpec("main", "scratch", seed, b, st.lr[size], size=size))
+        for a in ARMS:
+            specs.append(RunSpec("main", "grow", seed, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name],
+                                 policy=st.policy[a.name]))  # fmt: skip
+    return specs
+
+
+def run_cost(s: Settings, spec: RunSpec) -> float:
+    """A run's training FLOPs (its budget; used to order and size the work)."""
+    run_steps(s, spec)  # raises on an impossible growth plan
+    return spec.budget * s.c_flops

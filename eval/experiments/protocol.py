@@ -1,0 +1,256 @@
+"""The IsoFLOP-envelope experiment's protocol: the model family, the budgets, the arms, the runs and their settings.
+Pure data and arithmetic (no torch).
+
+Question (DESIGN.md, "Does growth pay"): at the same total training FLOPs, does a grown model beat the best model
+of *any* size trained from scratch? The **envelope** at a budget B is the lowest validation loss any scratch size
+reaches with B FLOPs, each size with its own fully decayed LR schedule ending exactly at B (Hoffmann et al. 2022,
+arXiv 2203.15556, "IsoFLOP profiles"). A growth arm trains small, grows with growlm's operators and ends at the
+target size with the same FLOPs C; it beats the envelope when its loss is below the best scratch size's at C.
+
+The model family (sizes named by depth): GPT-2 blocks of width 64 (4 heads) at depths 1, 2, 4, 8 (L1, L2, L4, L8),
+plus L4n, 4 layers of width 32 (2 heads), for the width pair; a 320-token ByteLevel BPE (data.small_vocab), so the
+tied LM head is 8.1% of the L4 target's FLOPs per token (``head_fraction``). FLOPs per token:
+model.config.flops_per_token (6 N + attention).
+
+Each run's settings are in its ``RunSpec``; the experiment-wide ones in ``Settings`` (one profile per machine
+class). A curve stores both; curves made with other settings are refused, never mixed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from growlm.model.config import GPTConfig, flops_per_token
+
+PROTOCOL = "isoflop-envelope-v1"  # bump when a change makes old curves incomparable
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Experiment-wide settings (one profile). Budgets are multiples of C = ``c_flops`` FLOPs.
+
+    sizes: name -> (n_layer, n_embd, n_head); target: the growth arms' final size (and the same-size reference).
+    budgets: the envelope's budgets as fractions of C; ``budgets_2c_seeds``: how many seeds (the first ones) also run
+    every size at 2 C (the target size runs 2 C on every seed, so that same-size savings never extrapolate).
+    lrs: the first LR grid of the pilot (a factor of 2 apart), widened by ``lr_widen`` steps at most at each edge.
+    warmup_frac: linear warm-up as a fraction of a run's steps (at least 2 steps); the cosine decays to 0 at the
+    run's last step. batch x seq_len tokens per optimizer step; AdamW betas (0.9, 0.95), eps 1e-8, weight decay 0.1
+    on 2-D weights, gradient clipping at 1.0.
+    curve_points: validation points per run (evenly spaced in FLOPs), each on ``curve_windows`` windows; the final
+    point on ``final_windows`` windows spread evenly over all held-out text.
+    """
+
+    profile: str = "cpu"
+    vocab_size: int = 320
+    seq_len: int = 64
+    batch: int = 16
+    sizes: dict[str, tuple[int, int, int]] = field(
+        default_factory=lambda: {
+            "L1": (1, 64, 4),
+            "L2": (2, 64, 4),
+            "L4": (4, 64, 4),
+            "L8": (8, 64, 4),
+            "L4n": (4, 32, 2),
+        }  # fmt: skip
+    )
+    target: str = "L4"
+    c_flops: float = 3.6e11
+    budgets: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
+    budgets_2c_seeds: int = 2
+    seeds: int = 5
+    pilot_seed: int = 100
+    lrs: tuple[float, ...] = (2e-3, 4e-3, 8e-3)
+    lr_widen: int = 2
+    warmup_frac: float = 0.05
+    rewarm_frac: float = 0.05
+    curve_points: int = 8
+    curve_windows: int = 64
+    final_windows: int = 512
+    device: str = "cpu"
+
+    def config(self, size: str) -> GPTConfig:
+        """The GPTConfig of a named size (dropout 0, n_positions = seq_len)."""
+        n_layer, n_embd, n_head = self.sizes[size]
+        return GPTConfig(n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_positions=self.seq_len,
+                         vocab_size=self.vocab_size)  # fmt: skip
+
+    def step_flops(self, size: str) -> int:
+        """Training FLOPs of one optimizer step of ``size``: flops_per_token x batch x seq_len."""
+        return flops_per_token(self.config(size), self.seq_len) * self.batch * self.seq_len
+
+    def head_fraction(self, size: str | None = None) -> float:
+        """The tied LM head's share of a size's training FLOPs per token: 6 V d / flops_per_token."""
+        cfg = self.config(size or self.target)
+        return 6 * cfg.vocab_size * cfg.n_embd / flops_per_token(cfg, self.seq_len)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready settings (tuples as lists), with the protocol version."""
+        d = json.loads(json.dumps(asdict(self)))
+        d["protocol"] = PROTOCOL
+        return d
+
+
+PROFILES = {
+    "cpu": Settings(),
+    # the GPU profile: 16 seeds, 8x the budget, 128-token sequences of 32 (not yet run on a GPU)
+    "gpu": Settings(
+        profile="gpu",
+        seq_len=128,
+        batch=32,
+        c_flops=2.9e12 * 4,
+        seeds=16,
+        budgets_2c_seeds=4,
+        final_windows=1024,
+        device="cuda",
+    ),  # fmt: skip
+}
+
+
+def quick(s: Settings) -> Settings:
+    """The --quick version of a profile: the same protocol at toy size (width 16, 2 seeds, tiny budgets), seconds."""
+    sizes = {"L1": (1, 16, 2), "L2": (2, 16, 2), "L4": (4, 16, 2), "L8": (8, 16, 2), "L4n": (4, 8, 1)}
+    return replace(s, profile=s.profile + "-quick", sizes=sizes, seq_len=32, batch=4, c_flops=2.4e8, seeds=2,
+                   budgets_2c_seeds=1, lrs=(2e-3, 4e-3, 8e-3), lr_widen=1, curve_points=4, curve_windows=8,
+                   final_windows=32)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------- arms
+DEPTH = {"family": "duplicate", "layer_order": "interleave", "exact": True}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A growth arm: its stages (size names, the last one the target) and each growth's operator options
+    (``family`` plus growth.ops.make_rules options). Each growth happens where the pilot measured the crossover of
+    its two sizes' envelopes (``analysis.crossover``)."""
+
+    name: str
+    stages: tuple[str, ...]
+    ops: tuple[dict, ...]
+    what: str
+
+
+ARMS = (
+    Arm("depth-x2", ("L2", "L4"), (DEPTH,),
+        "depth x2, 2 -> 4 layers: each block duplicated next to itself, the copy's output projections zeroed "
+        "(function preserved)"),
+    Arm("multi-1-2-4", ("L1", "L2", "L4"), (DEPTH, DEPTH), "depth 1 -> 2 -> 4 layers, two duplications"),
+    Arm("gstack-x4", ("L1", "L4"), ({"family": "duplicate", "layer_order": "stack", "exact": False},),
+        "G_stack-style stacking x4 (Du et al. 2024, arXiv 2405.15319): the whole stack repeated, copies exact "
+        "(function not preserved)"),
+    Arm("width-x2", ("L4n", "L4"),
+        ({"family": "duplicate", "pattern": "split", "alpha": 0.75, "symmetry": "noise", "noise_std": 1.0},),
+        "width x2, 4 x 32 -> 4 x 64 (heads 2 -> 4): neurons split 0.75 / 0.25 plus zero-sum noise that breaks "
+        "the copies' symmetry and keeps the function"),
+    Arm("msg-depth", ("L2", "L4"), ({"family": "masked"},),
+        "MSG masked depth growth 2 -> 4 (Yao et al. 2023, arXiv 2305.02869): new blocks gated by a mask ramped "
+        "0 -> 1 over a quarter of the remaining run"),
+)  # fmt: skip
+ARM_NAMES = tuple(a.name for a in ARMS)
+POLICIES = ("continue", "rewarm")  # the LR schedule after growth: same position, or a linear re-warm
+
+
+def arm(name: str) -> Arm:
+    """The arm called ``name`` (KeyError names the arms)."""
+    for a in ARMS:
+        if a.name == name:
+            return a
+    raise KeyError(f"unknown arm {name!r}; arms: {ARM_NAMES}")
+
+
+# ---------------------------------------------------------------------------------------------------------- runs
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run. ``kind`` 'scratch' (``size`` set) or 'grow' (``arm`` set, ``grow_flops``: the cumulative
+    FLOPs after which each growth happens). budget: fraction of C. lr: peak LR. policy: LR schedule after growth;
+    moments: Adam-moment policy at growth (growth.ops.apply.OptimizerPolicy); ``symmetry`` overrides the width
+    arm's symmetry breaking (a lever). phase: 'pilot' or 'main'; tag: a lever's name ('' for none)."""
+
+    phase: str
+    kind: str
+    seed: int
+    budget: float
+    lr: float
+    size: str = ""
+    arm: str = ""
+    grow_flops: tuple[float, ...] = ()
+    policy: str = "continue"
+    moments: str = "carry"
+    symmetry: str = ""
+    tag: str = ""
+
+    @property
+    def name(self) -> str:
+        """The run's file stem: unique per spec, readable."""
+        who = self.size if self.kind == "scratch" else self.arm
+        extra = f"-{self.tag}" if self.tag else ""
+        pol = f"-{self.policy}" if self.kind == "grow" else ""
+        return f"{who}{pol}{extra}-B{self.budget:g}-lr{self.lr:.2e}-s{self.seed}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(asdict(self)))
+
+
+def spec_from_dict(d: dict[str, Any]) -> RunSpec:
+    """The RunSpec of a curve file's ``spec`` (lists back to tuples)."""
+    d = dict(d)
+    d["grow_flops"] = tuple(d.get("grow_flops", ()))
+    return RunSpec(**d)
+
+
+def stage_steps(s: Settings, stages: tuple[str, ...], grow_flops: tuple[float, ...], budget_flops: float) -> list:
+    """Optimizer steps of each stage of a growth arm under an equal FLOPs budget: stage i trains until the run has
+    spent ``grow_flops[i]`` FLOPs (rounded to whole steps), the last stage spends what is left of the budget.
+
+    Returns: the global step after which each growth happens, then the total step count (len(stages) values).
+
+    Raises:
+        ValueError: growth points that do not increase, or that leave the last stage no step.
+    """
+    if len(grow_flops) != len(stages) - 1:
+        raise ValueError(f"{len(stages)} stages need {len(stages) - 1} growth points, got {len(grow_flops)}")
+    steps, spent, prev_f = [], 0.0, 0.0
+    step = 0
+    for size, f in zip(stages, grow_flops, strict=False):
+        if f <= prev_f:
+            raise ValueError(f"growth points {list(grow_flops)} must increase")
+        n = max(1, round((f - spent) / s.step_flops(size)))
+        step += n
+        spent += n * s.step_flops(size)
+        steps.append(step)
+        prev_f = f
+    left = budget_flops - spent
+    n_last = round(left / s.step_flops(stages[-1]))
+    if n_last < 1:
+        raise ValueError(f"the small stages spend {spent:.3e} of {budget_flops:.3e} FLOPs; grow earlier")
+    return [*steps, step + n_last]
+
+
+def run_steps(s: Settings, spec: RunSpec) -> list[int]:
+    """The growth steps and total steps of a run (``[total]`` for a scratch run)."""
+    budget = spec.budget * s.c_flops
+    if spec.kind == "scratch":
+        return [max(1, round(budget / s.step_flops(spec.size)))]
+    return stage_steps(s, arm(spec.arm).stages, spec.grow_flops, budget)
+
+
+def settings_digest(d: dict[str, Any]) -> str:
+    """A short hash of a settings dict (sorted JSON), to name the settings a curve was made with."""
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def lr_grid_next(tried: dict[float, float], widen_left: int) -> float | None:
+    """The next LR to try when the best of ``tried`` (LR -> final loss) sits at an edge of the grid: half the
+    smallest or twice the largest; None when the best is inside or no widening is left."""
+    if widen_left <= 0 or len(tried) < 2:
+        return None
+    lrs = sorted(tried)
+    best = min(tried, key=tried.get)
+    if best == lrs[0]:
+        return lrs[0] / 2
+    if best == lrs[-1]:
+        return lrs[-1] * 2
+    return None

@@ -1,0 +1,335 @@
+"""The IsoFLOP experiment's report: results.json, report.md and three plots, computed from the curves alone (so
+``growlm-experiment --report_only`` rebuilds them from the committed curves). Arithmetic in eval.experiments.analysis.
+
+Primary metric, per growth arm: the paired difference (same seed, same batches) between the arm's final validation
+loss at budget C and the comparator's, the comparator being the scratch size with the lowest pilot loss at C
+(chosen once, from the pilot seed); mean and 95% t-interval over the main seeds. "Beats the envelope" only if the
+interval's upper bound is below 0.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from growlm.eval.experiments import analysis as an
+from growlm.eval.experiments import plan
+from growlm.eval.experiments.protocol import ARMS, RunSpec, Settings
+from growlm.model.config import param_count
+from growlm.runtime import atomic
+
+
+def _loss(done: dict, spec: RunSpec) -> float | None:
+    return plan.final_loss(done, spec)
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
+    """results.json's content from the finished curves.
+
+    Raises:
+        ValueError: the pilot is incomplete, or fewer than 2 seeds have every main run.
+    """
+    _, st = plan.pilot(s, done)
+    if not st.complete:
+        raise ValueError("the pilot is incomplete; run growlm-experiment (it resumes) before the report")
+    main = plan.main_specs(s, st)
+    seeds = [k for k in range(s.seeds) if all(sp.name in done for sp in main if sp.seed == k)]
+    if len(seeds) < 2:
+        raise ValueError(f"{len(seeds)} seeds have every main run; the report needs at least 2")
+
+    def scratch(size: str, b: float, seed: int) -> float | None:
+        return _loss(done, RunSpec("main", "scratch", seed, b, st.lr[size], size=size))
+
+    def grown(a: str, seed: int) -> float:
+        return _loss(done, RunSpec("main", "grow", seed, 1.0, st.lr[a], arm=a, grow_flops=st.growth[a],
+                                   policy=st.policy[a]))  # fmt: skip
+
+    def run_of(spec: RunSpec) -> dict:
+        return done[spec.name]["curve"]
+
+    budget_means: dict[float, dict[str, float]] = {}
+    budget_seeds: dict[float, dict[str, int]] = {}
+    for b in s.budgets:
+        for size in s.sizes:
+            vals = [v for k in seeds if (v := scratch(size, b, k)) is not None]
+            if vals:
+                budget_means.setdefault(b, {})[size] = statistics.fmean(vals)
+                budget_seeds.setdefault(b, {})[size] = len(vals)
+    env = an.envelope(budget_means)
+    env_points = [(b, loss) for b, (_, loss) in env.items()]
+    comp = st.comparator
+    comp_c = [scratch(comp, 1.0, k) for k in seeds]
+
+    arms_out = []
+    for a in ARMS:
+        la = [grown(a.name, k) for k in seeds]
+        deltas = [x - y for x, y in zip(la, comp_c, strict=True)]
+        m, lo, hi = an.mean_ci95(deltas)
+        need = an.compute_to_reach(env_points, statistics.fmean(la))
+        same = []
+        for k, x in zip(seeds, la, strict=True):
+            pts = [(b, v) for b in s.budgets if (v := scratch(s.target, b, k)) is not None]
+            same.append(an.saving(1.0, an.compute_to_reach(pts, x)))
+        same_ok = [v for v in same if v is not None]
+        sm, slo, shi = an.mean_ci95(same_ok) if same_ok else (None, None, None)
+        specs = [RunSpec("main", "grow", k, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name],
+                         policy=st.policy[a.name]) for k in seeds]  # fmt: skip
+        curves = [run_of(sp) for sp in specs]
+        arms_out.append({
+            "arm": a.name, "what": a.what, "n_seeds": len(seeds), "lr": st.lr[a.name], "lr_policy": st.policy[a.name],
+            "growth_at_C": [round(f / s.c_flops, 4) for f in st.growth[a.name]],
+            "growth_flags": st.growth_flags[a.name],
+            "final_loss_mean": _r(statistics.fmean(la)),
+            "delta_vs_envelope_mean": _r(m), "delta_vs_envelope_ci95_low": _r(lo),
+            "delta_vs_envelope_ci95_high": _r(hi), "beats_envelope": hi is not None and hi < 0,
+            "delta_vs_envelope_per_seed": [_r(d) for d in deltas],
+            "saving_vs_envelope_mean": _r(an.saving(1.0, need)),
+            "saving_vs_same_size_mean": _r(sm), "saving_vs_same_size_ci95_low": _r(slo),
+            "saving_vs_same_size_ci95_high": _r(shi), "saving_vs_same_size_n": len(same_ok),
+            "wall_s_mean": _r(statistics.fmean(c["wall_s"] for c in curves), 2),
+            "growth_wall_s_mean": _r(statistics.fmean(sum(g["wall_s"] for g in c["growth"]) for c in curves), 3),
+            "loss_change_at_growth_mean": _r(statistics.fmean(
+                statistics.fmean(g["loss_after"] - g["loss_before"] for g in c["growth"]) for c in curves)),
+        })  # fmt: skip
+
+    scratch_out = []
+    for size in s.sizes:
+        lc = [scratch(size, 1.0, k) for k in seeds]
+        m, lo, hi = an.mean_ci95([x - y for x, y in zip(lc, comp_c, strict=True)])
+        walls = [run_of(RunSpec("main", "scratch", k, 1.0, st.lr[size], size=size))["wall_s"] for k in seeds]
+        scratch_out.append(
+            {
+                "size": size,
+                "lr": st.lr[size],
+                "n_params": param_count(s.config(size), include_position_embeddings=False),
+                "loss_by_budget": {str(b): _r(budget_means[b].get(size)) for b in budget_means},
+                "delta_vs_envelope_mean": _r(m),
+                "delta_vs_envelope_ci95_low": _r(lo),
+                "delta_vs_envelope_ci95_high": _r(hi),
+                "wall_s_mean": _r(statistics.fmean(walls), 2),
+            }
+        )
+
+    sweep: dict[str, dict[str, float]] = {}
+    for rec in done.values():
+        sp = rec["spec"]
+        if sp.phase == "pilot" and sp.budget == 1.0 and not sp.tag and sp.policy == "continue":
+            who = sp.size or sp.arm
+            if sp.kind == "grow" and sp.grow_flops != st.growth[sp.arm]:
+                continue
+            sweep.setdefault(who, {})[f"{sp.lr:.2e}"] = _r(rec["curve"]["final"]["val_loss"])
+    order = [*s.sizes, *(a.name for a in ARMS)]
+    sweep = {k: dict(sorted(sweep[k].items(), key=lambda kv: float(kv[0]))) for k in order if k in sweep}
+    policy = {}
+    for a in ARMS:
+        base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name])
+        policy[a.name] = {"continue": _r(_loss(done, base)),
+                          "rewarm": _r(_loss(done, RunSpec(**{**base.__dict__, "policy": "rewarm"}))),
+                          "chosen": st.policy[a.name]}  # fmt: skip
+    levers = []
+    for sp in plan.lever_specs(s, st):
+        base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[sp.arm], arm=sp.arm, grow_flops=st.growth[sp.arm])
+        lv, lb = _loss(done, sp), _loss(done, base)
+        levers.append({"lever": sp.tag, "what": plan.LEVERS[sp.tag], "arm": sp.arm,
+                       "growth_at_C": [round(f / s.c_flops, 4) for f in sp.grow_flops],
+                       "loss": _r(lv), "base_loss": _r(lb), "effect": _r(lv - lb)})  # fmt: skip
+    ses = [rec["curve"]["final"]["val_se"] for rec in done.values() if rec["spec"].phase == "main"]
+    best = min(arms_out, key=lambda r: r["delta_vs_envelope_mean"])
+    tokens_c = s.c_flops / s.step_flops(s.target) * s.batch * s.seq_len
+    return {
+        "protocol": "IsoFLOP envelope",
+        "settings": {k: v for k, v in s.as_dict().items()},
+        "data": next(iter(done.values()))["settings"].get("data"),
+        "seeds": seeds,
+        "pilot_seed": s.pilot_seed,
+        "C_flops": s.c_flops,
+        "head_fraction_of_target": round(s.head_fraction(), 4),
+        "target_tokens_at_C": round(tokens_c),
+        "envelope": {
+            str(b): {
+                "budget_flops": b * s.c_flops,
+                "best_size": sz,
+                "loss": _r(loss),
+                "losses": {k: _r(v) for k, v in budget_means[b].items()},
+                "n_seeds": budget_seeds[b],
+            }
+            for b, (sz, loss) in env.items()
+        },  # fmt: skip
+        "comparator": {
+            "size": comp,
+            "loss_at_C_mean": _r(statistics.fmean(comp_c)),
+            "seed_sd": _r(statistics.stdev(comp_c)),
+        },  # fmt: skip
+        "crossovers": {k: {"budget_C": _r(v["budget"]), "flag": v["flag"]} for k, v in st.crossovers.items()},
+        "lr_sweep": sweep,
+        "lr_best": {k: v for k, v in st.lr.items()},
+        "lr_policy": policy,
+        "levers": levers,
+        "arms": arms_out,
+        "scratch": scratch_out,
+        "eval_noise": {
+            "final_windows": s.final_windows,
+            "val_se_mean": _r(statistics.fmean(ses), 5),
+            "comparator_seed_sd": _r(statistics.stdev(comp_c), 5),
+        },  # fmt: skip
+        "best_arm": best["arm"],
+        "best_arm_beats_envelope": best["beats_envelope"],
+        "wall_s_runs_total": {
+            ph: _r(sum(r["curve"]["wall_s"] for r in done.values() if r["spec"].phase == ph), 1)
+            for ph in ("pilot", "main")
+        },  # fmt: skip
+    }
+
+
+def write(s: Settings, done: dict[str, dict], out: Path) -> int:
+    """Write results.json, report.md and the plots into ``out``; 0, or 2 when the runs are not enough."""
+    try:
+        res = summarize(s, done)
+    except ValueError as e:
+        print(f"growlm-experiment: error: {e}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    atomic.write_json(out / "results.json", res, overwrite=True)
+    from growlm.eval.experiments import report_plots
+
+    report_plots.plot_all(s, done, res, out)
+    atomic.write_text(out / "report.md", markdown(s, res), overwrite=True)
+    print(
+        f"growlm-experiment: report in {out / 'report.md'}; best arm {res['best_arm']}: "
+        f"{_fmt_delta(next(a for a in res['arms'] if a['arm'] == res['best_arm']))} nats vs {res['comparator']['size']}"
+    )
+    return 0
+
+
+def _fmt_delta(a: dict) -> str:
+    lo, hi = a["delta_vs_envelope_ci95_low"], a["delta_vs_envelope_ci95_high"]
+    return f"{a['delta_vs_envelope_mean']:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a (outside the finished runs)" if x is None else f"{100 * x:+.1f}%"
+
+
+def markdown(s: Settings, r: dict) -> str:
+    """report.md from results.json's content."""
+    comp = r["comparator"]
+    budgets = list(r["envelope"])
+    sizes = ", ".join(f"`{k}` ({v[0]} x {v[1]}, {v[2]} heads)" for k, v in s.sizes.items())
+    lines = [
+        "# Does growing beat the model you could have trained instead? (IsoFLOP envelope)",
+        "",
+        "Produced by `growlm-experiment` (eval/experiments/); every number here is computed from the committed "
+        "curves in `curves/` (`growlm-experiment --report_only` rebuilds this file, results.json and the plots).",
+        "",
+        "## Setup",
+        f"- Model family: GPT-2 blocks, sizes {sizes}; "
+        f"growth target `{s.target}`. {s.vocab_size}-token ByteLevel BPE: the LM head is "
+        f"{100 * r['head_fraction_of_target']:.1f}% of the target's training FLOPs per token.",
+        f"- Budget C = {s.c_flops:.3g} FLOPs ({r['target_tokens_at_C']:,} tokens for the target); envelope budgets "
+        f"{', '.join(f'{float(b):g} C' for b in budgets)}; every run has its own linear warm-up "
+        f"({100 * s.warmup_frac:g}% of its steps) and cosine decay to 0 ending exactly at its budget. "
+        f"Batch {s.batch} x {s.seq_len} tokens, AdamW (0.9, 0.95), weight decay 0.1, clipping 1.0, fp32, "
+        f"device `{s.device}`; every training window is read at most once per run.",
+        f"- Seeds: pilot seed {r['pilot_seed']}; main seeds {r['seeds']} (the same seed = the same batches in the "
+        "same order for every size and arm). Growth with growlm's operators on the whole training state "
+        "(weights, Adam moments and step, LR schedule position, masks).",
+        f"- Validation: {s.final_windows} windows of {s.seq_len} tokens at evenly spaced offsets over all held-out "
+        f"text (final points; curve points use the first {s.curve_windows} of an evenly spaced set). Eval noise "
+        f"(standard error of a final loss): {r['eval_noise']['val_se_mean']:.4f} nats; the comparator's seed s.d.: "
+        f"{r['eval_noise']['comparator_seed_sd']:.4f} nats. (The windows are the same for every run, so paired "
+        "differences carry less eval noise than this.)",
+        "",
+        "## The envelope (best scratch size per budget, mean over seeds)",
+        "",
+        "| budget | " + " | ".join(s.sizes) + " | best |",
+        "|---|" + "---|" * (len(s.sizes) + 1),
+    ]
+    for b, e in r["envelope"].items():
+        cells = [f"{e['losses'][k]:.4f}" if k in e["losses"] else "-" for k in s.sizes]
+        lines.append(f"| {float(b):g} C | " + " | ".join(cells) + f" | `{e['best_size']}` {e['loss']:.4f} |")
+    n2 = r["envelope"].get("2.0", {}).get("n_seeds")
+    if n2:
+        lines.append(f"\nAt 2 C the seed counts are {n2} (the target on every seed, the others on the first "
+                     f"{s.budgets_2c_seeds}); that row's means are over those seeds.")  # fmt: skip
+    lines += [
+        "",
+        f"Comparator (chosen from the pilot, not per seed): `{comp['size']}`, loss at C {comp['loss_at_C_mean']:.4f} "
+        f"(seed s.d. {comp['seed_sd']:.4f}).",
+        "",
+        "## Primary: each growth arm against the best scratch model at C",
+        "",
+        "Paired difference in final validation loss (arm - comparator, nats; negative = better), mean and 95% "
+        "t-interval over seeds.",
+        "",
+        "| arm | growth at (x C) | LR | LR after growth | loss | delta vs envelope [95% CI] | beats it | "
+        "saving vs envelope | saving vs same size [95% CI] | wall s (growth s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for a in r["arms"]:
+        same = _pct(a["saving_vs_same_size_mean"])
+        if a["saving_vs_same_size_ci95_low"] is not None:
+            same += (
+                f" [{100 * a['saving_vs_same_size_ci95_low']:+.1f}, {100 * a['saving_vs_same_size_ci95_high']:+.1f}]"
+            )
+        if a["saving_vs_same_size_n"] < a["n_seeds"]:
+            same += f" ({a['saving_vs_same_size_n']} of {a['n_seeds']} seeds inside the finished runs)"
+        lines.append(f"| `{a['arm']}` | {', '.join(f'{g:.3g}' for g in a['growth_at_C'])} | {a['lr']:.1e} | "
+                     f"{a['lr_policy']} | {a['final_loss_mean']:.4f} | {_fmt_delta(a)} | "
+                     f"{'yes' if a['beats_envelope'] else 'no'} | {_pct(a['saving_vs_envelope_mean'])} | {same} | "
+                     f"{a['wall_s_mean']:.1f} ({a['growth_wall_s_mean']:.2f}) |")  # fmt: skip
+    lines += [
+        "",
+        "Scratch sizes at C against the comparator (context):",
+        "",
+        "| size | LR | loss at C | delta [95% CI] | wall s |",
+        "|---|---|---|---|---|",
+    ]
+    for z in r["scratch"]:
+        lines.append(f"| `{z['size']}` | {z['lr']:.1e} | {z['loss_by_budget']['1.0']:.4f} | "
+                     f"{z['delta_vs_envelope_mean']:+.4f} [{z['delta_vs_envelope_ci95_low']:+.4f}, "
+                     f"{z['delta_vs_envelope_ci95_high']:+.4f}] | {z['wall_s_mean']:.1f} |")  # fmt: skip
+    best = next(a for a in r["arms"] if a["arm"] == r["best_arm"])
+    verdict = ("beats the envelope: its interval lies below 0" if best["beats_envelope"] else
+               f"does not beat the envelope: its interval's upper bound is {best['delta_vs_envelope_ci95_high']:+.4f} "
+               "nats")  # fmt: skip
+    lines += ["", f"**Verdict.** The best arm, `{best['arm']}` ({_fmt_delta(best)} nats), {verdict}.", ""]
+    lines += [f"## Pilot (seed {r['pilot_seed']})", "", "LR sweep at C: final validation loss per peak LR "
+              "(growth arms with LR policy 'continue'); the main runs use each row's best.", "",
+              "| size / arm | " + " | ".join(["LR: loss"]) + " | best |", "|---|---|---|"]  # fmt: skip
+    for who, sw in r["lr_sweep"].items():
+        cells = ", ".join(f"{lr}: {v:.4f}" for lr, v in sorted(sw.items(), key=lambda kv: float(kv[0])))
+        lines.append(f"| `{who}` | {cells} | {r['lr_best'][who]:.1e} |")
+    lines += ["", "Crossover budgets (where the bigger size's envelope point drops below the smaller's; each "
+              "growth happens there):", ""]  # fmt: skip
+    for k, v in r["crossovers"].items():
+        flag = f" (the crossover lies {v['flag']} the measured budgets)" if v["flag"] else ""
+        lines.append(f"- `{k}`: {v['budget_C']:.3g} C{flag}")
+    flags = [f"`{a['arm']}`: {f}" for a in r["arms"] for f in a["growth_flags"]]
+    if flags:
+        lines += ["", "Growth points moved or read outside the measured budgets:", *[f"- {f}" for f in flags]]
+    lines += [
+        "",
+        "LR policy after growth (loss at C, pilot seed):",
+        "",
+        "| arm | continue | rewarm | chosen |",
+        "|---|---|---|---|",
+    ]
+    for k, v in r["lr_policy"].items():
+        lines.append(f"| `{k}` | {v['continue']:.4f} | {v['rewarm']:.4f} | {v['chosen']} |")
+    lines += ["", "## Levers (pilot seed; one seed each, to be read against the seed s.d. "
+              f"{r['comparator']['seed_sd']:.4f})", "", "| lever | growth at (x C) | loss | base | effect |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for lv in r["levers"]:
+        lines.append(f"| {lv['what']} | {', '.join(f'{g:.3g}' for g in lv['growth_at_C'])} | {lv['loss']:.4f} | "
+                     f"{lv['base_loss']:.4f} | {lv['effect']:+.4f} |")  # fmt: skip
+    lines += ["", "## Plots", "", "![loss against FLOPs](loss_vs_flops.png)", "", "![LR sweep](lr_sweep.png)", "",
+              "![paired differences and wall-clock](deltas.png)", "",
+              f"Run time (sum of the runs' wall-clock, {s.device}): pilot {r['wall_s_runs_total']['pilot']:.0f} s, "
+              f"main {r['wall_s_runs_total']['main']:.0f} s.", ""]  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,145 @@
+"""Running the IsoFLOP experiment's runs and keeping their curves.
+
+Each finished run is one JSON file, OUT/curves/<phase>/<run>.json: {"settings", "spec", "curve"}, written
+atomically (runtime.atomic), so an interrupted experiment resumes by skipping the files that exist. ``settings`` is
+the experiment's Settings plus the token folder's checksums; a curve whose settings differ from the current ones
+is refused (``SettingsMismatch``), never mixed in. Runs go to ``Workers``: ``parallel`` processes (spawned, one
+thread each), or this process with ``parallel`` 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from growlm.eval.experiments.protocol import RunSpec, Settings, spec_from_dict
+from growlm.runtime import atomic
+
+UNCOMPARED = ("seeds",)  # settings that add runs without changing any run
+
+
+class SettingsMismatch(Exception):
+    """Curves in the output folder were made with other settings than the current ones."""
+
+
+def data_fingerprint(folder: Path) -> dict[str, Any]:
+    """The token folder's identity: its vocabulary size and the checksums of its splits (from meta.json)."""
+    meta = json.loads((folder / "meta.json").read_text())
+    return {"vocab_size": meta["vocab_size"], "train_sha256": meta["splits"]["train"].get("sha256"),
+            "val_sha256": meta["splits"]["val"].get("sha256")}  # fmt: skip
+
+
+def compared(settings: dict[str, Any], with_data: bool = True) -> dict[str, Any]:
+    """The part of a settings dict two curves must share (without ``data`` when ``with_data`` is False)."""
+    return {k: v for k, v in settings.items() if k not in UNCOMPARED and (with_data or k != "data")}
+
+
+def curve_path(out: Path, spec: RunSpec) -> Path:
+    return out / "curves" / spec.phase / f"{spec.name}.json"
+
+
+def load_curves(out: Path, settings: dict[str, Any], with_data: bool = True) -> dict[str, dict]:
+    """Every curve under OUT/curves, by run name.
+
+    Raises:
+        SettingsMismatch: a curve's settings differ from ``settings`` (the message names the file and the keys),
+            or, with ``with_data`` False, the curves come from different token folders.
+    """
+    want = compared(settings, with_data)
+    done: dict[str, dict] = {}
+    datas = set()
+    for f in sorted((out / "curves").glob("*/*.json")):
+        rec = json.loads(f.read_text())
+        got = compared(rec["settings"], with_data)
+        if got != want:
+            keys = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
+            raise SettingsMismatch(
+                f"{f} was made with other settings ({', '.join(keys)} differ); use another --out, or the "
+                "settings it was made with"
+            )
+        datas.add(json.dumps(rec["settings"].get("data"), sort_keys=True))
+        rec["spec"] = spec_from_dict(rec["spec"])
+        done[rec["spec"].name] = rec
+    if len(datas) > 1:
+        raise SettingsMismatch(f"the curves under {out / 'curves'} come from {len(datas)} different token folders")
+    return done
+
+
+def _init_worker() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def _work(s: Settings, spec: RunSpec, data: Path, path: Path, settings: dict[str, Any]) -> tuple[str, float]:
+    from growlm.eval.experiments.train_run import train_run  # torch: only in the processes that train
+
+    curve = train_run(s, spec, data)
+    atomic.write_json(path, {"settings": settings, "spec": spec.as_dict(), "curve": curve}, indent=None)
+    return spec.name, curve["wall_s"]
+
+
+class Workers:
+    """``parallel`` worker processes (spawned, one thread each) kept for the whole experiment, so each imports torch
+    once; with ``parallel`` 1 the runs train in this process. Use as a context manager."""
+
+    def __init__(self, parallel: int) -> None:
+        self.parallel = parallel
+        self.pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> Workers:
+        if self.parallel > 1:
+            import multiprocessing as mp
+
+            os.environ.setdefault("OMP_NUM_THREADS", "1")
+            self.pool = ProcessPoolExecutor(self.parallel, mp_context=mp.get_context("spawn"), initializer=_init_worker)
+        else:
+            _init_worker()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def run_all(s: Settings, specs: Iterable[RunSpec], data: Path, out: Path, settings: dict[str, Any],
+            workers: Workers, label: str) -> list[str]:  # fmt: skip
+    """Train every spec whose curve file does not exist yet; returns the names of the runs that failed (each
+    failure printed with its cause; the other runs finish). Progress: a tqdm bar on stderr."""
+    from tqdm import tqdm
+
+    todo = [sp for sp in dict.fromkeys(specs) if not curve_path(out, sp).is_file()]
+    if not todo:
+        return []
+    todo.sort(key=lambda sp: -sp.budget)  # the long runs first: the workers finish together
+    for sp in todo:
+        curve_path(out, sp).parent.mkdir(parents=True, exist_ok=True)
+    failed: list[str] = []
+    bar = tqdm(total=len(todo), desc=label, unit="run", file=sys.stderr, dynamic_ncols=True)
+
+    def report(sp: RunSpec, e: Exception) -> None:
+        failed.append(sp.name)
+        tqdm.write(f"growlm-experiment: run {sp.name} failed: {type(e).__name__}: {e}", file=sys.stderr)
+
+    if workers.pool is None:
+        for sp in todo:
+            try:
+                _work(s, sp, data, curve_path(out, sp), settings)
+            except Exception as e:  # noqa: BLE001 - reported per run; the others go on
+                report(sp, e)
+            bar.update()
+    else:
+        futures = {workers.pool.submit(_work, s, sp, data, curve_path(out, sp), settings): sp for sp in todo}
+        for fut in as_completed(futures):
+            try:
+                fut.result()
+            except Exception as e:  # noqa: BLE001 - reported per run; the others go on
+                report(futures[fut], e)
+            bar.update()
+    bar.close()
+    return failed
