@@ -60,7 +60,7 @@ def fail(msg: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     """growlm-experiment (see the module docstring)."""
     args = build_parser().parse_args(argv)
-    from growlm.eval.experiments import plan, protocol, report, runner
+    from growlm.eval.experiments import plan, protocol, report, runner  # lazy: --help and --version stay fast
 
     s = protocol.PROFILES[args.profile]
     if args.quick:
@@ -87,19 +87,19 @@ def main(argv: list[str] | None = None) -> int:
             return fail(f"no curves under {out / 'curves'}; run the experiment first (or give its --out)")
         return report.write(s, done, out)
     if s.device.startswith("cuda"):
-        import torch
+        import torch  # lazy: only the cuda check needs it in this process
 
         if not torch.cuda.is_available():
             return fail("no CUDA device visible to torch; use --device cpu (or the cpu profile)")
     data = args.data
     if data is None:
-        from growlm.data.tokens import cache_dir
+        from growlm.data.tokens import cache_dir  # lazy: only without --data
 
         data = cache_dir() / f"bpe{s.vocab_size}"
     if not (data / "meta.json").is_file():
         if args.data is not None:
             return fail(f"--data {data} has no meta.json; prepare it with python -m growlm.data.small_vocab")
-        from growlm.data.small_vocab import prepare_small_vocab
+        from growlm.data.small_vocab import prepare_small_vocab  # lazy: HF tokenizers, only when preparing
 
         print(f"growlm-experiment: training a {s.vocab_size}-token BPE into {data}", flush=True)
         prepare_small_vocab(data, s.vocab_size)
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def dry_run(s, todo, st, done) -> int:
     """Print the runs that would start now (the main runs not yet finished, when the pilot is complete)."""
-    from growlm.eval.experiments import plan, protocol
+    from growlm.eval.experiments import plan, protocol  # lazy: as in main
 
     if st.complete:
         todo = [sp for sp in plan.main_specs(s, st) if sp.name not in done]

@@ -196,7 +196,7 @@ def write(s: Settings, done: dict[str, dict], out: Path) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     atomic.write_json(out / "results.json", res, overwrite=True)
-    from growlm.eval.experiments import report_plots
+    from growlm.eval.experiments import report_plots  # lazy: matplotlib, only when writing plots
 
     report_plots.plot_all(s, done, res, out)
     atomic.write_text(out / "report.md", markdown(s, res), overwrite=True)

@@ -17,7 +17,7 @@ def _plt():
     import matplotlib  # lazy: about 1 s, plots only
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after the Agg backend is chosen
 
     return plt
 

@@ -71,13 +71,13 @@ def load_curves(out: Path, settings: dict[str, Any], with_data: bool = True) -> 
 
 
 def _init_worker() -> None:
-    import torch
+    import torch  # lazy: only in the processes that train
 
     torch.set_num_threads(1)
 
 
 def _work(s: Settings, spec: RunSpec, data: Path, path: Path, settings: dict[str, Any]) -> tuple[str, float]:
-    from growlm.eval.experiments.train_run import train_run  # torch: only in the processes that train
+    from growlm.eval.experiments.train_run import train_run  # lazy: torch, only in the processes that train
 
     curve = train_run(s, spec, data)
     atomic.write_json(path, {"settings": settings, "spec": spec.as_dict(), "curve": curve}, indent=None)
@@ -94,7 +94,7 @@ class Workers:
 
     def __enter__(self) -> Workers:
         if self.parallel > 1:
-            import multiprocessing as mp
+            import multiprocessing as mp  # lazy: only with worker processes
 
             os.environ.setdefault("OMP_NUM_THREADS", "1")
             self.pool = ProcessPoolExecutor(self.parallel, mp_context=mp.get_context("spawn"), initializer=_init_worker)
@@ -111,7 +111,7 @@ def run_all(s: Settings, specs: Iterable[RunSpec], data: Path, out: Path, settin
             workers: Workers, label: str) -> list[str]:  # fmt: skip
     """Train every spec whose curve file does not exist yet; returns the names of the runs that failed (each
     failure printed with its cause; the other runs finish). Progress: a tqdm bar on stderr."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # lazy: only when runs start
 
     todo = [sp for sp in dict.fromkeys(specs) if not curve_path(out, sp).is_file()]
     if not todo:
