@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,6 @@ from growlm.eval.experiments import plan
 from growlm.eval.experiments.protocol import ARMS, RunSpec, Settings
 from growlm.model.config import param_count
 from growlm.runtime import atomic
-
-
-def _loss(done: dict, spec: RunSpec) -> float | None:
-    return plan.final_loss(done, spec)
 
 
 def _r(x: float | None, nd: int = 4) -> float | None:
@@ -44,10 +41,10 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
         raise ValueError(f"{len(seeds)} seeds have every main run; the report needs at least 2")
 
     def scratch(size: str, b: float, seed: int) -> float | None:
-        return _loss(done, RunSpec("main", "scratch", seed, b, st.lr[size], size=size))
+        return plan.final_loss(done, RunSpec("main", "scratch", seed, b, st.lr[size], size=size))
 
     def grown(a: str, seed: int) -> float:
-        return _loss(done, RunSpec("main", "grow", seed, 1.0, st.lr[a], arm=a, grow_flops=st.growth[a],
+        return plan.final_loss(done, RunSpec("main", "grow", seed, 1.0, st.lr[a], arm=a, grow_flops=st.growth[a],
                                    policy=st.policy[a]))  # fmt: skip
 
     def run_of(spec: RunSpec) -> dict:
@@ -129,13 +126,13 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
     policy = {}
     for a in ARMS:
         base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name])
-        policy[a.name] = {"continue": _r(_loss(done, base)),
-                          "rewarm": _r(_loss(done, RunSpec(**{**base.__dict__, "policy": "rewarm"}))),
+        policy[a.name] = {"continue": _r(plan.final_loss(done, base)),
+                          "rewarm": _r(plan.final_loss(done, replace(base, policy="rewarm"))),
                           "chosen": st.policy[a.name]}  # fmt: skip
     levers = []
     for sp in plan.lever_specs(s, st):
         base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[sp.arm], arm=sp.arm, grow_flops=st.growth[sp.arm])
-        lv, lb = _loss(done, sp), _loss(done, base)
+        lv, lb = plan.final_loss(done, sp), plan.final_loss(done, base)
         levers.append({"lever": sp.tag, "what": plan.LEVERS[sp.tag], "arm": sp.arm,
                        "growth_at_C": [round(f / s.c_flops, 4) for f in sp.grow_flops],
                        "loss": _r(lv), "base_loss": _r(lb), "effect": _r(lv - lb)})  # fmt: skip

@@ -187,11 +187,7 @@ def grow(s: Settings, spec: RunSpec, stage: int, model: GPT, opt, sched: Schedul
         opts.setdefault("seed", spec.seed)
     old_cfg, new_cfg = s.config(a.stages[stage]), s.config(a.stages[stage + 1])
     plan = make_rules(old_cfg, new_cfg, family, **opts)
-    if s.device != "cpu":  # the growth runs on CPU tensors
-        for st in opt.state.values():
-            for k, v in st.items():
-                if torch.is_tensor(v):
-                    st[k] = v.cpu()
+    _adam_state_to(opt, "cpu")  # the growth runs on CPU tensors
     state = from_modules(model.cpu(), opt, schedule=sched)
     rewarm = max(2, round(s.rewarm_frac * total)) if spec.policy == "rewarm" else 0
     rule = ScheduleRule(kind="continue", rewarm_steps=rewarm, rewarm_from="zero")
@@ -199,9 +195,13 @@ def grow(s: Settings, spec: RunSpec, stage: int, model: GPT, opt, sched: Schedul
     new_sched = grown.schedule
     model, opt, _ = to_modules(replace(grown, schedule=None))
     model = model.to(s.device)
-    if s.device != "cpu":  # AdamW state follows its parameters
-        for st in opt.state.values():
-            for k, v in st.items():
-                if torch.is_tensor(v) and k != "step":
-                    st[k] = v.to(s.device)
+    _adam_state_to(opt, s.device)  # AdamW state follows its parameters
     return model, opt, new_sched
+
+
+def _adam_state_to(opt: torch.optim.Optimizer, device: str) -> None:
+    """Move AdamW's exp_avg / exp_avg_sq to ``device`` in place (the step counter stays a CPU tensor)."""
+    for st in opt.state.values():
+        for k, v in st.items():
+            if torch.is_tensor(v) and k != "step":
+                st[k] = v.to(device)
