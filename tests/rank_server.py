@@ -23,10 +23,14 @@ Forking is safe because the server only imports: it starts no thread (checked; i
 no OpenMP pool exists) and creates no process group. A rank gets the intra-op threads a fresh process would have
 (``torch.set_num_threads``: its OMP_NUM_THREADS, else every CPU it may run on).
 
-Protocol, one JSON object per line: the client writes ``{"argv", "env", "cwd", "log"}`` to the server's stdin; the
-server forks a helper, which forks the rank and exits, so that the rank is re-parented to the client (a child
-subreaper, ``prctl(PR_SET_CHILD_SUBREAPER)``) and the client reaps it like any child (``os.wait4``: exit status, peak
-RSS) and kills its process group. The server then answers ``{"pid": RANK_PID}`` on ``--reply_fd``.
+Protocol, one JSON object per line: the client writes ``{"id", "argv", "env", "cwd", "log", "umask"}`` to the
+server's stdin; the server forks a helper, which forks the rank and exits, so that the rank is re-parented to the
+client (a child subreaper, ``prctl(PR_SET_CHILD_SUBREAPER)``) and the client reaps it like any child (``os.wait4``:
+exit status, peak RSS) and kills its process group. The server then answers ``{"id", "pid": RANK_PID}`` on
+``--reply_fd``; the client skips answers to earlier ids (a request that timed out). The client checks what would make
+a fresh start fail (the log file opened for writing, the working folder) before it asks, and raises the same
+OSError. When the server does not answer (it died, or stayed silent past the timeout) that request fails with its
+log, the server is stopped, and every later rank of the session starts fresh.
 """
 
 from __future__ import annotations
@@ -119,7 +123,7 @@ def serve(reply_fd: int) -> dict | None:
         with os.fdopen(pid_r, "rb") as pipe:  # EOF once the helper is gone and the rank closed its end
             rank = int(pipe.read())
         os.waitpid(helper, 0)  # the helper is reaped, so the rank is the client's child now: answer
-        os.write(reply_fd, (json.dumps({"pid": rank}) + "\n").encode())
+        os.write(reply_fd, (json.dumps({"id": req["id"], "pid": rank}) + "\n").encode())
     return None
 
 
@@ -182,29 +186,51 @@ class RankServer:
                 stderr=subprocess.STDOUT, pass_fds=(write_fd,), env=env, cwd=Path(__file__).parent,
             )  # fmt: skip
         os.close(write_fd)
+        self._buf = b""
+        self._next_id = 0
+        self.broken = False  # set when the server failed to answer: later ranks start fresh
         self._reply(timeout=300)  # {"ready": true} once the imports are done
 
     def _reply(self, timeout: float) -> dict:
-        """The server's next answer line; RuntimeError with its log when it died or stayed silent."""
-        line = b""
-        while not line.endswith(b"\n"):
-            ready, _, _ = select.select([self._replies], [], [], timeout)
+        """The server's next answer line; RuntimeError with its log when it died or stayed silent (the server is
+        then stopped and marked ``broken``)."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self._replies], [], [], max(0.0, left))
             chunk = self._replies.read(4096) if ready else b""
             if not chunk:
-                raise RuntimeError(f"the tests' rank fork server did not answer; its log:\n{self.log.read_text()}")
-            line += chunk
+                self.broken = True
+                self._proc.kill()
+                self._proc.wait()
+                why = "died" if ready else f"stayed silent for {timeout:g} s"
+                raise RuntimeError(f"the tests' rank fork server {why}; later ranks start fresh; its log:\n"
+                                   f"{self.log.read_text()}")  # fmt: skip
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
         return json.loads(line)
 
     def fork(self, argv: list[str], env: dict[str, str], cwd: str | os.PathLike | None, log: Path) -> ForkedRank:
         """Fork ``argv`` (``SCRIPT ARGS`` or ``-m MODULE ARGS``) as a rank in its own session, output to ``log``."""
+        cwd = os.path.abspath(cwd or os.getcwd())
+        open(log, "w").close()  # noqa: SIM115  (OSError here, as a fresh start's open would raise)
+        if not os.path.isdir(cwd):
+            raise (NotADirectoryError if os.path.exists(cwd) else FileNotFoundError)(2, "no such folder", cwd)
         umask = os.umask(0)
         os.umask(umask)
-        req = {"argv": argv, "env": dict(env), "cwd": os.path.abspath(cwd or os.getcwd()),
-               "log": os.path.abspath(log), "umask": umask}  # fmt: skip
         with self._lock:
-            self._proc.stdin.write((json.dumps(req) + "\n").encode())
-            self._proc.stdin.flush()
-            return ForkedRank(self._reply(timeout=60)["pid"])
+            self._next_id += 1
+            req = {"id": self._next_id, "argv": argv, "env": dict(env), "cwd": cwd, "log": os.path.abspath(log),
+                   "umask": umask}  # fmt: skip
+            try:
+                self._proc.stdin.write((json.dumps(req) + "\n").encode())
+                self._proc.stdin.flush()
+            except OSError as e:  # the server is gone (a broken pipe)
+                self._reply(timeout=0)  # raises with the server's log
+                raise AssertionError("unreachable") from e
+            while (answer := self._reply(timeout=60)).get("id") != req["id"]:
+                pass  # the late answer to a request that timed out
+            return ForkedRank(answer["pid"])
 
     def close(self) -> None:
         """Stop the server (end of its input) and remove its log; ranks still running are not touched."""
@@ -214,7 +240,17 @@ class RankServer:
         self.log.unlink(missing_ok=True)
 
 
-_SERVER: RankServer | None = None
+class _NoServer:
+    """Stands for a server that failed to start: every rank starts fresh."""
+
+    broken = True
+
+    def close(self) -> None:
+        pass
+
+
+_NO_SERVER = _NoServer()
+_SERVER: RankServer | _NoServer | None = None
 
 
 def forkable(argv: list[str]) -> bool:
@@ -233,10 +269,16 @@ def make_start_rank(fresh):
         if not forkable(argv) or env.get("DS_ACCELERATOR") != "cpu":  # the server's DeepSpeed chose the CPU
             return fresh(argv, env, cwd, log_path)
         if _SERVER is None:
-            _SERVER = RankServer()
-            import atexit
+            try:
+                _SERVER = RankServer()
+            except RuntimeError as e:  # the server did not start: this session's ranks start fresh
+                print(f"rank_server: {e}", file=sys.stderr)
+                _SERVER = _NO_SERVER
+            import atexit  # lazy: only once a server was asked for
 
             atexit.register(_SERVER.close)
+        if _SERVER.broken:
+            return fresh(argv, env, cwd, log_path)
         return _SERVER.fork(argv[1:], env, cwd, log_path)
 
     return start_rank

@@ -43,12 +43,11 @@ from safetensors.torch import load_file
 
 from growlm import DS_CONFIG_DIR, TRAIN_SCRIPT
 from growlm.eval.bench import throughput as bench
-from growlm.eval.bench.throughput import device_description
 from growlm.growth.offline.cli import main as grow_main
 from growlm.model.config import GPTConfig, from_preset, param_count
 from growlm.model.gpt import attention_kernel
 from growlm.runtime.commands import HelpFormatter, add_version
-from growlm.runtime.dist import select_accelerator
+from growlm.runtime.dist import device_description, select_accelerator
 from growlm.runtime.launch import launch_ranks
 from growlm.runtime.metrics_file import read_records
 

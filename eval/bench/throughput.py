@@ -37,7 +37,7 @@ from growlm.growth.errors import GrowthError
 from growlm.growth.stages.plan import load_stages
 from growlm.model.config import flops_per_token, from_preset, param_count
 from growlm.runtime.commands import HelpFormatter, add_version
-from growlm.runtime.dist import select_accelerator
+from growlm.runtime.dist import device_description, select_accelerator
 from growlm.runtime.launch import launch_ranks
 from growlm.runtime.metrics_file import read_records
 
@@ -104,19 +104,6 @@ def available_precisions() -> tuple[str, list[str]]:
     acc = get_accelerator()
     avail = ["fp32"] + (["bf16"] if acc.is_bf16_supported() else []) + (["fp16"] if acc.is_fp16_supported() else [])
     return acc.device_name(), avail
-
-
-def device_description() -> str:
-    """The accelerator's name (CUDA device 0) or the CPU model with its core count, for the report header."""
-
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
-    try:
-        model = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name"))
-        model = model.split(":", 1)[1].strip()
-    except (OSError, StopIteration):
-        model = "CPU"
-    return f"{model}, {os.cpu_count()} cores"
 
 
 def _launch(cmd: list[str], nproc: int, extra_env: dict, log_dir: Path, timeout_s: float, what: str) -> list[int]:

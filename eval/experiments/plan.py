@@ -5,11 +5,12 @@ Pilot (one seed, ``Settings.pilot_seed``), in rounds, each deciding from the fin
 2. every size at C/4 and C/2 at its best LR: the envelope points that give the crossover of each arm's two sizes;
 3. every growth arm at C over the LR grid (LR policy 'continue', Adam moments carried), widened alike, each growth
    at the crossover budget of its two sizes (``growth_points``);
-4. each arm at its best LR with the LR re-warmed after growth ('rewarm'), and the levers: depth-x2 grown at half and
-   at twice its crossover budget, depth-x2 with Adam moments reset, width-x2 without symmetry breaking.
+4. each arm at its best LR with the LR re-warmed after growth ('rewarm'), and the levers (``LEVERS``): depth-x2 and
+   depth-1-2 grown earlier and later, and with Adam moments reset; width-x2 without symmetry breaking.
 Main (``Settings.seeds`` seeds): every size at every budget at its pilot LR (2 C on the first ``budgets_2c_seeds``
-seeds, and on every seed for the target size), and every arm at C with its pilot LR and LR policy. The comparator
-of the primary metric is the size with the lowest pilot loss at C (chosen once, not per seed).
+seeds, and on every seed for the target and every arm's final size), and every arm at C with its pilot LR and LR
+policy. The comparator of the primary metric is the size with the lowest pilot loss at C (chosen once, not per
+seed).
 """
 
 from __future__ import annotations
@@ -22,9 +23,17 @@ from growlm.eval.experiments.analysis import best_lr, crossover
 from growlm.eval.experiments.protocol import ARMS, Arm, RunSpec, Settings, lr_grid_next, run_steps
 
 GROW_MIN, GROW_MAX = 0.05, 0.75  # a growth point is kept within these fractions of C (flagged when moved)
-LEVERS = {"early": "depth-x2 grown at half its crossover budget", "late": "depth-x2 grown at twice its crossover "
-          "budget", "reset": "depth-x2 with Adam moments reset at growth", "nosym": "width-x2 without symmetry "
-          "breaking (exact copies)"}  # fmt: skip
+LATEST = 0.9  # the "latest" lever's growth point (x C), past the GROW_MAX cap
+LEVERS = {  # (arm, tag) -> what the lever changes
+    ("depth-x2", "early"): "depth-x2 grown at half its crossover budget",
+    ("depth-x2", "late"): "depth-x2 grown at twice its crossover budget",
+    ("depth-x2", "latest"): f"depth-x2 grown at {LATEST:g} C (past the {GROW_MAX:g} C cap)",
+    ("depth-x2", "reset"): "depth-x2 with Adam moments reset at growth",
+    ("width-x2", "nosym"): "width-x2 without symmetry breaking (exact copies)",
+    ("depth-1-2", "early"): "depth-1-2 grown at half its crossover budget",
+    ("depth-1-2", "latest"): f"depth-1-2 grown at {LATEST:g} C (past the {GROW_MAX:g} C cap)",
+    ("depth-1-2", "reset"): "depth-1-2 with Adam moments reset at growth",
+}
 
 
 def final_loss(done: Mapping[str, dict], spec: RunSpec) -> float | None:
@@ -130,28 +139,33 @@ def pilot(s: Settings, done: Mapping[str, dict]) -> tuple[list[RunSpec], PilotSt
 
 
 def lever_specs(s: Settings, st: PilotState) -> list[RunSpec]:
-    """The lever runs (``LEVERS``) at each arm's best LR, LR policy 'continue'."""
-    seed, d = s.pilot_seed, "depth-x2"
-    base = RunSpec("pilot", "grow", seed, 1.0, st.lr[d], arm=d, grow_flops=st.growth[d])
-    arm_d = next(a for a in ARMS if a.name == d)
-    early, _ = growth_points(s, arm_d, st.crossovers, 0.5)
-    late, _ = growth_points(s, arm_d, st.crossovers, 2.0)
-    w = "width-x2"
-    return [
-        replace(base, grow_flops=early, tag="early"),
-        replace(base, grow_flops=late, tag="late"),
-        replace(base, moments="reset", tag="reset"),
-        RunSpec("pilot", "grow", seed, 1.0, st.lr[w], arm=w, grow_flops=st.growth[w], symmetry="none", tag="nosym"),
-    ]
+    """The lever runs (``LEVERS``), each at its arm's best LR with LR policy 'continue', in LEVERS' order."""
+    out = []
+    for arm_name, tag in LEVERS:
+        a = next(x for x in ARMS if x.name == arm_name)
+        base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name],
+                       tag=tag)  # fmt: skip
+        if tag in ("early", "late"):
+            out.append(replace(base, grow_flops=growth_points(s, a, st.crossovers, 0.5 if tag == "early" else 2.0)[0]))
+        elif tag == "latest":
+            out.append(replace(base, grow_flops=(LATEST * s.c_flops,)))
+        elif tag == "reset":
+            out.append(replace(base, moments="reset"))
+        elif tag == "nosym":
+            out.append(replace(base, symmetry="none"))
+        else:
+            raise ValueError(f"lever {tag!r} has no rule")
+    return out
 
 
 def main_specs(s: Settings, st: PilotState) -> list[RunSpec]:
     """Every main run (needs a complete pilot)."""
     specs = []
+    finals = {s.target} | {a.stages[-1] for a in ARMS}  # their same-size savings read 2 C on every seed
     for seed in range(s.seeds):
         for size in s.sizes:
             for b in s.budgets:
-                if b == 2.0 and seed >= s.budgets_2c_seeds and size != s.target:
+                if b == 2.0 and seed >= s.budgets_2c_seeds and size not in finals:
                     continue
                 specs.append(RunSpec("main", "scratch", seed, b, st.lr[size], size=size))
         for a in ARMS:

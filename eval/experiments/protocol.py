@@ -5,7 +5,8 @@ Question (DESIGN.md, "Does growth pay"): at the same total training FLOPs, does 
 of *any* size trained from scratch? The **envelope** at a budget B is the lowest validation loss any scratch size
 reaches with B FLOPs, each size with its own fully decayed LR schedule ending exactly at B (Hoffmann et al. 2022,
 arXiv 2203.15556, "IsoFLOP profiles"). A growth arm trains small, grows with growlm's operators and ends at the
-target size with the same FLOPs C; it beats the envelope when its loss is below the best scratch size's at C.
+target size (or, for one arm, one size above the envelope's best) with the same FLOPs C; it beats the envelope
+when its loss is below the best scratch size's at C.
 
 The model family (sizes named by depth): GPT-2 blocks of width 64 (4 heads) at depths 1, 2, 4, 8 (L1, L2, L4, L8),
 plus L4n, 4 layers of width 32 (2 heads), for the width pair; a 320-token ByteLevel BPE (data.small_vocab), so the
@@ -32,9 +33,11 @@ PROTOCOL = "isoflop-envelope-v1"  # bump when a change makes old curves incompar
 class Settings:
     """Experiment-wide settings (one profile). Budgets are multiples of C = ``c_flops`` FLOPs.
 
-    sizes: name -> (n_layer, n_embd, n_head); target: the growth arms' final size (and the same-size reference).
+    sizes: name -> (n_layer, n_embd, n_head); target: the final size of the growth arms but one (``depth-1-2``); each
+    arm's same-size reference is its own final size.
     budgets: the envelope's budgets as fractions of C; ``budgets_2c_seeds``: how many seeds (the first ones) also run
-    every size at 2 C (the target size runs 2 C on every seed, so that same-size savings never extrapolate).
+    every size at 2 C (the target and every arm's final size run 2 C on every seed, so that same-size savings never
+    extrapolate).
     lrs: the first LR grid of the pilot (a factor of 2 apart), widened by ``lr_widen`` steps at most at each edge.
     warmup_frac: linear warm-up as a fraction of a run's steps (at least 2 steps); the cosine decays to 0 at the
     run's last step. batch x seq_len tokens per optimizer step; AdamW betas (0.9, 0.95), eps 1e-8, weight decay 0.1
@@ -123,7 +126,7 @@ DEPTH = {"family": "duplicate", "layer_order": "interleave", "exact": True}
 
 @dataclass(frozen=True)
 class Arm:
-    """A growth arm: its stages (size names, the last one the target) and each growth's operator options
+    """A growth arm: its stages (size names, the last one its final size) and each growth's operator options
     (``family`` plus growth.ops.make_rules options). Each growth happens where the pilot measured the crossover of
     its two sizes' envelopes (``analysis.crossover``)."""
 
@@ -148,6 +151,9 @@ ARMS = (
     Arm("msg-depth", ("L2", "L4"), ({"family": "masked"},),
         "MSG masked depth growth 2 -> 4 (Yao et al. 2023, arXiv 2305.02869): new blocks gated by a mask ramped "
         "0 -> 1 over a quarter of the remaining run"),
+    Arm("depth-1-2", ("L1", "L2"), (DEPTH,),
+        "depth x2 out of the smallest size, 1 -> 2 layers: growth that ends one size above the envelope's best at "
+        "C instead of at the target (the operator of depth-x2)"),
 )  # fmt: skip
 ARM_NAMES = tuple(a.name for a in ARMS)
 POLICIES = ("continue", "rewarm")  # the LR schedule after growth: same position, or a linear re-warm

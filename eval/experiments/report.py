@@ -71,7 +71,7 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
         need = an.compute_to_reach(env_points, statistics.fmean(la))
         same = []
         for k, x in zip(seeds, la, strict=True):
-            pts = [(b, v) for b in s.budgets if (v := scratch(s.target, b, k)) is not None]
+            pts = [(b, v) for b in s.budgets if (v := scratch(a.stages[-1], b, k)) is not None]
             same.append(an.saving(1.0, an.compute_to_reach(pts, x)))
         same_ok = [v for v in same if v is not None]
         sm, slo, shi = an.mean_ci95(same_ok) if same_ok else (None, None, None)
@@ -79,7 +79,8 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
                          policy=st.policy[a.name]) for k in seeds]  # fmt: skip
         curves = [run_of(sp) for sp in specs]
         arms_out.append({
-            "arm": a.name, "what": a.what, "n_seeds": len(seeds), "lr": st.lr[a.name], "lr_policy": st.policy[a.name],
+            "arm": a.name, "what": a.what, "final_size": a.stages[-1], "n_seeds": len(seeds), "lr": st.lr[a.name],
+            "lr_policy": st.policy[a.name],
             "growth_at_C": [round(f / s.c_flops, 4) for f in st.growth[a.name]],
             "growth_flags": st.growth_flags[a.name],
             "final_loss_mean": _r(statistics.fmean(la)),
@@ -133,7 +134,7 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
     for sp in plan.lever_specs(s, st):
         base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[sp.arm], arm=sp.arm, grow_flops=st.growth[sp.arm])
         lv, lb = plan.final_loss(done, sp), plan.final_loss(done, base)
-        levers.append({"lever": sp.tag, "what": plan.LEVERS[sp.tag], "arm": sp.arm,
+        levers.append({"lever": sp.tag, "what": plan.LEVERS[(sp.arm, sp.tag)], "arm": sp.arm,
                        "growth_at_C": [round(f / s.c_flops, 4) for f in sp.grow_flops],
                        "loss": _r(lv), "base_loss": _r(lb), "effect": _r(lv - lb)})  # fmt: skip
     ses = [rec["curve"]["final"]["val_se"] for rec in done.values() if rec["spec"].phase == "main"]
@@ -181,7 +182,18 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
             ph: _r(sum(r["curve"]["wall_s"] for r in done.values() if r["spec"].phase == ph), 1)
             for ph in ("pilot", "main")
         },  # fmt: skip
+        "machines": machines(done),
     }
+
+
+def machines(done: dict[str, dict]) -> dict[str, dict[str, int]]:
+    """Per phase, how many runs were timed on each machine (a curve's ``machine``; 'not recorded' in older curves)."""
+    out: dict[str, dict[str, int]] = {}
+    for rec in done.values():
+        m = rec["curve"].get("machine", "not recorded")
+        out.setdefault(rec["spec"].phase, {}).setdefault(m, 0)
+        out[rec["spec"].phase][m] += 1
+    return {ph: dict(sorted(v.items())) for ph, v in sorted(out.items())}
 
 
 def write(s: Settings, done: dict[str, dict], out: Path) -> int:
@@ -252,7 +264,7 @@ def markdown(s: Settings, r: dict) -> str:
         lines.append(f"| {float(b):g} C | " + " | ".join(cells) + f" | `{e['best_size']}` {e['loss']:.4f} |")
     n2 = r["envelope"].get("2.0", {}).get("n_seeds")
     if n2:
-        lines.append(f"\nAt 2 C the seed counts are {n2} (the target on every seed, the others on the first "
+        lines.append(f"\nAt 2 C the seed counts are {n2} (the arms' final sizes on every seed, the others on the first "
                      f"{s.budgets_2c_seeds}); that row's means are over those seeds.")  # fmt: skip
     lines += [
         "",
@@ -264,7 +276,7 @@ def markdown(s: Settings, r: dict) -> str:
         "Paired difference in final validation loss (arm - comparator, nats; negative = better), mean and 95% "
         "t-interval over seeds.",
         "",
-        "| arm | growth at (x C) | LR | LR after growth | loss | delta vs envelope [95% CI] | beats it | "
+        "| arm (final size) | growth at (x C) | LR | LR after growth | loss | delta vs envelope [95% CI] | beats it | "
         "saving vs envelope | saving vs same size [95% CI] | wall s (growth s) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -276,7 +288,8 @@ def markdown(s: Settings, r: dict) -> str:
             )
         if a["saving_vs_same_size_n"] < a["n_seeds"]:
             same += f" ({a['saving_vs_same_size_n']} of {a['n_seeds']} seeds inside the finished runs)"
-        lines.append(f"| `{a['arm']}` | {', '.join(f'{g:.3g}' for g in a['growth_at_C'])} | {a['lr']:.1e} | "
+        lines.append(f"| `{a['arm']}` (`{a['final_size']}`) | {', '.join(f'{g:.3g}' for g in a['growth_at_C'])} | "
+                     f"{a['lr']:.1e} | "
                      f"{a['lr_policy']} | {a['final_loss_mean']:.4f} | {_fmt_delta(a)} | "
                      f"{'yes' if a['beats_envelope'] else 'no'} | {_pct(a['saving_vs_envelope_mean'])} | {same} | "
                      f"{a['wall_s_mean']:.1f} ({a['growth_wall_s_mean']:.2f}) |")  # fmt: skip
@@ -328,5 +341,7 @@ def markdown(s: Settings, r: dict) -> str:
     lines += ["", "## Plots", "", "![loss against FLOPs](loss_vs_flops.png)", "", "![LR sweep](lr_sweep.png)", "",
               "![paired differences and wall-clock](deltas.png)", "",
               f"Run time (sum of the runs' wall-clock, {s.device}): pilot {r['wall_s_runs_total']['pilot']:.0f} s, "
-              f"main {r['wall_s_runs_total']['main']:.0f} s.", ""]  # fmt: skip
+              f"main {r['wall_s_runs_total']['main']:.0f} s. Machines the runs were timed on (runs per machine): "
+              + "; ".join(f"{ph}: " + ", ".join(f"{m} ({n})" for m, n in ms.items())
+                          for ph, ms in r["machines"].items()) + ".", ""]  # fmt: skip
     return "\n".join(lines)

@@ -26,6 +26,7 @@ from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.ops.single_process import from_modules, grow_state, make_optimizer, to_modules
 from growlm.model.gpt import GPT
+from growlm.runtime.dist import device_description
 from growlm.runtime.schedule import FIRST_ITERATION, ScheduleState
 
 HPARAMS = {"betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
@@ -113,8 +114,9 @@ def cumulative_flops(step_costs: list[tuple[int, int]], total: int) -> np.ndarra
 def train_run(s: Settings, spec: RunSpec, data: Path) -> dict[str, Any]:
     """Train one run and return its curve: {'points': [{step, tokens, flops, train_loss, val_loss, lr}], 'final':
     {'val_loss', 'val_se', 'windows'}, 'growth': [{step, flops, loss_before, loss_after, wall_s}], 'wall_s',
-    'steps'}. val_loss of the last point is on ``final_windows`` windows; its standard error is the windows' s.d. /
-    sqrt(n). Single-threaded use is up to the caller (torch.set_num_threads).
+    'steps', 'machine' (runtime.dist.device_description: where wall_s was measured)}. val_loss of the last point
+    is on ``final_windows`` windows; its standard error is the windows' s.d. / sqrt(n). Single-threaded use is up to
+    the caller (torch.set_num_threads).
 
     Raises:
         ValueError: the budget would read the data a third time, or a growth point leaves no step.
@@ -169,7 +171,7 @@ def train_run(s: Settings, spec: RunSpec, data: Path) -> dict[str, Any]:
                            "loss_before": before, "loss_after": after, "wall_s": time.perf_counter() - tg})  # fmt: skip
             stage += 1
     return {"points": points, "final": final, "growth": growth, "steps": steps,
-            "wall_s": time.perf_counter() - t0}  # fmt: skip
+            "wall_s": time.perf_counter() - t0, "machine": device_description(s.device)}  # fmt: skip
 
 
 def grow(s: Settings, spec: RunSpec, stage: int, model: GPT, opt, sched: ScheduleState, step: int, total: int):

@@ -1,6 +1,6 @@
 """growlm-experiment end to end: --quick through the pilot and the main runs in 2 worker processes, resumed from
 --phase pilot, rerun without training, and --report_only from a copy of the curves alone (the report,
-results.json and the plots rebuilt number for number)."""
+results.json and the plots rebuilt number for number); and the GPU profile's pilot on this CPU at toy size."""
 
 from __future__ import annotations
 
@@ -38,7 +38,9 @@ def test_quick_experiment_pilot_then_main_then_nothing_to_rerun(tmp_path, small_
     after = _mtimes(out)
     assert {k: after[k] for k in pilot} == pilot and len(after) > len(pilot)
     res = json.loads((out / "results.json").read_text())
-    assert {a["arm"] for a in res["arms"]} == {"depth-x2", "multi-1-2-4", "gstack-x4", "width-x2", "msg-depth"}
+    arms = {"depth-x2": "L4", "multi-1-2-4": "L4", "gstack-x4": "L4", "width-x2": "L4", "msg-depth": "L4",
+            "depth-1-2": "L2"}  # fmt: skip
+    assert {a["arm"]: a["final_size"] for a in res["arms"]} == arms
     for a in res["arms"]:
         assert ARM_FIELDS <= set(a) and a["n_seeds"] == 2
         assert a["delta_vs_envelope_ci95_low"] <= a["delta_vs_envelope_mean"] <= a["delta_vs_envelope_ci95_high"]
@@ -63,3 +65,19 @@ def test_quick_experiment_pilot_then_main_then_nothing_to_rerun(tmp_path, small_
     assert (tmp_path / "copy" / "report.md").read_text() == (out / "report.md").read_text()
     for png in ("loss_vs_flops.png", "lr_sweep.png", "deltas.png"):
         assert (tmp_path / "copy" / png).stat().st_size > 10_000
+
+
+def test_the_gpu_profile_pipeline_runs_its_pilot_on_a_cpu_at_toy_size(tmp_path, small_vocab_data, capsys):
+    """--profile gpu --quick --device cpu: the GPU profile's code path (its settings, 8-run default overridden) on
+    this CPU; every curve records the profile, the device it ran on and the machine that timed it."""
+    out = tmp_path / "g"
+    argv = ["--profile", "gpu", "--quick", "--device", "cpu", "--parallel", "2", "--out", str(out), "--data",
+            str(small_vocab_data), "--phase", "pilot"]  # fmt: skip
+    assert experiment.main(argv) == 0
+    assert "pilot complete" in capsys.readouterr().out
+    recs = [json.loads(p.read_text()) for p in (out / "curves" / "pilot").glob("*.json")]
+    assert len(recs) > 30 and not (out / "curves" / "main").exists()
+    assert {(r["settings"]["profile"], r["settings"]["device"]) for r in recs} == {("gpu-quick", "cpu")}
+    assert len({r["curve"]["machine"] for r in recs}) == 1 and "cores" in recs[0]["curve"]["machine"]
+    assert experiment.main([*argv[:-2], "--dry_run"]) == 0  # the main runs come next, at 2 seeds
+    assert capsys.readouterr().out.splitlines()[0].startswith("main ")

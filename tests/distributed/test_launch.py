@@ -68,3 +68,33 @@ def test_the_fork_server_starts_ranks_as_python_script_would(tmp_path):
     script.write_text("import time\ntime.sleep(60)\n")
     with pytest.raises(subprocess.TimeoutExpired):
         run_ranks([], script=str(script), timeout=2)
+
+
+def test_the_fork_server_refuses_what_a_fresh_start_would_and_a_dead_server_means_fresh_starts(tmp_path, monkeypatch):
+    """A bad working folder or log raises the OSError a fresh start would; a server that dies fails the request in
+    flight with its log, and every later rank of the session starts fresh."""
+    import os
+
+    import pytest
+    import rank_server
+
+    server = rank_server.RankServer()
+    try:
+        script = [str(tmp_path / "x.py")]
+        with pytest.raises(FileNotFoundError):
+            server.fork(script, dict(os.environ), tmp_path / "missing", tmp_path / "a.log")
+        with pytest.raises(FileNotFoundError):
+            server.fork(script, dict(os.environ), tmp_path, tmp_path / "missing" / "a.log")
+        assert not server.broken
+        server._proc.kill()
+        server._proc.wait()
+        with pytest.raises(RuntimeError, match="rank fork server died; later ranks start fresh"):
+            server.fork(script, dict(os.environ), tmp_path, tmp_path / "a.log")
+        assert server.broken
+        fresh_calls = []
+        monkeypatch.setattr(rank_server, "_SERVER", server)
+        start = rank_server.make_start_rank(lambda *a: fresh_calls.append(a) or "fresh")
+        env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+        assert start([sys.executable, *script], env, tmp_path, tmp_path / "b.log") == "fresh" and fresh_calls
+    finally:
+        server.close()

@@ -1,6 +1,6 @@
-"""The IsoFLOP experiment's arithmetic, planning, data order and one real run of each kind (growlm-experiment;
-eval/experiments/). The end-to-end --quick run and --report_only from the committed curves are in
-tests/distributed/test_experiment_quick.py."""
+"""The IsoFLOP experiment's arithmetic, planning, data order, one real run of each kind, and the committed report
+rebuilt from the committed curves (growlm-experiment; eval/experiments/). The end-to-end --quick run, with
+--report_only on its own curves, is in tests/distributed/test_experiment_quick.py."""
 
 from __future__ import annotations
 
@@ -119,7 +119,9 @@ def test_the_pilot_decides_in_rounds_and_the_main_runs_follow_from_it():
     assert st.policy == {a.name: "continue" for a in protocol.ARMS}
     assert set(st.crossovers) == {"L2->L4", "L1->L2", "L1->L4", "L4n->L4"}
     main = plan.main_specs(s, st)
-    n_scratch = s.seeds * len(s.sizes) * 3 + s.budgets_2c_seeds * len(s.sizes) + (s.seeds - s.budgets_2c_seeds)
+    finals = {s.target} | {a.stages[-1] for a in protocol.ARMS}  # 2 C on every seed: same-size savings
+    assert finals == {"L4", "L2"}
+    n_scratch = s.seeds * len(s.sizes) * 3 + s.budgets_2c_seeds * len(s.sizes) + (s.seeds - s.budgets_2c_seeds) * 2
     assert len(main) == n_scratch + s.seeds * len(protocol.ARMS)
     assert {sp.grow_flops for sp in main if sp.arm == "depth-x2"} == {st.growth["depth-x2"]}
     assert len({sp.name for sp in main}) == len(main)
@@ -233,3 +235,20 @@ def test_dry_run_lists_the_first_pilot_round_and_data_vocab_is_checked(tmp_path,
     assert "512-token vocabulary; the protocol needs 320" in capsys.readouterr().err
     assert experiment.main(["--quick", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
     assert "has no meta.json" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ the committed results
+def test_the_committed_report_is_rebuilt_from_the_committed_curves(tmp_path, capsys):
+    """eval/results/isoflop: --report_only on a copy of the committed curves alone gives the committed results.json
+    and report.md, number for number (the plots are redrawn, not compared byte for byte)."""
+    import shutil
+
+    from dist_utils import REPO
+
+    committed = REPO / "eval" / "results" / "isoflop"
+    shutil.copytree(committed / "curves", tmp_path / "curves")
+    assert experiment.main(["--report_only", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "results.json").read_text()) == json.loads((committed / "results.json").read_text())
+    assert (tmp_path / "report.md").read_text() == (committed / "report.md").read_text()
+    assert all((tmp_path / p).stat().st_size > 10_000 for p in ("loss_vs_flops.png", "lr_sweep.png", "deltas.png"))
+    assert "best arm" in capsys.readouterr().out
