@@ -111,6 +111,16 @@ def main(argv: list[str] | None = None) -> int:
         done = runner.load_curves(out, settings)
     except runner.SettingsMismatch as e:
         return fail(str(e))
+    try:
+        return _run(s, args, done, data, out, settings, parallel)
+    except plan.CurveMismatch as e:
+        return fail(str(e))
+
+
+def _run(s, args, done, data, out, settings, parallel) -> int:
+    """Dry run, or the pilot's rounds, the main runs and the report (``plan.CurveMismatch`` propagates)."""
+    from growlm.eval.experiments import plan, report, runner  # lazy: as in main
+
     if args.dry_run:
         specs, st = plan.pilot(s, done)
         return dry_run(s, [sp for sp in specs if sp.name not in done], st, done)

@@ -2,11 +2,13 @@
 
 Pilot (one seed, ``Settings.pilot_seed``), in rounds, each deciding from the finished runs of the ones before:
 1. every scratch size at budget C over the LR grid, widened by a factor of 2 while the best LR sits at an edge;
-2. every size at C/4 and C/2 at its best LR: the envelope points that give the crossover of each arm's two sizes;
+2. every size at C/4 and C/2 at its best LR, and the sizes the arms grow between also at ``PROBE`` (2, 4, 8 C): the
+   envelope points that give the crossover of each arm's two sizes;
 3. every growth arm at C over the LR grid (LR policy 'continue', Adam moments carried), widened alike, each growth
    at the crossover budget of its two sizes (``growth_points``);
 4. each arm at its best LR with the LR re-warmed after growth ('rewarm'), and the levers (``LEVERS``): depth-x2 and
-   depth-1-2 grown earlier and later, and with Adam moments reset; width-x2 without symmetry breaking.
+   depth-1-2 grown earlier and later, and with Adam moments reset; width-x2 without symmetry breaking; depth-1-2 on
+   the largest probe budget, grown at the measured L1->L2 crossover.
 Main (``Settings.seeds`` seeds): every size at every budget at its pilot LR (2 C on the first ``budgets_2c_seeds``
 seeds, and on every seed for the target and every arm's final size), and every arm at C with its pilot LR and LR
 policy. The comparator of the primary metric is the size with the lowest pilot loss at C (chosen once, not per
@@ -22,24 +24,41 @@ from typing import Any
 from growlm.eval.experiments.analysis import best_lr, crossover
 from growlm.eval.experiments.protocol import ARMS, Arm, RunSpec, Settings, lr_grid_next, run_steps
 
-GROW_MIN, GROW_MAX = 0.05, 0.75  # a growth point is kept within these fractions of C (flagged when moved)
-LATEST = 0.9  # the "latest" lever's growth point (x C), past the GROW_MAX cap
+GROW_MIN, GROW_MAX = 0.05, 0.75  # a growth point is kept within these fractions of the budget (flagged when moved)
+PROBE = (2.0, 4.0, 8.0)  # pilot-seed budgets (x C) past C of the sizes the arms grow between: the crossovers
+EARLY, LATEST = 0.5, 0.9  # the "early" and "latest" levers' growth points (x C); LATEST is past the GROW_MAX cap
+BIG = PROBE[-1]  # the "big" lever's budget (x C)
 LEVERS = {  # (arm, tag) -> what the lever changes
-    ("depth-x2", "early"): "depth-x2 grown at half its crossover budget",
-    ("depth-x2", "late"): "depth-x2 grown at twice its crossover budget",
+    ("depth-x2", "early"): f"depth-x2 grown at {EARLY:g} C",
     ("depth-x2", "latest"): f"depth-x2 grown at {LATEST:g} C (past the {GROW_MAX:g} C cap)",
     ("depth-x2", "reset"): "depth-x2 with Adam moments reset at growth",
     ("width-x2", "nosym"): "width-x2 without symmetry breaking (exact copies)",
-    ("depth-1-2", "early"): "depth-1-2 grown at half its crossover budget",
+    ("depth-1-2", "early"): f"depth-1-2 grown at {EARLY:g} C",
     ("depth-1-2", "latest"): f"depth-1-2 grown at {LATEST:g} C (past the {GROW_MAX:g} C cap)",
     ("depth-1-2", "reset"): "depth-1-2 with Adam moments reset at growth",
+    ("depth-1-2", "big"): f"depth-1-2 on a budget of {BIG:g} C, grown at the L1->L2 crossover, against the best "
+    f"scratch size at {BIG:g} C (not its base run)",
 }
 
 
+class CurveMismatch(ValueError):
+    """A finished curve has the name of a run the plan needs but another spec (e.g. another growth point)."""
+
+
 def final_loss(done: Mapping[str, dict], spec: RunSpec) -> float | None:
-    """The final validation loss of a finished run, None if it has not finished."""
+    """The final validation loss of a finished run, None if it has not finished.
+
+    Raises:
+        CurveMismatch: the curve of that name was made for another spec (it is never read as this run's).
+    """
     rec = done.get(spec.name)
-    return None if rec is None else float(rec["curve"]["final"]["val_loss"])
+    if rec is None:
+        return None
+    if rec["spec"] != spec:
+        diff = [k for k, v in spec.as_dict().items() if rec["spec"].as_dict().get(k) != v]
+        raise CurveMismatch(f"the curve {spec.name} was made with another {', '.join(diff)} than this protocol's; "
+                            "move it away (or use another --out) and rerun")  # fmt: skip
+    return float(rec["curve"]["final"]["val_loss"])
 
 
 def _sweep(s: Settings, done: Mapping[str, dict], base: RunSpec) -> tuple[list[RunSpec], float | None]:
@@ -68,14 +87,14 @@ class PilotState:
     complete: bool
 
 
-def growth_points(s: Settings, a: Arm, cross: Mapping[str, dict], scale: float = 1.0) -> tuple[tuple, list[str]]:
-    """The growth points of arm ``a`` (cumulative FLOPs): each growth at ``scale`` x the crossover budget of its two
+def growth_points(s: Settings, a: Arm, cross: Mapping[str, dict]) -> tuple[tuple, list[str]]:
+    """The growth points of arm ``a`` (cumulative FLOPs): each growth at the crossover budget of its two
     sizes, kept within [GROW_MIN, GROW_MAX] x C and increasing; the flags name every point moved or read outside
     the measured budgets."""
     pts, flags = [], []
     for small, big in zip(a.stages, a.stages[1:], strict=False):
         c = cross[f"{small}->{big}"]
-        f = c["budget"] * scale
+        f = c["budget"]
         if c["flag"]:
             flags.append(f"{small}->{big}: crossover {c['flag']} the measured budgets")
         g = min(max(f, GROW_MIN), GROW_MAX)
@@ -104,8 +123,10 @@ def pilot(s: Settings, done: Mapping[str, dict]) -> tuple[list[RunSpec], PilotSt
     st.comparator = min(s.sizes, key=lambda z: final_loss(done, RunSpec("pilot", "scratch", seed, 1.0, st.lr[z],
                                                                          size=z)))  # fmt: skip
     env: dict[str, dict[float, float]] = {}
+    grown = {z for a in ARMS for z in a.stages}
     for size in s.sizes:
-        runs = [RunSpec("pilot", "scratch", seed, b, st.lr[size], size=size) for b in (0.25, 0.5, 1.0)]
+        budgets = (0.25, 0.5, 1.0, *(PROBE if size in grown else ()))
+        runs = [RunSpec("pilot", "scratch", seed, b, st.lr[size], size=size) for b in budgets]
         specs += runs
         env[size] = {r.budget: final_loss(done, r) for r in runs}
     if any(v is None for e in env.values() for v in e.values()):
@@ -145,14 +166,16 @@ def lever_specs(s: Settings, st: PilotState) -> list[RunSpec]:
         a = next(x for x in ARMS if x.name == arm_name)
         base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name],
                        tag=tag)  # fmt: skip
-        if tag in ("early", "late"):
-            out.append(replace(base, grow_flops=growth_points(s, a, st.crossovers, 0.5 if tag == "early" else 2.0)[0]))
-        elif tag == "latest":
-            out.append(replace(base, grow_flops=(LATEST * s.c_flops,)))
+        if tag in ("early", "latest"):
+            out.append(replace(base, grow_flops=((EARLY if tag == "early" else LATEST) * s.c_flops,)))
         elif tag == "reset":
             out.append(replace(base, moments="reset"))
         elif tag == "nosym":
             out.append(replace(base, symmetry="none"))
+        elif tag == "big":
+            cross = st.crossovers[f"{a.stages[0]}->{a.stages[1]}"]["budget"]
+            g = min(max(cross, GROW_MIN * BIG), GROW_MAX * BIG)
+            out.append(replace(base, budget=BIG, grow_flops=(g * s.c_flops,)))
         else:
             raise ValueError(f"lever {tag!r} has no rule")
     return out

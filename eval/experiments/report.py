@@ -130,12 +130,23 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
         policy[a.name] = {"continue": _r(plan.final_loss(done, base)),
                           "rewarm": _r(plan.final_loss(done, replace(base, policy="rewarm"))),
                           "chosen": st.policy[a.name]}  # fmt: skip
+    pilot_env: dict[str, dict[str, float]] = {}  # budget -> size -> pilot-seed loss (every measured budget)
+    for rec in done.values():
+        sp = rec["spec"]
+        if sp.phase == "pilot" and sp.kind == "scratch" and sp.lr == st.lr[sp.size]:
+            pilot_env.setdefault(f"{sp.budget:g}", {})[sp.size] = _r(rec["curve"]["final"]["val_loss"])
+    pilot_env = {b: dict(sorted(v.items(), key=lambda kv: list(s.sizes).index(kv[0])))
+                 for b, v in sorted(pilot_env.items(), key=lambda kv: float(kv[0]))}  # fmt: skip
     levers = []
     for sp in plan.lever_specs(s, st):
-        base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[sp.arm], arm=sp.arm, grow_flops=st.growth[sp.arm])
+        if sp.tag == "big":  # against the best scratch size at the same budget (pilot seed)
+            best_size = min(pilot_env[f"{sp.budget:g}"], key=pilot_env[f"{sp.budget:g}"].get)
+            base = RunSpec("pilot", "scratch", s.pilot_seed, sp.budget, st.lr[best_size], size=best_size)
+        else:
+            base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[sp.arm], arm=sp.arm, grow_flops=st.growth[sp.arm])
         lv, lb = plan.final_loss(done, sp), plan.final_loss(done, base)
-        levers.append({"lever": sp.tag, "what": plan.LEVERS[(sp.arm, sp.tag)], "arm": sp.arm,
-                       "growth_at_C": [round(f / s.c_flops, 4) for f in sp.grow_flops],
+        levers.append({"lever": sp.tag, "what": plan.LEVERS[(sp.arm, sp.tag)], "arm": sp.arm, "budget_C": sp.budget,
+                       "growth_at_C": [round(f / s.c_flops, 4) for f in sp.grow_flops], "base": base.name,
                        "loss": _r(lv), "base_loss": _r(lb), "effect": _r(lv - lb)})  # fmt: skip
     ses = [rec["curve"]["final"]["val_se"] for rec in done.values() if rec["spec"].phase == "main"]
     best = min(arms_out, key=lambda r: r["delta_vs_envelope_mean"])
@@ -165,6 +176,7 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
             "seed_sd": _r(statistics.stdev(comp_c)),
         },  # fmt: skip
         "crossovers": {k: {"budget_C": _r(v["budget"]), "flag": v["flag"]} for k, v in st.crossovers.items()},
+        "pilot_envelope": pilot_env,
         "lr_sweep": sweep,
         "lr_best": {k: v for k, v in st.lr.items()},
         "lr_policy": policy,
@@ -315,6 +327,11 @@ def markdown(s: Settings, r: dict) -> str:
     for who, sw in r["lr_sweep"].items():
         cells = ", ".join(f"{lr}: {v:.4f}" for lr, v in sorted(sw.items(), key=lambda kv: float(kv[0])))
         lines.append(f"| `{who}` | {cells} | {r['lr_best'][who]:.1e} |")
+    lines += ["", "Scratch losses of the pilot seed at every measured budget (each size at its best LR; the sizes the "
+              "arms grow between also past C, for the crossovers):", "",
+              "| budget | " + " | ".join(s.sizes) + " |", "|---|" + "---|" * len(s.sizes)]  # fmt: skip
+    for b, row in r["pilot_envelope"].items():
+        lines.append(f"| {b} C | " + " | ".join(f"{row[k]:.4f}" if k in row else "-" for k in s.sizes) + " |")
     lines += ["", "Crossover budgets (where the bigger size's envelope point drops below the smaller's; each "
               "growth happens there):", ""]  # fmt: skip
     for k, v in r["crossovers"].items():
@@ -333,11 +350,11 @@ def markdown(s: Settings, r: dict) -> str:
     for k, v in r["lr_policy"].items():
         lines.append(f"| `{k}` | {v['continue']:.4f} | {v['rewarm']:.4f} | {v['chosen']} |")
     lines += ["", "## Levers (pilot seed; one seed each, to be read against the seed s.d. "
-              f"{r['comparator']['seed_sd']:.4f})", "", "| lever | growth at (x C) | loss | base | effect |",
-              "|---|---|---|---|---|"]  # fmt: skip
+              f"{r['comparator']['seed_sd']:.4f})", "", "| lever | budget (x C) | growth at (x C) | loss | base run | "
+              "base loss | effect |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for lv in r["levers"]:
-        lines.append(f"| {lv['what']} | {', '.join(f'{g:.3g}' for g in lv['growth_at_C'])} | {lv['loss']:.4f} | "
-                     f"{lv['base_loss']:.4f} | {lv['effect']:+.4f} |")  # fmt: skip
+        lines.append(f"| {lv['what']} | {lv['budget_C']:g} | {', '.join(f'{g:.3g}' for g in lv['growth_at_C'])} | "
+                     f"{lv['loss']:.4f} | `{lv['base']}` | {lv['base_loss']:.4f} | {lv['effect']:+.4f} |")  # fmt: skip
     lines += ["", "## Plots", "", "![loss against FLOPs](loss_vs_flops.png)", "", "![LR sweep](lr_sweep.png)", "",
               "![paired differences and wall-clock](deltas.png)", "",
               f"Run time (sum of the runs' wall-clock, {s.device}): pilot {r['wall_s_runs_total']['pilot']:.0f} s, "

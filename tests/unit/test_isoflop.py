@@ -198,6 +198,28 @@ def test_curves_made_with_other_settings_are_refused(tmp_path, tokens, capsys):
     assert set(runner.load_curves(tmp_path, settings)) == {sp.name}  # more seeds change no run: accepted
 
 
+def test_a_curve_with_the_name_of_a_needed_run_but_another_spec_is_refused(tmp_path, tokens, capsys):
+    """A run's file name does not hold every field (a growth point, for one): a curve whose spec differs from the
+    run the plan needs under that name is never read as that run (exit 2, one line naming the field)."""
+    s = protocol.quick(protocol.PROFILES["cpu"])
+    need = RunSpec("pilot", "grow", 100, 1.0, 2e-3, arm="depth-x2", grow_flops=(0.5 * s.c_flops,), tag="early")
+    other = replace(need, grow_flops=(0.3 * s.c_flops,))
+    assert other.name == need.name
+    done = {need.name: {"spec": other, "curve": {"final": {"val_loss": 3.0}}}}
+    with pytest.raises(plan.CurveMismatch, match="another grow_flops than this protocol's"):
+        plan.final_loss(done, need)
+    assert plan.final_loss({need.name: {"spec": need, "curve": {"final": {"val_loss": 3.0}}}}, need) == 3.0
+    settings = {**s.as_dict(), "data": runner.data_fingerprint(tokens)}
+    sp = RunSpec("pilot", "scratch", 100, 1.0, 2e-3, size="L1")  # the first run the pilot reads
+    path = runner.curve_path(tmp_path, sp)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"settings": settings, "spec": {**sp.as_dict(), "moments": "reset"},
+                                "curve": {"final": {"val_loss": 3.0}}}))  # fmt: skip
+    assert experiment.main(["--quick", "--data", str(tokens), "--out", str(tmp_path), "--dry_run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "made with another moments than this protocol's" in err[0]
+
+
 @pytest.mark.bad_input
 @pytest.mark.parametrize(
     "argv, message",
