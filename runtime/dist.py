@@ -37,19 +37,6 @@ class DistInfo:
     device: torch.device
 
 
-def device_description(device: str | None = None) -> str:
-    """The name of the device runs train on, for reports: CUDA device 0's name (``device`` None or 'cuda...' with a
-    GPU present), else the CPU model from /proc/cpuinfo with the core count (``'CPU, N cores'`` when unreadable)."""
-    if (device is None or device.startswith("cuda")) and torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
-    try:
-        model = next(ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name"))
-        model = model.split(":", 1)[1].strip()
-    except (OSError, StopIteration):
-        model = "CPU"
-    return f"{model}, {os.cpu_count()} cores"
-
-
 def select_accelerator() -> str:
     """Set ``DS_ACCELERATOR=cpu`` when no CUDA device exists (unless the user set it); return its value.
 

@@ -27,10 +27,13 @@ Protocol, one JSON object per line: the client writes ``{"id", "argv", "env", "c
 server's stdin; the server forks a helper, which forks the rank and exits, so that the rank is re-parented to the
 client (a child subreaper, ``prctl(PR_SET_CHILD_SUBREAPER)``) and the client reaps it like any child (``os.wait4``:
 exit status, peak RSS) and kills its process group. The server then answers ``{"id", "pid": RANK_PID}`` on
-``--reply_fd``; the client skips answers to earlier ids (a request that timed out). The client checks what would make
-a fresh start fail (the log file opened for writing, the working folder) before it asks, and raises the same
-OSError. When the server does not answer (it died, or stayed silent past the timeout) that request fails with its
-log, the server is stopped, and every later rank of the session starts fresh.
+``--reply_fd``. The client skips answers to earlier ids: a request interrupted while it waited (KeyboardInterrupt)
+leaves its answer in the pipe, and the rank that answer names runs on unsupervised (the client's child, reaped by
+nobody until the client exits). The client checks what would make a fresh start fail (the log file opened for
+writing, the working folder) before it asks, and raises the same OSError. When the server does not answer (it
+died, or stayed silent past the timeout) that request fails with the server's log, the server is stopped, and
+every later rank of the session starts fresh; a rank the silent server may still have forked is left alone, as
+above.
 """
 
 from __future__ import annotations
@@ -189,7 +192,11 @@ class RankServer:
         self._buf = b""
         self._next_id = 0
         self.broken = False  # set when the server failed to answer: later ranks start fresh
-        self._reply(timeout=300)  # {"ready": true} once the imports are done
+        try:
+            self._reply(timeout=300)  # {"ready": true} once the imports are done
+        except RuntimeError:
+            self.close()
+            raise
 
     def _reply(self, timeout: float) -> dict:
         """The server's next answer line; RuntimeError with its log when it died or stayed silent (the server is
@@ -210,8 +217,10 @@ class RankServer:
         line, _, self._buf = self._buf.partition(b"\n")
         return json.loads(line)
 
-    def fork(self, argv: list[str], env: dict[str, str], cwd: str | os.PathLike | None, log: Path) -> ForkedRank:
-        """Fork ``argv`` (``SCRIPT ARGS`` or ``-m MODULE ARGS``) as a rank in its own session, output to ``log``."""
+    def fork(self, argv: list[str], env: dict[str, str], cwd: str | os.PathLike | None,
+             log: Path) -> ForkedRank | None:  # fmt: skip
+        """Fork ``argv`` (``SCRIPT ARGS`` or ``-m MODULE ARGS``) as a rank in its own session, output to ``log``;
+        None when the server is ``broken`` (start it fresh instead)."""
         cwd = os.path.abspath(cwd or os.getcwd())
         open(log, "w").close()  # noqa: SIM115  (OSError here, as a fresh start's open would raise)
         if not os.path.isdir(cwd):
@@ -219,6 +228,8 @@ class RankServer:
         umask = os.umask(0)
         os.umask(umask)
         with self._lock:
+            if self.broken:
+                return None
             self._next_id += 1
             req = {"id": self._next_id, "argv": argv, "env": dict(env), "cwd": cwd, "log": os.path.abspath(log),
                    "umask": umask}  # fmt: skip
@@ -233,10 +244,15 @@ class RankServer:
             return ForkedRank(answer["pid"])
 
     def close(self) -> None:
-        """Stop the server (end of its input) and remove its log; ranks still running are not touched."""
+        """Stop the server (end of its input), close its pipes and remove its log; ranks still running are not
+        touched."""
+        try:
+            self._proc.stdin.close()  # EOF: the server returns from serve() and exits
+        except OSError:  # a dead server: the pipe is broken
+            pass
         if self._proc.poll() is None:
-            self._proc.stdin.close()
             self._proc.wait(timeout=30)
+        self._replies.close()
         self.log.unlink(missing_ok=True)
 
 
@@ -277,9 +293,8 @@ def make_start_rank(fresh):
             import atexit  # lazy: only once a server was asked for
 
             atexit.register(_SERVER.close)
-        if _SERVER.broken:
-            return fresh(argv, env, cwd, log_path)
-        return _SERVER.fork(argv[1:], env, cwd, log_path)
+        rank = None if _SERVER.broken else _SERVER.fork(argv[1:], env, cwd, log_path)
+        return fresh(argv, env, cwd, log_path) if rank is None else rank
 
     return start_rank
 

@@ -47,8 +47,9 @@ from growlm.growth.offline.cli import main as grow_main
 from growlm.model.config import GPTConfig, from_preset, param_count
 from growlm.model.gpt import attention_kernel
 from growlm.runtime.commands import HelpFormatter, add_version
-from growlm.runtime.dist import device_description, select_accelerator
+from growlm.runtime.dist import select_accelerator
 from growlm.runtime.launch import launch_ranks
+from growlm.runtime.machine import device_description
 from growlm.runtime.metrics_file import read_records
 
 # |loss after - loss before| allowed for a function-preserving growth, by precision: fp32 rounding only; bf16/fp16

@@ -37,8 +37,9 @@ from growlm.growth.errors import GrowthError
 from growlm.growth.stages.plan import load_stages
 from growlm.model.config import flops_per_token, from_preset, param_count
 from growlm.runtime.commands import HelpFormatter, add_version
-from growlm.runtime.dist import device_description, select_accelerator
+from growlm.runtime.dist import select_accelerator
 from growlm.runtime.launch import launch_ranks
+from growlm.runtime.machine import device_description
 from growlm.runtime.metrics_file import read_records
 
 STAGES = (0, 1, 2, 3)

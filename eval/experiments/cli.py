@@ -107,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     if settings["data"]["vocab_size"] != s.vocab_size:
         return fail(f"--data {data} has a {settings['data']['vocab_size']}-token vocabulary; the protocol needs "
                     f"{s.vocab_size}")  # fmt: skip
+    have = (runner.train_tokens(data) - 1) // s.seq_len
+    if (need := plan.max_train_windows(s)) > 2 * have:
+        return fail(f"--data {data} holds {have:,} training windows of {s.seq_len} tokens; the longest run of the "
+                    f"{s.profile} profile reads {need:,}, more than twice over: give a token folder of at least "
+                    f"{need * s.seq_len // 2:,} training tokens (--data)")  # fmt: skip
     try:
         done = runner.load_curves(out, settings)
     except runner.SettingsMismatch as e:
@@ -132,6 +137,7 @@ def _run(s, args, done, data, out, settings, parallel) -> int:
             if not todo:
                 break
             rnd += 1
+            plan.check_finished(done, specs)
             failed = runner.run_all(s, todo, data, out, settings, workers, f"pilot round {rnd}")
             done = runner.load_curves(out, settings)
             if failed:
@@ -139,7 +145,9 @@ def _run(s, args, done, data, out, settings, parallel) -> int:
         if args.phase == "pilot":
             print(f"growlm-experiment: pilot complete ({len(done)} runs in {out / 'curves'})")
             return 0
-        failed = runner.run_all(s, plan.main_specs(s, st), data, out, settings, workers, "main")
+        main = plan.main_specs(s, st)
+        plan.check_finished(done, main)
+        failed = runner.run_all(s, main, data, out, settings, workers, "main")
     done = runner.load_curves(out, settings)
     rc = report.write(s, done, out)
     return 1 if failed else rc
@@ -150,7 +158,9 @@ def dry_run(s, todo, st, done) -> int:
     from growlm.eval.experiments import plan, protocol  # lazy: as in main
 
     if st.complete:
-        todo = [sp for sp in plan.main_specs(s, st) if sp.name not in done]
+        main = plan.main_specs(s, st)
+        plan.check_finished(done, main)
+        todo = [sp for sp in main if sp.name not in done]
     for sp in todo:
         steps = protocol.run_steps(s, sp)
         print(f"{sp.phase:5s} {sp.name:48s} steps {steps[-1]:6d}  growth at {steps[:-1] or '-'}")

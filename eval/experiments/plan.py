@@ -10,13 +10,14 @@ Pilot (one seed, ``Settings.pilot_seed``), in rounds, each deciding from the fin
    depth-1-2 grown earlier and later, and with Adam moments reset; width-x2 without symmetry breaking; depth-1-2 on
    the largest probe budget, grown at the measured L1->L2 crossover.
 Main (``Settings.seeds`` seeds): every size at every budget at its pilot LR (2 C on the first ``budgets_2c_seeds``
-seeds, and on every seed for the target and every arm's final size), and every arm at C with its pilot LR and LR
-policy. The comparator of the primary metric is the size with the lowest pilot loss at C (chosen once, not per
-seed).
+seeds, and on every seed for the target and every arm's final size), every arm at C with its pilot LR and LR
+policy, and the timing levers (``MAIN_LEVERS``), paired with their arms' runs. The comparator of the primary
+metric is the size with the lowest pilot loss at C (chosen once, not per seed).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -36,9 +37,10 @@ LEVERS = {  # (arm, tag) -> what the lever changes
     ("depth-1-2", "early"): f"depth-1-2 grown at {EARLY:g} C",
     ("depth-1-2", "latest"): f"depth-1-2 grown at {LATEST:g} C (past the {GROW_MAX:g} C cap)",
     ("depth-1-2", "reset"): "depth-1-2 with Adam moments reset at growth",
-    ("depth-1-2", "big"): f"depth-1-2 on a budget of {BIG:g} C, grown at the L1->L2 crossover, against the best "
-    f"scratch size at {BIG:g} C (not its base run)",
+    ("depth-1-2", "big"): f"depth-1-2 on a budget of {BIG:g} C, grown at the L1->L2 crossover (kept within "
+    f"[{GROW_MIN:g}, {GROW_MAX:g}] of that budget), against the best of the sizes probed at {BIG:g} C",
 }
+MAIN_LEVERS = ("early", "latest")  # the timing levers that also run on every main seed (paired with the arm's runs)
 
 
 class CurveMismatch(ValueError):
@@ -54,11 +56,26 @@ def final_loss(done: Mapping[str, dict], spec: RunSpec) -> float | None:
     rec = done.get(spec.name)
     if rec is None:
         return None
-    if rec["spec"] != spec:
+    if not same_spec(rec["spec"], spec):
         diff = [k for k, v in spec.as_dict().items() if rec["spec"].as_dict().get(k) != v]
         raise CurveMismatch(f"the curve {spec.name} was made with another {', '.join(diff)} than this protocol's; "
                             "move it away (or use another --out) and rerun")  # fmt: skip
     return float(rec["curve"]["final"]["val_loss"])
+
+
+def same_spec(a: RunSpec, b: RunSpec) -> bool:
+    """Whether two specs name the same run: every field equal, growth points to 1e-9 relative (a crossover is
+    interpolated through exp/log, which may differ in the last bit between machines)."""
+    if replace(a, grow_flops=()) != replace(b, grow_flops=()) or len(a.grow_flops) != len(b.grow_flops):
+        return False
+    return all(math.isclose(x, y, rel_tol=1e-9) for x, y in zip(a.grow_flops, b.grow_flops, strict=True))
+
+
+def check_finished(done: Mapping[str, dict], specs: list[RunSpec]) -> None:
+    """Raise ``CurveMismatch`` when a finished curve has the name of one of ``specs`` but another spec (before any
+    run starts, so that a stale curve is neither skipped into the results nor found only at the report)."""
+    for sp in specs:
+        final_loss(done, sp)
 
 
 def _sweep(s: Settings, done: Mapping[str, dict], base: RunSpec) -> tuple[list[RunSpec], float | None]:
@@ -155,7 +172,7 @@ def pilot(s: Settings, done: Mapping[str, dict]) -> tuple[list[RunSpec], PilotSt
         else:
             st.policy[a.name] = "rewarm" if lw < lc else "continue"
     specs += lever_specs(s, st)
-    st.complete = finished and all(sp.name in done for sp in specs)
+    st.complete = finished and all(final_loss(done, sp) is not None for sp in specs)
     return specs, st
 
 
@@ -173,12 +190,37 @@ def lever_specs(s: Settings, st: PilotState) -> list[RunSpec]:
         elif tag == "nosym":
             out.append(replace(base, symmetry="none"))
         elif tag == "big":
-            cross = st.crossovers[f"{a.stages[0]}->{a.stages[1]}"]["budget"]
-            g = min(max(cross, GROW_MIN * BIG), GROW_MAX * BIG)
-            out.append(replace(base, budget=BIG, grow_flops=(g * s.c_flops,)))
+            out.append(replace(base, budget=BIG, grow_flops=(big_growth(st, a)[0] * s.c_flops,)))
         else:
             raise ValueError(f"lever {tag!r} has no rule")
     return out
+
+
+def big_growth(st: PilotState, a: Arm) -> tuple[float, list[str]]:
+    """The 'big' lever's growth point (x C): the crossover of the arm's two sizes, kept within [GROW_MIN, GROW_MAX]
+    x BIG; with flags as ``growth_points`` gives them."""
+    key = f"{a.stages[0]}->{a.stages[1]}"
+    c, flags = st.crossovers[key], []
+    if c["flag"]:
+        flags.append(f"{key}: crossover {c['flag']} the measured budgets")
+    g = min(max(c["budget"], GROW_MIN * BIG), GROW_MAX * BIG)
+    if g != c["budget"]:
+        flags.append(f"{key}: growth moved from {c['budget']:.3g} C to {g:.3g} C")
+    return g, flags
+
+
+def main_levers(s: Settings, st: PilotState, seed: int) -> list[RunSpec]:
+    """The timing levers (``MAIN_LEVERS``) on main seed ``seed``: the pilot's lever specs with that seed."""
+    return [replace(sp, phase="main", seed=seed, policy=st.policy[sp.arm]) for sp in lever_specs(s, st)
+            if sp.tag in MAIN_LEVERS]  # fmt: skip
+
+
+def max_train_windows(s: Settings) -> int:
+    """The most training windows any run of the protocol reads (steps x batch): a scratch run of a size at its
+    largest budget (``BIG`` for the sizes the arms grow between, else the largest of ``Settings.budgets``)."""
+    grown = {z for a in ARMS for z in a.stages}
+    return max(run_steps(s, RunSpec("pilot", "scratch", 0, BIG if z in grown else max(s.budgets), 0.0, size=z))[-1]
+               for z in s.sizes) * s.batch  # fmt: skip
 
 
 def main_specs(s: Settings, st: PilotState) -> list[RunSpec]:
@@ -194,6 +236,7 @@ def main_specs(s: Settings, st: PilotState) -> list[RunSpec]:
         for a in ARMS:
             specs.append(RunSpec("main", "grow", seed, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name],
                                  policy=st.policy[a.name]))  # fmt: skip
+        specs += main_levers(s, st, seed)
     return specs
 
 

@@ -5,8 +5,8 @@ Question (DESIGN.md, "Does growth pay"): at the same total training FLOPs, does 
 of *any* size trained from scratch? The **envelope** at a budget B is the lowest validation loss any scratch size
 reaches with B FLOPs, each size with its own fully decayed LR schedule ending exactly at B (Hoffmann et al. 2022,
 arXiv 2203.15556, "IsoFLOP profiles"). A growth arm trains small, grows with growlm's operators and ends at the
-target size (or, for one arm, one size above the envelope's best) with the same FLOPs C; it beats the envelope
-when its loss is below the best scratch size's at C.
+target size (one arm: at L2) with the same FLOPs C; it beats the envelope when its loss is below the best
+scratch size's at C.
 
 The model family (sizes named by depth): GPT-2 blocks of width 64 (4 heads) at depths 1, 2, 4, 8 (L1, L2, L4, L8),
 plus L4n, 4 layers of width 32 (2 heads), for the width pair; a 320-token ByteLevel BPE (data.small_vocab), so the
@@ -98,7 +98,8 @@ class Settings:
 
 PROFILES = {
     "cpu": Settings(),
-    # the GPU profile: 16 seeds, 8x the budget, 128-token sequences of 32 (not yet run on a GPU)
+    # the GPU profile: 16 seeds, 32x the FLOPs of C, 128-token sequences of 32 (not yet run on a GPU); its longest
+    # run reads about 89M training tokens, ten times the built-in corpus
     "gpu": Settings(
         profile="gpu",
         seq_len=128,
@@ -152,8 +153,8 @@ ARMS = (
         "MSG masked depth growth 2 -> 4 (Yao et al. 2023, arXiv 2305.02869): new blocks gated by a mask ramped "
         "0 -> 1 over a quarter of the remaining run"),
     Arm("depth-1-2", ("L1", "L2"), (DEPTH,),
-        "depth x2 out of the smallest size, 1 -> 2 layers: growth that ends one size above the envelope's best at "
-        "C instead of at the target (the operator of depth-x2)"),
+        "depth x2 out of the smallest size, 1 -> 2 layers: growth that ends at L2, short of the target "
+        "(the operator of depth-x2)"),
 )  # fmt: skip
 ARM_NAMES = tuple(a.name for a in ARMS)
 POLICIES = ("continue", "rewarm")  # the LR schedule after growth: same position, or a linear re-warm

@@ -145,9 +145,25 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
         else:
             base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[sp.arm], arm=sp.arm, grow_flops=st.growth[sp.arm])
         lv, lb = plan.final_loss(done, sp), plan.final_loss(done, base)
+        flags = plan.big_growth(st, next(a for a in ARMS if a.name == sp.arm))[1] if sp.tag == "big" else []
         levers.append({"lever": sp.tag, "what": plan.LEVERS[(sp.arm, sp.tag)], "arm": sp.arm, "budget_C": sp.budget,
-                       "growth_at_C": [round(f / s.c_flops, 4) for f in sp.grow_flops], "base": base.name,
-                       "loss": _r(lv), "base_loss": _r(lb), "effect": _r(lv - lb)})  # fmt: skip
+                       "growth_at_C": [round(f / s.c_flops, 4) for f in sp.grow_flops], "growth_flags": flags,
+                       "base": base.name, "loss": _r(lv), "base_loss": _r(lb), "effect": _r(lv - lb)})  # fmt: skip
+    levers_main = []  # the timing levers on the main seeds, paired with their arm's main runs
+    for tag in plan.MAIN_LEVERS:
+        for a in ARMS:
+            runs = [sp for k in seeds for sp in plan.main_levers(s, st, k) if sp.arm == a.name and sp.tag == tag]
+            if not runs:
+                continue
+            eff = [plan.final_loss(done, sp) - grown(a.name, sp.seed) for sp in runs]
+            m, lo, hi = an.mean_ci95(eff)
+            dm, dlo, dhi = an.mean_ci95([plan.final_loss(done, sp) - comp_c[seeds.index(sp.seed)] for sp in runs])
+            levers_main.append({"lever": tag, "arm": a.name, "what": plan.LEVERS[(a.name, tag)], "n_seeds": len(eff),
+                                "growth_at_C": [round(f / s.c_flops, 4) for f in runs[0].grow_flops],
+                                "effect_mean": _r(m), "effect_ci95_low": _r(lo), "effect_ci95_high": _r(hi),
+                                "effect_per_seed": [_r(e) for e in eff], "delta_vs_envelope_mean": _r(dm),
+                                "delta_vs_envelope_ci95_low": _r(dlo),
+                                "delta_vs_envelope_ci95_high": _r(dhi)})  # fmt: skip
     ses = [rec["curve"]["final"]["val_se"] for rec in done.values() if rec["spec"].phase == "main"]
     best = min(arms_out, key=lambda r: r["delta_vs_envelope_mean"])
     tokens_c = s.c_flops / s.step_flops(s.target) * s.batch * s.seq_len
@@ -181,6 +197,7 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
         "lr_best": {k: v for k, v in st.lr.items()},
         "lr_policy": policy,
         "levers": levers,
+        "levers_main": levers_main,
         "arms": arms_out,
         "scratch": scratch_out,
         "eval_noise": {
@@ -276,6 +293,7 @@ def markdown(s: Settings, r: dict) -> str:
         lines.append(f"| {float(b):g} C | " + " | ".join(cells) + f" | `{e['best_size']}` {e['loss']:.4f} |")
     n2 = r["envelope"].get("2.0", {}).get("n_seeds")
     if n2:
+        n2 = ", ".join(f"`{k}` {v}" for k, v in n2.items())
         lines.append(f"\nAt 2 C the seed counts are {n2} (the arms' final sizes on every seed, the others on the first "
                      f"{s.budgets_2c_seeds}); that row's means are over those seeds.")  # fmt: skip
     lines += [
@@ -333,7 +351,7 @@ def markdown(s: Settings, r: dict) -> str:
     for b, row in r["pilot_envelope"].items():
         lines.append(f"| {b} C | " + " | ".join(f"{row[k]:.4f}" if k in row else "-" for k in s.sizes) + " |")
     lines += ["", "Crossover budgets (where the bigger size's envelope point drops below the smaller's; each "
-              "growth happens there):", ""]  # fmt: skip
+              f"growth happens there, kept within [{plan.GROW_MIN:g}, {plan.GROW_MAX:g}] C):", ""]  # fmt: skip
     for k, v in r["crossovers"].items():
         flag = f" (the crossover lies {v['flag']} the measured budgets)" if v["flag"] else ""
         lines.append(f"- `{k}`: {v['budget_C']:.3g} C{flag}")
@@ -355,6 +373,20 @@ def markdown(s: Settings, r: dict) -> str:
     for lv in r["levers"]:
         lines.append(f"| {lv['what']} | {lv['budget_C']:g} | {', '.join(f'{g:.3g}' for g in lv['growth_at_C'])} | "
                      f"{lv['loss']:.4f} | `{lv['base']}` | {lv['base_loss']:.4f} | {lv['effect']:+.4f} |")  # fmt: skip
+    flags = [f"{lv['lever']} ({lv['arm']}): {f}" for lv in r["levers"] for f in lv["growth_flags"]]
+    if flags:
+        lines += ["", "Lever growth points moved or read outside the measured budgets:", *[f"- {f}" for f in flags]]
+    if r["levers_main"]:
+        lines += ["", "The timing levers on the main seeds (paired with each arm's main runs; effect = lever - arm, "
+                  "nats, mean and 95% t-interval; and the lever run against the comparator):", "",
+                  "| lever | growth at (x C) | seeds | effect [95% CI] | delta vs envelope [95% CI] |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for lv in r["levers_main"]:
+            lines.append(
+                f"| {lv['what']} | {', '.join(f'{g:.3g}' for g in lv['growth_at_C'])} | {lv['n_seeds']} | "
+                f"{lv['effect_mean']:+.4f} [{lv['effect_ci95_low']:+.4f}, {lv['effect_ci95_high']:+.4f}] | "
+                f"{_fmt_delta(lv)} |"
+            )
     lines += ["", "## Plots", "", "![loss against FLOPs](loss_vs_flops.png)", "", "![LR sweep](lr_sweep.png)", "",
               "![paired differences and wall-clock](deltas.png)", "",
               f"Run time (sum of the runs' wall-clock, {s.device}): pilot {r['wall_s_runs_total']['pilot']:.0f} s, "

@@ -34,6 +34,11 @@ def data_fingerprint(folder: Path) -> dict[str, Any]:
             "val_sha256": meta["splits"]["val"].get("sha256")}  # fmt: skip
 
 
+def train_tokens(folder: Path) -> int:
+    """The number of tokens in the token folder's train split (train.bin holds uint16 ids, as train_run reads it)."""
+    return (folder / "train.bin").stat().st_size // 2
+
+
 def compared(settings: dict[str, Any], with_data: bool = True) -> dict[str, Any]:
     """The part of a settings dict two curves must share (without ``data`` when ``with_data`` is False)."""
     return {k: v for k, v in settings.items() if k not in UNCOMPARED and (with_data or k != "data")}

@@ -26,7 +26,7 @@ from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.ops.single_process import from_modules, grow_state, make_optimizer, to_modules
 from growlm.model.gpt import GPT
-from growlm.runtime.dist import device_description
+from growlm.runtime.machine import device_description
 from growlm.runtime.schedule import FIRST_ITERATION, ScheduleState
 
 HPARAMS = {"betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
@@ -114,7 +114,7 @@ def cumulative_flops(step_costs: list[tuple[int, int]], total: int) -> np.ndarra
 def train_run(s: Settings, spec: RunSpec, data: Path) -> dict[str, Any]:
     """Train one run and return its curve: {'points': [{step, tokens, flops, train_loss, val_loss, lr}], 'final':
     {'val_loss', 'val_se', 'windows'}, 'growth': [{step, flops, loss_before, loss_after, wall_s}], 'wall_s',
-    'steps', 'machine' (runtime.dist.device_description: where wall_s was measured)}. val_loss of the last point
+    'steps', 'machine' (runtime.machine.device_description: where wall_s was measured)}. val_loss of the last point
     is on ``final_windows`` windows; its standard error is the windows' s.d. / sqrt(n). Single-threaded use is up to
     the caller (torch.set_num_threads).
 

@@ -122,8 +122,9 @@ def test_the_pilot_decides_in_rounds_and_the_main_runs_follow_from_it():
     finals = {s.target} | {a.stages[-1] for a in protocol.ARMS}  # 2 C on every seed: same-size savings
     assert finals == {"L4", "L2"}
     n_scratch = s.seeds * len(s.sizes) * 3 + s.budgets_2c_seeds * len(s.sizes) + (s.seeds - s.budgets_2c_seeds) * 2
-    assert len(main) == n_scratch + s.seeds * len(protocol.ARMS)
-    assert {sp.grow_flops for sp in main if sp.arm == "depth-x2"} == {st.growth["depth-x2"]}
+    n_levers = s.seeds * sum(tag in plan.MAIN_LEVERS for _, tag in plan.LEVERS)  # timing levers on every seed
+    assert len(main) == n_scratch + s.seeds * len(protocol.ARMS) + n_levers
+    assert {sp.grow_flops for sp in main if sp.arm == "depth-x2" and not sp.tag} == {st.growth["depth-x2"]}
     assert len({sp.name for sp in main}) == len(main)
 
 
@@ -209,6 +210,8 @@ def test_a_curve_with_the_name_of_a_needed_run_but_another_spec_is_refused(tmp_p
     with pytest.raises(plan.CurveMismatch, match="another grow_flops than this protocol's"):
         plan.final_loss(done, need)
     assert plan.final_loss({need.name: {"spec": need, "curve": {"final": {"val_loss": 3.0}}}}, need) == 3.0
+    last_bit = replace(need, grow_flops=(need.grow_flops[0] * (1 + 1e-15),))  # exp/log on another machine
+    assert plan.final_loss({need.name: {"spec": last_bit, "curve": {"final": {"val_loss": 3.0}}}}, need) == 3.0
     settings = {**s.as_dict(), "data": runner.data_fingerprint(tokens)}
     sp = RunSpec("pilot", "scratch", 100, 1.0, 2e-3, size="L1")  # the first run the pilot reads
     path = runner.curve_path(tmp_path, sp)
@@ -241,6 +244,19 @@ def test_growlm_experiment_refuses_bad_flags_in_one_line(tmp_path, capsys, argv,
     f.write_text("x")
     assert experiment.main(["--out", str(f)]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+@pytest.mark.bad_input
+def test_a_profile_whose_longest_run_would_read_the_data_a_third_time_is_refused(tokens, capsys, tmp_path):
+    """The GPU profile on the built-in corpus: its longest run (L1 at 8 C) needs far more text; one line, exit 2."""
+    s = protocol.PROFILES["gpu"]
+    need = plan.max_train_windows(s)
+    assert need == protocol.run_steps(s, RunSpec("pilot", "scratch", 0, plan.BIG, 0.0, size="L1"))[0] * s.batch
+    argv = ["--profile", "gpu", "--device", "cpu", "--data", str(tokens), "--out", str(tmp_path), "--dry_run"]
+    assert experiment.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"the longest run of the gpu profile reads {need:,}, more than twice over" in err[0]
+    assert not (tmp_path / "curves").exists()
 
 
 def test_dry_run_lists_the_first_pilot_round_and_data_vocab_is_checked(tmp_path, tokens, capsys):
