@@ -98,13 +98,13 @@ class Settings:
 
 PROFILES = {
     "cpu": Settings(),
-    # the GPU profile: 16 seeds, 32x the FLOPs of C, 128-token sequences of 32 (not yet run on a GPU); its longest
-    # run reads about 89M training tokens, ten times the built-in corpus
+    # the GPU profile (not yet run on a GPU): 16 seeds; the same family at twice the width (L4n at 64), so about 4x
+    # the FLOPs per token, and about 4x the budget, so that every run reads the built-in corpus at most once
+    # (plan.max_train_windows: 0.86 of a pass at the most)
     "gpu": Settings(
         profile="gpu",
-        seq_len=128,
-        batch=32,
-        c_flops=2.9e12 * 4,
+        sizes={"L1": (1, 128, 4), "L2": (2, 128, 4), "L4": (4, 128, 4), "L8": (8, 128, 4), "L4n": (4, 64, 2)},
+        c_flops=1.5e12,
         seeds=16,
         budgets_2c_seeds=4,
         final_windows=1024,

@@ -247,12 +247,19 @@ def test_growlm_experiment_refuses_bad_flags_in_one_line(tmp_path, capsys, argv,
 
 
 @pytest.mark.bad_input
-def test_a_profile_whose_longest_run_would_read_the_data_a_third_time_is_refused(tokens, capsys, tmp_path):
-    """The GPU profile on the built-in corpus: its longest run (L1 at 8 C) needs far more text; one line, exit 2."""
-    s = protocol.PROFILES["gpu"]
+def test_a_profile_whose_longest_run_would_read_the_data_a_third_time_is_refused(small_vocab_data, capsys,
+                                                                                  tmp_path, monkeypatch):  # fmt: skip
+    """A profile at 10x the GPU profile's budget on the built-in corpus: its longest run (L1 at 8 C) needs far more
+    text than twice the training split; one line, exit 2, before any run. The profiles themselves fit."""
+    have = (runner.train_tokens(small_vocab_data) - 1) // 64
+    assert plan.max_train_windows(protocol.PROFILES["cpu"]) < have
+    assert plan.max_train_windows(protocol.PROFILES["gpu"]) < have
+    s = replace(protocol.PROFILES["gpu"], c_flops=protocol.PROFILES["gpu"].c_flops * 10)
+    monkeypatch.setitem(protocol.PROFILES, "gpu", s)
     need = plan.max_train_windows(s)
-    assert need == protocol.run_steps(s, RunSpec("pilot", "scratch", 0, plan.BIG, 0.0, size="L1"))[0] * s.batch
-    argv = ["--profile", "gpu", "--device", "cpu", "--data", str(tokens), "--out", str(tmp_path), "--dry_run"]
+    longest = max(protocol.run_steps(s, RunSpec("pilot", "scratch", 0, plan.BIG, 0.0, size=z))[0] for z in s.sizes)
+    assert need == longest * s.batch > 2 * have  # L4n (width 64, the cheapest token) at 8 C
+    argv = ["--profile", "gpu", "--device", "cpu", "--data", str(small_vocab_data), "--out", str(tmp_path), "--dry_run"]
     assert experiment.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"the longest run of the gpu profile reads {need:,}, more than twice over" in err[0]
