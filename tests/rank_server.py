@@ -251,7 +251,11 @@ class RankServer:
         except OSError:  # a dead server: the pipe is broken
             pass
         if self._proc.poll() is None:
-            self._proc.wait(timeout=30)
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
         self._replies.close()
         self.log.unlink(missing_ok=True)
 

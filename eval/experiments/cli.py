@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if (need := plan.max_train_windows(s)) > 2 * have:
         return fail(f"--data {data} holds {have:,} training windows of {s.seq_len} tokens; the longest run of the "
                     f"{s.profile} profile reads {need:,}, more than twice over: give a token folder of at least "
-                    f"{need * s.seq_len // 2:,} training tokens (--data)")  # fmt: skip
+                    f"{(need + 1) // 2 * s.seq_len + 1:,} training tokens (--data)")  # fmt: skip
     try:
         done = runner.load_curves(out, settings)
     except runner.SettingsMismatch as e:

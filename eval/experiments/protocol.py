@@ -98,9 +98,9 @@ class Settings:
 
 PROFILES = {
     "cpu": Settings(),
-    # the GPU profile (not yet run on a GPU): 16 seeds; the same family at twice the width (L4n at 64), so about 4x
+    # the GPU profile (not yet run on a GPU): 16 seeds; the same family at twice the width (L4n at 64), so 3.3-3.6x
     # the FLOPs per token, and about 4x the budget, so that every run reads the built-in corpus at most once
-    # (plan.max_train_windows: 0.86 of a pass at the most)
+    # (plan.max_train_windows: 0.92 of a pass at the most)
     "gpu": Settings(
         profile="gpu",
         sizes={"L1": (1, 128, 4), "L2": (2, 128, 4), "L4": (4, 128, 4), "L8": (8, 128, 4), "L4n": (4, 64, 2)},

@@ -273,7 +273,7 @@ def markdown(s: Settings, r: dict) -> str:
         f"{', '.join(f'{float(b):g} C' for b in budgets)}; every run has its own linear warm-up "
         f"({100 * s.warmup_frac:g}% of its steps) and cosine decay to 0 ending exactly at its budget. "
         f"Batch {s.batch} x {s.seq_len} tokens, AdamW (0.9, 0.95), weight decay 0.1, clipping 1.0, fp32, "
-        f"device `{s.device}`; every training window is read at most once per run.",
+        f"device `{s.device}`; each run reads the training windows in a seeded order, at most twice over.",
         f"- Seeds: pilot seed {r['pilot_seed']}; main seeds {r['seeds']} (the same seed = the same batches in the "
         "same order for every size and arm). Growth with growlm's operators on the whole training state "
         "(weights, Adam moments and step, LR schedule position, masks).",

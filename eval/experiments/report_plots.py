@@ -41,7 +41,7 @@ def plot_all(s: Settings, done: dict[str, dict], res: dict[str, Any], out: Path)
     groups: dict[str, list[dict]] = {}
     for r in main:
         sp = r["spec"]
-        if sp.budget == 1.0:
+        if sp.budget == 1.0 and not sp.tag:  # the arms as the primary metric reads them, levers left out
             groups.setdefault(sp.size or sp.arm, []).append(r["curve"])
     for i, (who, curves) in enumerate(sorted(groups.items(), key=lambda kv: (kv[0] not in s.sizes, kv[0]))):
         grid, m, lo, hi = _band(curves)
