@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds is not None:
         if args.seeds < 2:
             return fail(f"--seeds {args.seeds}: a 95% interval needs at least 2 seeds")
+        if args.seeds > s.pilot_seed:
+            return fail(f"--seeds {args.seeds}: the main seeds 0..{args.seeds - 1} would include the pilot's seed "
+                        f"{s.pilot_seed}; at most {s.pilot_seed}")  # fmt: skip
         s = replace(s, seeds=args.seeds, budgets_2c_seeds=min(s.budgets_2c_seeds, args.seeds))
     if args.device:
         s = replace(s, device=args.device)

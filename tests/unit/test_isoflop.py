@@ -228,6 +228,7 @@ def test_a_curve_with_the_name_of_a_needed_run_but_another_spec_is_refused(tmp_p
     "argv, message",
     [
         (["--seeds", "1"], "--seeds 1: a 95% interval needs at least 2 seeds"),
+        (["--seeds", "101"], "--seeds 101: the main seeds 0..100 would include the pilot's seed 100; at most 100"),
         (["--parallel", "0"], "--parallel 0: must be >= 1"),
         (["--profile", "gpu", "--device", "cuda:0"], "no CUDA device visible to torch"),
         (["--report_only"], "no curves under"),
