@@ -48,6 +48,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 PR_SET_CHILD_SUBREAPER = 36
@@ -207,15 +208,18 @@ class RankServer:
             ready, _, _ = select.select([self._replies], [], [], max(0.0, left))
             chunk = self._replies.read(4096) if ready else b""
             if not chunk:
-                self.broken = True
-                self._proc.kill()
-                self._proc.wait()
-                why = "died" if ready else f"stayed silent for {timeout:g} s"
-                raise RuntimeError(f"the tests' rank fork server {why}; later ranks start fresh; its log:\n"
-                                   f"{self.log.read_text()}")  # fmt: skip
+                self._give_up("died" if ready else f"stayed silent for {timeout:g} s")
             self._buf += chunk
         line, _, self._buf = self._buf.partition(b"\n")
         return json.loads(line)
+
+    def _give_up(self, why: str) -> NoReturn:
+        """Mark the server ``broken``, stop it, and raise RuntimeError with ``why`` and its log."""
+        self.broken = True
+        self._proc.kill()
+        self._proc.wait()
+        raise RuntimeError(f"the tests' rank fork server {why}; later ranks start fresh; its log:\n"
+                           f"{self.log.read_text()}")  # fmt: skip
 
     def fork(self, argv: list[str], env: dict[str, str], cwd: str | os.PathLike | None,
              log: Path) -> ForkedRank | None:  # fmt: skip
@@ -236,9 +240,8 @@ class RankServer:
             try:
                 self._proc.stdin.write((json.dumps(req) + "\n").encode())
                 self._proc.stdin.flush()
-            except OSError as e:  # the server is gone (a broken pipe)
-                self._reply(timeout=0)  # raises with the server's log
-                raise AssertionError("unreachable") from e
+            except OSError:  # the server is gone (a broken pipe)
+                self._give_up("died")
             while (answer := self._reply(timeout=60)).get("id") != req["id"]:
                 pass  # the late answer to a request that timed out
             return ForkedRank(answer["pid"])

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from growlm.eval.experiments.analysis import best_lr, crossover
-from growlm.eval.experiments.protocol import ARMS, Arm, RunSpec, Settings, lr_grid_next, run_steps
+from growlm.eval.experiments.protocol import ARMS, Arm, RunSpec, Settings, arm, lr_grid_next, run_steps
 
 GROW_MIN, GROW_MAX = 0.05, 0.75  # a growth point is kept within these fractions of the budget (flagged when moved)
 PROBE = (2.0, 4.0, 8.0)  # pilot-seed budgets (x C) past C of the sizes the arms grow between: the crossovers
@@ -40,6 +40,7 @@ LEVERS = {  # (arm, tag) -> what the lever changes
     ("depth-1-2", "big"): f"depth-1-2 on a budget of {BIG:g} C, grown at the L1->L2 crossover (kept within "
     f"[{GROW_MIN:g}, {GROW_MAX:g}] of that budget), against the best of the sizes probed at {BIG:g} C",
 }
+GROWN = frozenset(z for a in ARMS for z in a.stages)  # the sizes some arm grows from or to (probed past C)
 MAIN_LEVERS = ("early", "latest")  # the timing levers that also run on every main seed (paired with the arm's runs)
 
 
@@ -140,9 +141,8 @@ def pilot(s: Settings, done: Mapping[str, dict]) -> tuple[list[RunSpec], PilotSt
     st.comparator = min(s.sizes, key=lambda z: final_loss(done, RunSpec("pilot", "scratch", seed, 1.0, st.lr[z],
                                                                          size=z)))  # fmt: skip
     env: dict[str, dict[float, float]] = {}
-    grown = {z for a in ARMS for z in a.stages}
     for size in s.sizes:
-        budgets = (0.25, 0.5, 1.0, *(PROBE if size in grown else ()))
+        budgets = (0.25, 0.5, 1.0, *(PROBE if size in GROWN else ()))
         runs = [RunSpec("pilot", "scratch", seed, b, st.lr[size], size=size) for b in budgets]
         specs += runs
         env[size] = {r.budget: final_loss(done, r) for r in runs}
@@ -180,7 +180,7 @@ def lever_specs(s: Settings, st: PilotState) -> list[RunSpec]:
     """The lever runs (``LEVERS``), each at its arm's best LR with LR policy 'continue', in LEVERS' order."""
     out = []
     for arm_name, tag in LEVERS:
-        a = next(x for x in ARMS if x.name == arm_name)
+        a = arm(arm_name)
         base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name],
                        tag=tag)  # fmt: skip
         if tag in ("early", "latest"):
@@ -218,8 +218,7 @@ def main_levers(s: Settings, st: PilotState, seed: int) -> list[RunSpec]:
 def max_train_windows(s: Settings) -> int:
     """The most training windows any run of the protocol reads (steps x batch): a scratch run of a size at its
     largest budget (``BIG`` for the sizes the arms grow between, else the largest of ``Settings.budgets``)."""
-    grown = {z for a in ARMS for z in a.stages}
-    return max(run_steps(s, RunSpec("pilot", "scratch", 0, BIG if z in grown else max(s.budgets), 0.0, size=z))[-1]
+    return max(run_steps(s, RunSpec("pilot", "scratch", 0, BIG if z in GROWN else max(s.budgets), 0.0, size=z))[-1]
                for z in s.sizes) * s.batch  # fmt: skip
 
 

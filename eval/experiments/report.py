@@ -17,7 +17,7 @@ from typing import Any
 
 from growlm.eval.experiments import analysis as an
 from growlm.eval.experiments import plan
-from growlm.eval.experiments.protocol import ARMS, RunSpec, Settings
+from growlm.eval.experiments.protocol import ARMS, RunSpec, Settings, arm
 from growlm.model.config import param_count
 from growlm.runtime import atomic
 
@@ -145,14 +145,15 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
         else:
             base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[sp.arm], arm=sp.arm, grow_flops=st.growth[sp.arm])
         lv, lb = plan.final_loss(done, sp), plan.final_loss(done, base)
-        flags = plan.big_growth(st, next(a for a in ARMS if a.name == sp.arm))[1] if sp.tag == "big" else []
+        flags = plan.big_growth(st, arm(sp.arm))[1] if sp.tag == "big" else []
         levers.append({"lever": sp.tag, "what": plan.LEVERS[(sp.arm, sp.tag)], "arm": sp.arm, "budget_C": sp.budget,
                        "growth_at_C": [round(f / s.c_flops, 4) for f in sp.grow_flops], "growth_flags": flags,
                        "base": base.name, "loss": _r(lv), "base_loss": _r(lb), "effect": _r(lv - lb)})  # fmt: skip
     levers_main = []  # the timing levers on the main seeds, paired with their arm's main runs
+    lever_runs = [sp for k in seeds for sp in plan.main_levers(s, st, k)]
     for tag in plan.MAIN_LEVERS:
         for a in ARMS:
-            runs = [sp for k in seeds for sp in plan.main_levers(s, st, k) if sp.arm == a.name and sp.tag == tag]
+            runs = [sp for sp in lever_runs if sp.arm == a.name and sp.tag == tag]
             if not runs:
                 continue
             eff = [plan.final_loss(done, sp) - grown(a.name, sp.seed) for sp in runs]
