@@ -225,6 +225,8 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
     from deepspeed.accelerator import get_accelerator  # lazy: deepspeed picks its accelerator at import
 
     acc = get_accelerator()
+    if accelerator == "cpu":
+        skip_shm_comm_op()
     try:
         deepspeed.init_distributed(
             dist_backend=acc.communication_backend_name(),
@@ -247,6 +249,31 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
     return DistInfo(
         rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]), local_rank=local_rank, device=device
     )
+
+
+SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's name for its CPU shared-memory all-reduce op
+
+
+def skip_shm_comm_op() -> bool:
+    """Keep DeepSpeed from building and loading its CPU shared-memory comm op when the process group starts.
+
+    DeepSpeed's CPU backend JIT-compiles that C++ op (``deepspeed_shm_comm``) in every new environment, about a
+    CPU-minute with g++ on a 2-core CPU, and then maps shared memory in every rank; it serves only
+    ``deepspeed.comm.inference_all_reduce``, which DeepSpeed's tensor-parallel inference layers call and growlm never
+    does: training reduces through the gloo (or oneCCL) process group either way. DeepSpeed skips the op when its
+    table of compatible ops (``deepspeed.ops.__compatible_ops__``, probed once per process and kept in the module so
+    that edits persist) marks it incompatible; this marks it so. Call it before ``deepspeed.init_distributed``.
+
+    Returns False when this DeepSpeed has no such table (the op is then built as before), else True.
+    """
+    import deepspeed.ops  # lazy: deepspeed picks its accelerator at import
+
+    try:
+        table = deepspeed.ops.__compatible_ops__
+    except AttributeError:
+        return False
+    table[SHM_COMM_OP] = False
+    return True
 
 
 _RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

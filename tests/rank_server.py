@@ -14,10 +14,17 @@ script or module of this interpreter (``python -c``, launchers) start fresh, as 
 themselves (deepspeed, torchrun, mpirun, growlm-run, the offline install). ``GROWLM_TEST_FORK=0`` turns it off.
 
 What a forked rank does not share with a fresh interpreter: the modules above are already imported (import-time
-warnings go to the server's log), the hash seed and numpy's global RNG state are the server's, its peak RSS
+warnings go to the server's log) and frozen (below), DeepSpeed's table of the ops this machine can build is the
+server's probe, the hash seed and numpy's global RNG state are the server's, its peak RSS
 (``ru_maxrss``) counts the pages inherited from the server, and ``/proc/PID/cmdline`` names rank_server.py. Only
 ranks whose DS_ACCELERATOR is ``cpu`` are forked (the server's DeepSpeed chose the CPU accelerator at import); each
 gets the client's umask at the time of the request.
+
+Before it forks, the server moves every object it holds into the collector's permanent generation
+(``gc.freeze``, the pre-fork recipe of Python's ``gc`` docs). Without it, each collection in a rank, the last one at
+interpreter exit included, walks the objects of all those imports, and every page it touches is copied from the
+server: measured on a 2-core AMD EPYC, a tiny 2-rank run's ranks took 3.9 CPU-s each, 2.5 s of it after the atexit
+handlers, and 1.0 s with the freeze. A rank's own objects are collected as usual.
 
 Forking is safe because the server only imports: it starts no thread (checked; it runs with OMP_NUM_THREADS=1, so
 no OpenMP pool exists) and creates no process group. A rank gets the intra-op threads a fresh process would have
@@ -39,6 +46,7 @@ above.
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import select
@@ -64,19 +72,20 @@ def _prctl(option: int, value: int) -> None:
 
 
 def _preload() -> None:
-    """Import what every rank imports (the slow part of a rank's start) and load DeepSpeed's shared-memory comm op
-    (built by the first server when the cache has none; torch's extension lock makes the others wait)."""
+    """Import what every rank imports (the slow part of a rank's start) and let DeepSpeed probe which of its ops
+    this machine can build (it runs the compiler; every process does it once, on first use)."""
+    import deepspeed.ops
     import torch  # noqa: F401
     import torch._dynamo  # noqa: F401
-    from deepspeed.accelerator import get_accelerator
     from deepspeed.runtime.zero.muon import muon_optimizer  # noqa: F401  (torch.compile -> torch._inductor)
     from torch.utils.tensorboard import SummaryWriter  # noqa: F401  (rank 0's logger)
     from transformers import GPT2Config, GPT2LMHeadModel  # noqa: F401  (HF export, --init_from, references)
 
-    get_accelerator().create_op_builder("ShareMemCommBuilder").load()  # DeepSpeed's CPU comm op, JIT-built once here
     import growlm.growth.live.engine  # noqa: F401
     import growlm.model.hf  # noqa: F401
-    import growlm.trainer.run  # noqa: F401
+    import growlm.trainer.cli  # noqa: F401
+
+    deepspeed.ops.__compatible_ops__  # noqa: B018  (computed on first access and kept in the module)
 
 
 def _become_rank(req: dict) -> None:
@@ -138,6 +147,7 @@ def main() -> None:
     _preload()
     if (threads := len(os.listdir("/proc/self/task"))) != 1:
         raise SystemExit(f"rank_server: {threads} threads after the imports; forking would be unsafe")
+    gc.freeze()  # the imported objects leave the collector's view, so no rank's collection touches (copies) them
     os.write(reply_fd, b'{"ready": true}\n')
     req = serve(reply_fd)
     if req is None:

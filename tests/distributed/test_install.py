@@ -148,9 +148,11 @@ def test_an_offline_install_beside_torch_trains_from_another_folder(wheelhouse, 
     )  # DeepSpeed's op built here, not in the test env's
     helptext = _run([str(venv / "bin" / "growlm-train"), "--help"], work, env).stdout
     assert "(default: 200)" in helptext and "zero2_bf16.json" in helptext  # the packaged config is the default
-    _run([str(venv / "bin" / "growlm-train"), "--preset", "tiny", "--seq_len", "32", "--max_steps", "2",
-          "--no_final_eval", "--log_interval", "1", "--ds_config", str(installed / "ds_configs" / "zero1_fp32.json"),
-          "--out_dir", "run"], work, env)  # fmt: skip
+    r = _run([str(venv / "bin" / "growlm-train"), "--preset", "tiny", "--seq_len", "32", "--max_steps", "2",
+              "--no_final_eval", "--log_interval", "1", "--ds_config",
+              str(installed / "ds_configs" / "zero1_fp32.json"), "--out_dir", "run"], work, env)  # fmt: skip
     assert (work / "run" / "checkpoints" / "global_step2" / "growlm_state.json").is_file()
+    assert "shm_comm" not in r.stdout + r.stderr  # DeepSpeed's CPU shared-memory op: never built (runtime.dist) ...
+    assert not list((tmp_path / "ops").glob("*shm*"))  # ... and nothing compiled for it
     assert (tmp_path / "cache" / "builtin" / "meta.json").is_file()  # the built-in corpus, prepared into the cache
     assert _files(installed) == before  # nothing written into the installed package

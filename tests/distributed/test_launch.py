@@ -33,8 +33,8 @@ def test_launch_ranks_kills_stragglers_after_a_failure_and_on_timeout():
 
 def test_the_fork_server_starts_ranks_as_python_script_would(tmp_path):
     """Ranks forked by tests/rank_server.py: own PID and session, this process their parent, the request's argv,
-    folder, environment, umask and sys.path[0], ``__main__``, one OpenMP thread, exit codes and atexit as a fresh
-    process."""
+    folder, environment, umask and sys.path[0], ``__main__``, one OpenMP thread, a working garbage collector, exit
+    codes and atexit as a fresh process."""
     import json
     import os
     import subprocess
@@ -44,12 +44,14 @@ def test_the_fork_server_starts_ranks_as_python_script_would(tmp_path):
 
     script = tmp_path / "probe.py"
     script.write_text(
-        "import atexit, json, os, sys, torch\n"
+        "import atexit, gc, json, os, sys, torch, weakref\n"
         "atexit.register(lambda: open(sys.argv[1] + os.environ['RANK'], 'w').write('exited'))\n"
         "mask = os.umask(0); os.umask(mask)\n"
+        "class Cycle: pass\n"
+        "c = Cycle(); c.me = c; ref = weakref.ref(c); del c; gc.collect()\n"  # the rank's own garbage is collected
         "print(json.dumps(dict(rank=os.environ['RANK'], world=os.environ['WORLD_SIZE'], cwd=os.getcwd(), argv=sys.argv,"
         " path0=sys.path[0], pid=os.getpid(), ppid=os.getppid(), sid=os.getsid(0), threads=torch.get_num_threads(),"
-        " main=__name__, x=float(torch.ones(3).sum()), mask=mask)))\n"
+        " main=__name__, x=float(torch.ones(3).sum()), mask=mask, gc=gc.isenabled(), collected=ref() is None)))\n"
         "sys.exit(3 * int(os.environ['RANK']))\n"
     )
     mask = os.umask(0o027)  # the umask at the request is the rank's (not the one the server started with)
@@ -64,6 +66,7 @@ def test_the_fork_server_starts_ranks_as_python_script_would(tmp_path):
         assert r["argv"] == [str(script), str(tmp_path / "done")] and r["path0"] == str(tmp_path)
         assert r["cwd"] == str(REPO) and r["main"] == "__main__" and r["threads"] == 1 and r["x"] == 3.0
         assert r["pid"] == r["sid"] != os.getpid() and r["ppid"] == os.getpid() and r["mask"] == 0o027
+        assert r["gc"] and r["collected"]  # the server's imports are frozen (gc.freeze), the rank's objects are not
     assert [(tmp_path / f"done{r}").read_text() for r in range(2)] == ["exited", "exited"]
     script.write_text("import time\ntime.sleep(60)\n")
     with pytest.raises(subprocess.TimeoutExpired):

@@ -280,3 +280,22 @@ def test_adam_step_tensor_lives_where_the_kernel_reads_it():
     p.grad = torch.ones(3)
     opt.step()
     assert float(opt.state[p]["step"]) == 8.0
+
+
+def test_deepspeed_builds_no_shm_comm_op_once_growlm_skips_it(monkeypatch):
+    """runtime.dist.skip_shm_comm_op: DeepSpeed's CPU backend then gets no shared-memory op (nothing compiled or
+    loaded); the op's name is still the one in DeepSpeed's table, so a rename fails here instead of building again."""
+    monkeypatch.setenv("DS_ACCELERATOR", os.environ.get("DS_ACCELERATOR", "cpu"))
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.comm.torch import build_shm_op
+
+    from growlm.runtime.dist import SHM_COMM_OP, skip_shm_comm_op
+
+    if get_accelerator().device_name() != "cpu":
+        pytest.skip("the shared-memory op is DeepSpeed's CPU backend's")
+    assert get_accelerator().create_op_builder("ShareMemCommBuilder").NAME == SHM_COMM_OP
+    monkeypatch.setitem(deepspeed.ops.__compatible_ops__, SHM_COMM_OP, True)  # as DeepSpeed's probe finds it here
+    assert skip_shm_comm_op()
+    assert deepspeed.ops.__compatible_ops__[SHM_COMM_OP] is False
+    assert build_shm_op() is None
