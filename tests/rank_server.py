@@ -21,10 +21,11 @@ ranks whose DS_ACCELERATOR is ``cpu`` are forked (the server's DeepSpeed chose t
 gets the client's umask at the time of the request.
 
 Before it forks, the server moves every object it holds into the collector's permanent generation
-(``gc.freeze``, the pre-fork recipe of Python's ``gc`` docs). Without it, each collection in a rank, the last one at
-interpreter exit included, walks the objects of all those imports, and every page it touches is copied from the
-server: measured on a 2-core AMD EPYC, a tiny 2-rank run's ranks took 3.9 CPU-s each, 2.5 s of it after the atexit
-handlers, and 1.0 s with the freeze. A rank's own objects are collected as usual.
+(``gc.freeze``, as Python's ``gc`` docs advise before a fork without exec). Without it, each collection in a rank,
+the last one at interpreter exit included, walks the objects of all those imports, and every page it touches is
+copied from the server: measured on a 2-core AMD EPYC, a tiny 2-rank run's ranks took 3.9 CPU-s each, 2.5 s of it
+after the atexit handlers, and 1.0 s with the freeze. A rank's own objects are collected as usual; the server's are
+never collected in a rank and are left out of its ``gc.get_objects()``.
 
 Forking is safe because the server only imports: it starts no thread (checked; it runs with OMP_NUM_THREADS=1, so
 no OpenMP pool exists) and creates no process group. A rank gets the intra-op threads a fresh process would have

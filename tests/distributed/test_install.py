@@ -145,7 +145,7 @@ def test_an_offline_install_beside_torch_trains_from_another_folder(wheelhouse, 
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(__import__("dist_utils").free_port()),
         TORCH_EXTENSIONS_DIR=str(tmp_path / "ops"),
-    )  # DeepSpeed's op built here, not in the test env's
+    )  # an op DeepSpeed builds goes here, not into the test environment's cache
     helptext = _run([str(venv / "bin" / "growlm-train"), "--help"], work, env).stdout
     assert "(default: 200)" in helptext and "zero2_bf16.json" in helptext  # the packaged config is the default
     r = _run([str(venv / "bin" / "growlm-train"), "--preset", "tiny", "--seq_len", "32", "--max_steps", "2",
