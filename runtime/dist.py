@@ -225,8 +225,7 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
     from deepspeed.accelerator import get_accelerator  # lazy: deepspeed picks its accelerator at import
 
     acc = get_accelerator()
-    if accelerator == "cpu":
-        skip_shm_comm_op()
+    skip_shm_comm_op()
     try:
         deepspeed.init_distributed(
             dist_backend=acc.communication_backend_name(),
@@ -262,12 +261,17 @@ def skip_shm_comm_op() -> bool:
     ``deepspeed.comm.inference_all_reduce``, which DeepSpeed's tensor-parallel inference layers call and growlm never
     does: training reduces through the gloo (or oneCCL) process group either way. DeepSpeed skips the op when its
     table of compatible ops (``deepspeed.ops.__compatible_ops__``, probed once per process and kept in the module so
-    that edits persist) marks it incompatible; this marks it so. Call it before ``deepspeed.init_distributed``.
+    that edits persist) marks it incompatible; this marks it so, on the CPU accelerator only. Call it before
+    ``deepspeed.init_distributed`` (``init_distributed`` and ``runtime.engine.build_engine`` do).
 
-    Returns False when this DeepSpeed has no such table (the op is then built as before), else True.
+    Returns True when it marked the op; False on another accelerator, or when this DeepSpeed has no such table (the
+    op is then built as before).
     """
     import deepspeed.ops  # lazy: deepspeed picks its accelerator at import
+    from deepspeed.accelerator import get_accelerator  # lazy: deepspeed picks its accelerator at import
 
+    if get_accelerator().device_name() != "cpu":
+        return False
     try:
         table = deepspeed.ops.__compatible_ops__
     except AttributeError:

@@ -146,8 +146,7 @@ def build_engine(
     from deepspeed.accelerator import get_accelerator  # lazy: deepspeed picks its accelerator at import
     from deepspeed.runtime.engine import DeepSpeedEngine  # lazy: deepspeed picks its accelerator at import
 
-    if get_accelerator().device_name() == "cpu":
-        skip_shm_comm_op()  # when deepspeed.initialize starts the process group itself (no init_distributed)
+    skip_shm_comm_op()  # when deepspeed.initialize starts the process group itself (no init_distributed)
     ds_config = optimizer_for_device(ds_config, get_accelerator().device_name())
     weight_decay = ds_config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
     split: dict[str, float] = dict.fromkeys(BUILD_SPLIT, 0.0)
