@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
+from growlm.runtime import collectives
 from growlm.runtime.atomic import TMP_PREFIX, atomic_path, commit_dir, fix_mode, fresh_dir, unfinished, write_text
 from growlm.runtime.crash_points import hold_point
 from growlm.runtime.dist import select_accelerator
@@ -319,12 +319,12 @@ def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int
     try:
         if rank == 0:
             fresh_dir(final)  # empty .tmp-<tag> (a crashed save may have left one), with the umask's mode
-        dist.barrier()
+        collectives.barrier()
         doc = state.to_json()
         engine.save_checkpoint(str(save_dir), tag=tmp_tag, client_state={"growlm": doc}, save_latest=False)
         with atomic_path(save_dir / tmp_tag / f"rng_state_rank{rank}.pt", overwrite=True) as tmp:
             torch.save(rng_state(), tmp)
-        dist.barrier()
+        collectives.barrier()
         if rank == 0:
             write_text(save_dir / tmp_tag / STATE_FILE, state.dumps(), overwrite=True)
             write_manifest(save_dir / tmp_tag)
@@ -340,11 +340,10 @@ def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int
         if not final.exists():
             shutil.rmtree(save_dir / tmp_tag, ignore_errors=True)
         raise CheckpointSaveError(save_failed_message(e, final)) from None
-    dist.barrier()
+    collectives.barrier()
     # DeepSpeed writes the module states on rank 0 only, so every rank must see rank 0's folder: a save_dir that is
     # not shared by all nodes cannot be resumed, and every rank says so (no rank waits for another that failed)
-    seen = torch.tensor([int((final / STATE_FILE).is_file())])
-    dist.all_reduce(seen, op=dist.ReduceOp.MIN)
+    seen = collectives.all_reduce(torch.tensor([int((final / STATE_FILE).is_file())]), op="min")
     if not int(seen):
         raise CheckpointError(
             f"{final} is not visible on every node: put --out_dir on a filesystem that all nodes share"

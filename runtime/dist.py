@@ -23,6 +23,7 @@ import torch
 # Imported here, before any group exists, the defaults hold None (the default group at call time).
 import torch.distributed.nn  # noqa: F401, E402  (isort: keep this after torch)
 
+from growlm.runtime import collectives
 from growlm.runtime.launch import free_port
 from growlm.runtime.quiet import quiet_known_noise
 
@@ -193,7 +194,8 @@ def keep_freed_memory() -> bool:
 def init_distributed(timeout_s: float = 300.0) -> DistInfo:
     """Initialise the default process group (NCCL on CUDA, gloo or oneCCL on CPU) and return where we are.
 
-    Works without a launcher too (a single process, world size 1, on 127.0.0.1). On a CPU, torch threads are set to
+    Works without a launcher too (a single process, world size 1, on 127.0.0.1). With ``GROWLM_STRICT_COLLECTIVES=1``
+    in the environment it turns on ``runtime.collectives``' strict mode (for tests). On a CPU, torch threads are set to
     cores / ranks-on-this-node unless OMP_NUM_THREADS is set (oversubscribed threads make CPU steps erratic), and
     malloc keeps freed memory (``keep_freed_memory``).
 
@@ -240,6 +242,8 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
         ) from e
     atexit.unregister(close_distributed)
     atexit.register(close_distributed)  # groups closed while the interpreter is whole
+    if os.environ.get(STRICT_COLLECTIVES_ENV) == "1":  # tests: every collective checked (runtime.collectives)
+        collectives.set_strict(True)
     if accelerator == "cpu":
         device = torch.device("cpu")
     else:
@@ -250,6 +254,20 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
     )
 
 
+def start_plain_group(device: str | torch.device) -> None:
+    """Start the default process group for plain PyTorch, no DeepSpeed (the benchmark's DDP baseline), from the
+    launcher's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT: NCCL for a CUDA ``device``, gloo for the CPU. End it with
+    ``end_plain_group``."""
+    torch.distributed.init_process_group("nccl" if torch.device(device).type == "cuda" else "gloo")
+
+
+def end_plain_group() -> None:
+    """Destroy the group ``start_plain_group`` started (nothing when there is none)."""
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+STRICT_COLLECTIVES_ENV = "GROWLM_STRICT_COLLECTIVES"  # "1": init_distributed turns on runtime.collectives' strict mode
 SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's name for its CPU shared-memory all-reduce op
 
 

@@ -1,7 +1,8 @@
 """``metrics.jsonl``, a run folder's record of what happened: its one writer and its one reader.
 
 One JSON object per line, appended as it happens: ``{"event": "train", "step", "loss", "lr", "grad_norm",
-"loss_scale", "consumed_samples", "tokens", "skipped_steps", "flops", "step_time_s", "max_rss_bytes"}`` per step,
+"loss_scale", "consumed_samples", "tokens", "skipped_steps", "flops", "step_time_s", "max_rss_bytes" (host),
+"cuda_max_allocated_bytes" (null without CUDA)}`` per step,
 ``{"event": "val", "step", "val_loss", "val_perplexity", "val_tokens", "tokens", "flops"}`` per validation,
 ``{"event": "growth", ...}`` per growth (trainer.growth_events; ``"driver": true`` for growlm-run's offline growth),
 ``{"event": "stop", ...}`` when a job stops before a stage (train.py --stop_before_stage). Writers: the training loop

@@ -22,13 +22,16 @@ SMALL_DATA = cache_dir() / f"bpe{SMALL_VOCAB}"  # ... and where it is (tests tha
 
 def base_env(**extra: str) -> dict[str, str]:
     """The environment for a child run on loopback: its own free MASTER_PORT (never a fixed or inherited one),
-    one thread per rank, the CPU accelerator; ``extra`` overrides."""
+    one thread per rank, the CPU accelerator, runtime.collectives' strict mode (a tensor that reaches a collective
+    from growlm's code without being staged on the group's device fails the run, as it would on NCCL); ``extra``
+    overrides."""
     env = dict(os.environ)
     env.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(free_port()),
         OMP_NUM_THREADS="1",
         DS_ACCELERATOR="cpu",
+        GROWLM_STRICT_COLLECTIVES="1",
     )
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         env.pop(key, None)
@@ -49,11 +52,15 @@ def fp16_supported() -> bool:
 
 
 def run_ranks(
-    args: list[str] | list[list[str]], nproc: int = 2, timeout: float = 600, script: str = "train.py"
+    args: list[str] | list[list[str]],
+    nproc: int = 2,
+    timeout: float = 600,
+    script: str = "train.py",
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
     """Run ``python SCRIPT ARGS`` as ``nproc`` ranks on loopback (runtime.launch.launch_ranks) and wait for all.
 
-    ``args`` is one argument list for every rank, or one list per rank.
+    ``args`` is one argument list for every rank, or one list per rank; ``env``: variables added to ``base_env``.
 
     Returns a CompletedProcess whose returncode is the first non-zero rank exit code (0 if all succeeded) and whose
     stdout holds every rank's output, rank by rank.
@@ -63,7 +70,7 @@ def run_ranks(
     """
     per_rank = args if args and isinstance(args[0], list) else [args] * nproc
     cmds = [[sys.executable, str(REPO / script), *a] for a in per_rank]
-    res = launch_ranks(cmds, nproc, base_env=base_env(), cwd=REPO, timeout_s=timeout)
+    res = launch_ranks(cmds, nproc, base_env=base_env(**(env or {})), cwd=REPO, timeout_s=timeout)
     if res.timed_out:
         raise subprocess.TimeoutExpired(cmds[0], timeout, output=res.output)
     return subprocess.CompletedProcess(args, res.returncode, res.output, "")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -44,7 +43,7 @@ class Evaluator:
             self.batch_size,
             rank=self.info.rank,
             world_size=self.info.world_size,
-            all_reduce_sum=partial(all_reduce_sum, info=self.info),
+            all_reduce_sum=all_reduce_sum,
             device=self.info.device,
             progress=progress and self.info.rank == 0,
         )

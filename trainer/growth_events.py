@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from growlm.growth.live.engine import GROWTH_PHASES, GrowthResult, collect_old_engine, grow_engine
+from growlm.growth.live.engine import CUDA_MEMORY_KEYS, GROWTH_PHASES, GrowthResult, collect_old_engine, grow_engine
 from growlm.growth.stages.plan import Stage
 from growlm.growth.stages.trigger import equal_rate_reached, slope_trigger
 from growlm.model.config import GPTConfig, param_count
+from growlm.runtime import collectives
 from growlm.runtime.engine import build_engine
 from growlm.runtime.metrics_file import MetricsFileError, read_val_curve
 from growlm.trainer.config import RunConfig
@@ -72,14 +73,16 @@ def reference_curve(path: str) -> tuple[list[float], list[float]]:
 @dataclass(frozen=True)
 class GrowthEvent:
     """One live growth: the shape grown from, grow_engine's result, the fixed-batch loss before and after (eval-mode
-    loss of the step's first micro batch averaged over ranks, on the old and on the grown model) and the peak memory
-    (bytes, metrics.max_rss_bytes) before it."""
+    loss of the step's first micro batch averaged over ranks, on the old and on the grown model), this rank's host
+    peak RSS before it (bytes, trainer.logger.max_rss_bytes) and every rank's ``GrowthResult.cuda_memory``, in rank
+    order."""
 
     old: GPTConfig
     result: GrowthResult
     loss_before: float
     loss_after: float
     rss_before: int
+    cuda_memory_per_rank: list[dict[str, int | None]]
 
 
 def grow(p: Progress, stage: Stage, run: RunConfig, data: Batches) -> GrowthEvent:
@@ -117,15 +120,19 @@ def grow(p: Progress, stage: Stage, run: RunConfig, data: Batches) -> GrowthEven
          "to": p.model.to_dict()}
     )  # fmt: skip
     loss_after = fixed_batch_loss(p.engine, x, y, data.info)
-    return GrowthEvent(old, result, loss_before, loss_after, rss_before)
+    cuda_memory = collectives.all_gather_object(result.cuda_memory)
+    return GrowthEvent(old, result, loss_before, loss_after, rss_before, cuda_memory)
 
 
 def growth_record(p: Progress, stage: Stage, event: GrowthEvent, seq_len: int) -> dict[str, Any]:
     """The "growth" record of metrics.jsonl for ``event``, a growth into ``p.model`` at ``p.step``: shapes, losses,
     cost (``seconds``, ``bytes_moved``; per phase of growth.live.engine.GROWTH_PHASES ``<phase>_s`` and
     ``<phase>_bytes``, as growth.live.engine.GrowthResult defines them; ``build_<part>_s``: the engine build split;
-    ``collectives``: gather collectives), memory (``peak_rss_bytes_all_ranks``: the largest host peak RSS of any
-    rank) and whether the grown model recomputes its blocks' activations (``activation_checkpointing``)."""
+    ``collectives``: gather collectives), memory (``max_rss_bytes_before`` / ``max_rss_bytes``: rank 0's host peak
+    RSS before and after; ``peak_rss_bytes_all_ranks``: the largest host peak RSS of any rank; ``<key>_per_rank`` for
+    each of growth.live.engine.CUDA_MEMORY_KEYS: every rank's CUDA allocated / reserved bytes before, at the
+    growth's own peak and after, null without CUDA) and whether the grown model recomputes its blocks' activations
+    (``activation_checkpointing``)."""
     old = event.old
     return {
         "event": "growth",
@@ -143,6 +150,7 @@ def growth_record(p: Progress, stage: Stage, event: GrowthEvent, seq_len: int) -
         "max_rss_bytes_before": event.rss_before,
         "max_rss_bytes": max_rss_bytes(),
         "peak_rss_bytes_all_ranks": event.result.peak_rss_bytes,  # host RSS peak, max over ranks
+        **{f"{k}_per_rank": [m[k] for m in event.cuda_memory_per_rank] for k in CUDA_MEMORY_KEYS},
         **{f"{k}_s": v for k, v in event.result.phase_seconds.items()},  # rank 0's seconds per phase
         **{f"{k}_bytes": v for k, v in event.result.phase_bytes.items()},
         **{f"build_{k}_s": v for k, v in event.result.build_seconds.items()},  # the build split (BUILD_SPLIT)

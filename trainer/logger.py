@@ -22,11 +22,14 @@ TRAIN_SCALARS = ("loss", "lr", "grad_norm", "loss_scale")  # train/<key> in Tens
 
 
 def max_rss_bytes() -> int:
-    """Peak resident memory of this process so far (bytes); on CUDA, peak allocated device memory."""
-    if torch.cuda.is_available():
-        return int(torch.cuda.max_memory_allocated())
+    """Peak resident host memory of this process so far (bytes; ru_maxrss, which Linux reports in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+def cuda_max_allocated_bytes() -> int | None:
+    """Peak CUDA memory allocated by tensors on this process's current device since the run started or since the last
+    growth reset the statistic (bytes); None without CUDA."""
+    return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None
 
 
 class Throughput:

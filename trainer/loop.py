@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from growlm.data.sampler import ResumableSampler, TokenWindows, micro_batch_start
 from growlm.model.config import GPTConfig, flops_per_token
+from growlm.runtime import collectives
 from growlm.runtime.dist import DistInfo
 from growlm.runtime.schedule import ScheduleState, apply_rewarm
 
@@ -97,11 +97,9 @@ class StepResult:
     started: float
 
 
-def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """Sum of ``t`` over all ranks (a collective), returned on the CPU."""
-    t = t.to(info.device)
-    dist.all_reduce(t)
-    return t.cpu()
+    return collectives.all_reduce(t, device="cpu")
 
 
 def fixed_batch_loss(engine: Any, x: torch.Tensor, y: torch.Tensor, info: DistInfo) -> float:
@@ -110,7 +108,7 @@ def fixed_batch_loss(engine: Any, x: torch.Tensor, y: torch.Tensor, info: DistIn
     with torch.no_grad():
         loss = engine(x, y).detach().double().cpu()
     engine.train()
-    return float(all_reduce_sum(loss, info)) / info.world_size
+    return float(all_reduce_sum(loss)) / info.world_size
 
 
 def flops_per_step(cfg: GPTConfig, data: Batches) -> int:
@@ -148,6 +146,6 @@ def train_step(p: Progress, data: Batches, *, own_grad_norm: bool) -> StepResult
     engine.module.set_growth_step(p.step)  # mask ramp (no-op without masks; removes them at 1)
     if p.schedule is not None:
         apply_rewarm(engine, p.schedule, p.step)
-    mean_loss = float(all_reduce_sum(loss_sum / data.gas, data.info)) / data.info.world_size
+    mean_loss = float(all_reduce_sum(loss_sum / data.gas)) / data.info.world_size
     grad_norm = engine.get_global_grad_norm()
     return StepResult(mean_loss, lr, float(grad_norm) if grad_norm is not None else stage0_norm, started)

@@ -16,13 +16,12 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from growlm.data.prepare import ensure_builtin_prepared, load_meta, open_tokens
 from growlm.data.sampler import ResumableSampler, TokenWindows
 from growlm.model.config import param_count
 from growlm.model.gpt import attention_kernel
-from growlm.runtime import checkpoint
+from growlm.runtime import checkpoint, collectives
 from growlm.runtime.crash_points import hold_point
 from growlm.runtime.dist import DistInfo, init_distributed
 from growlm.runtime.engine import build_engine, loss_scale_of, release_engine
@@ -35,7 +34,7 @@ from growlm.trainer.errors import RankError, UsageError
 from growlm.trainer.evaluation import Evaluator, perplexity_after, perplexity_before, validate_periodically
 from growlm.trainer.growth_events import maybe_grow, next_stage
 from growlm.trainer.init_from import load_weights
-from growlm.trainer.logger import MetricsLogger, Throughput, max_rss_bytes
+from growlm.trainer.logger import MetricsLogger, Throughput, cuda_max_allocated_bytes, max_rss_bytes
 from growlm.trainer.loop import Batches, Progress, StepResult, flops_per_step, train_step
 
 RUN_LOCK = "train.lock"  # <out_dir>/train.lock: one train.py per run folder (growlm-run's is <out_dir>/driver/lock)
@@ -77,7 +76,7 @@ def open_data(run: RunConfig, info: DistInfo) -> RunData:
     if run.builtin_data:
         if info.local_rank == 0:
             ensure_builtin_prepared()
-        dist.barrier()
+        collectives.barrier()
     meta = load_meta(run.data_dir)
     if meta["vocab_size"] > run.model.vocab_size:
         raise UsageError(
@@ -120,11 +119,10 @@ def claim_out_dir(run: RunConfig, info: DistInfo) -> Any:
             )
         except OSError as e:
             message = f"--out_dir {run.out_dir} cannot be used ({e.strerror or e}); choose a folder you can write"
-    shared = [message]
     if info.world_size > 1:
-        dist.broadcast_object_list(shared, src=0)
-    if shared[0]:
-        raise UsageError(shared[0])
+        message = collectives.broadcast_object(message, src=0)
+    if message:
+        raise UsageError(message)
     return lock
 
 
@@ -137,8 +135,7 @@ def check_same_plan(run: RunConfig, info: DistInfo) -> None:
     if run.growth is None:
         return
     digest = hashlib.sha256(Path(run.growth_plan).read_bytes()).hexdigest()
-    digests = [None] * info.world_size
-    dist.all_gather_object(digests, digest)
+    digests = collectives.all_gather_object(digest)
     if len(set(digests)) > 1:
         raise RankError(
             f"rank {info.rank}: the ranks read different --growth_plan files (sha256 "
@@ -178,7 +175,8 @@ def step_record(p: Progress, result: StepResult, seq_len: int) -> dict[str, Any]
         "skipped_steps": p.engine.skipped_steps,
         "flops": p.consumed_flops,
         "step_time_s": time.perf_counter() - result.started,
-        "max_rss_bytes": max_rss_bytes(),
+        "max_rss_bytes": max_rss_bytes(),  # host
+        "cuda_max_allocated_bytes": cuda_max_allocated_bytes(),  # None (null) without CUDA
     }
 
 
@@ -326,5 +324,5 @@ def _train_locked(cfg: RunConfig, info: DistInfo, run_data: RunData) -> int:
         log.console(f"growlm: checkpoint: {cfg.save_dir / (cfg.save_dir / checkpoint.LATEST).read_text().strip()}")
     log.close()
     release_engine(p.engine)  # its memory returns (a ZeRO-3 engine is otherwise never freed)
-    dist.barrier()
+    collectives.barrier()
     return 0

@@ -23,13 +23,12 @@ import os
 import time
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from growlm.model.config import GPTConfig
 from growlm.model.gpt import GPT
-from growlm.runtime.dist import keep_freed_memory
+from growlm.runtime.dist import end_plain_group, keep_freed_memory, start_plain_group
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -133,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
         torch.cuda.set_device(device)
     if world > 1:
-        dist.init_process_group("nccl" if device != "cpu" else "gloo")
+        start_plain_group(device)
     try:
         out = step_times(
             GPTConfig.from_dict(json.loads(args.config_json)),
@@ -151,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         if world > 1:
-            dist.destroy_process_group()
+            end_plain_group()
     print(json.dumps(out), flush=True)
     return 0
 

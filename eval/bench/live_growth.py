@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from growlm import DS_CONFIG_DIR, PACKAGE_DIR
 from growlm.growth.live.engine import collect_old_engine, grow_engine, release_heap, rss_bytes
@@ -43,6 +42,7 @@ from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.model.config import GPTConfig, param_count
+from growlm.runtime import collectives
 from growlm.runtime.dist import init_distributed
 from growlm.runtime.engine import build_engine, release_engine
 from growlm.runtime.launch import launch_ranks
@@ -73,12 +73,12 @@ def worker(case: str, stage: int, precision: str, out: str, seq_len: int, small:
     rec: dict = {"params_from": param_count(old_cfg), "params_to": param_count(new_cfg)}
     torch.manual_seed(0)
     engine = build_engine(old_cfg, None, ds_cfg)  # GPT-2's init (zero.Init would leave garbage: runtime.engine)
-    x = torch.randint(0, old_cfg.vocab_size, (1, seq_len + 1))
+    x = torch.randint(0, old_cfg.vocab_size, (1, seq_len + 1), device=info.device)  # on the engine's device
     engine.backward(engine(x[:, :-1], x[:, 1:]))
     engine.step()
     rec["rss_before_bytes"] = rss_bytes()
     plan = make_rules(old_cfg, new_cfg, "duplicate")
-    dist.barrier()
+    collectives.barrier()
     t0 = time.perf_counter()
     result = grow_engine(engine, plan, build, policy=OptimizerPolicy(), schedule_rule=ScheduleRule())
     new = result.engine
@@ -93,10 +93,10 @@ def worker(case: str, stage: int, precision: str, out: str, seq_len: int, small:
     )
     rec["rss_after_bytes"] = rss_bytes()
     ckpt = Path(out).with_suffix(".ckpt")
-    dist.barrier()
+    collectives.barrier()
     t0 = time.perf_counter()
     new.save_checkpoint(str(ckpt), tag="grown")
-    dist.barrier()
+    collectives.barrier()
     rec["save_s"] = time.perf_counter() - t0
     release_engine(new)
     del new, result
@@ -106,18 +106,17 @@ def worker(case: str, stage: int, precision: str, out: str, seq_len: int, small:
     fresh = build(new_cfg, None)
     rec["fresh_build_s"] = time.perf_counter() - t0  # part of load_s: what a restart's engine construction costs
     path, _ = fresh.load_checkpoint(str(ckpt), tag="grown")
-    dist.barrier()
+    collectives.barrier()
     rec["load_s"] = time.perf_counter() - t0
     assert path is not None
     gc.collect()
     release_heap()
     rec["rss_fresh_bytes"] = rss_bytes()
-    all_recs: list = [None] * info.world_size
-    dist.all_gather_object(all_recs, rec)
+    all_recs = collectives.all_gather_object(rec)
     if info.rank == 0:
         Path(out).write_text(json.dumps(all_recs))
         shutil.rmtree(ckpt, ignore_errors=True)
-    dist.barrier()
+    collectives.barrier()
 
 
 def merge(case: str, stage: int, precision: str, ranks: list[dict]) -> dict:

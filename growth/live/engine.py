@@ -42,7 +42,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from growlm.growth.errors import GrowthError
 from growlm.growth.live.transfer import EngineStore, link_optimizer_state, transfer
@@ -52,6 +51,7 @@ from growlm.growth.ops.rules import RuleSet
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.ops.stores import adam_step_tensor
 from growlm.model.masks import MaskSpec
+from growlm.runtime import collectives
 from growlm.runtime.crash_points import hold_point
 from growlm.runtime.engine import inner_optimizer, release_engine, repair_adam_steps, weights_uninitialised
 from growlm.runtime.schedule import ScheduleState, apply_schedule, engine_schedule
@@ -136,6 +136,49 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+CUDA_MEMORY_KEYS = (
+    "cuda_allocated_bytes_before",
+    "cuda_reserved_bytes_before",
+    "cuda_peak_allocated_bytes",
+    "cuda_peak_reserved_bytes",
+    "cuda_allocated_bytes_after",
+    "cuda_reserved_bytes_after",
+)
+
+
+def cuda_memory_bytes() -> tuple[int, int] | None:
+    """This process's CUDA memory on its current device now: (allocated by tensors, reserved by the caching
+    allocator), bytes; None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())
+
+
+def start_cuda_peak() -> dict[str, int | None]:
+    """The ``*_before`` entries of ``CUDA_MEMORY_KEYS`` (None without CUDA), after resetting CUDA's peak statistics so
+    that ``finish_cuda_peak`` reads the peak of what follows, not of the whole run."""
+    now = cuda_memory_bytes()
+    if now is None:
+        return dict.fromkeys(CUDA_MEMORY_KEYS)
+    torch.cuda.reset_peak_memory_stats()
+    before = {"cuda_allocated_bytes_before": now[0], "cuda_reserved_bytes_before": now[1]}
+    return {**dict.fromkeys(CUDA_MEMORY_KEYS), **before}
+
+
+def finish_cuda_peak(memory: dict[str, int | None]) -> dict[str, int | None]:
+    """``memory`` (from ``start_cuda_peak``) with the peak since then and the allocated / reserved bytes now."""
+    now = cuda_memory_bytes()
+    if now is None:
+        return dict(memory)
+    return {
+        **memory,
+        "cuda_peak_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+        "cuda_peak_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+        "cuda_allocated_bytes_after": now[0],
+        "cuda_reserved_bytes_after": now[1],
+    }
+
+
 @dataclass(frozen=True)
 class GrowthResult:
     """What one live growth did: the new engine, its mask spec and schedule, and its cost.
@@ -157,7 +200,12 @@ class GrowthResult:
       ``collect_old_engine`` ran, the ``gc.collect()`` that frees it and the ``malloc_trim`` that returns the freed
       heap to the OS; bytes: RSS returned (VmRSS before - after; can be 0 or negative).
 
-    ``peak_rss_bytes`` is the largest peak RSS (ru_maxrss) of any rank at the end of the growth.
+    ``peak_rss_bytes`` is the largest host peak RSS (ru_maxrss) of any rank at the end of the growth.
+
+    ``cuda_memory`` is this rank's CUDA memory (``CUDA_MEMORY_KEYS``, bytes; every value None without CUDA): allocated
+    and reserved before the growth, at the growth's own peak (CUDA's peak statistics are reset when it starts), and
+    after it; ``collect_old_engine`` takes the "after" numbers once the old engine is freed and its cached blocks are
+    returned to the driver (``torch.cuda.empty_cache``).
     """
 
     engine: Any
@@ -171,6 +219,7 @@ class GrowthResult:
     peak_rss_bytes: int = 0
     build_seconds: dict[str, float] = field(default_factory=dict)
     collectives: int = 0
+    cuda_memory: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys(CUDA_MEMORY_KEYS))
 
 
 def grow_engine(
@@ -203,6 +252,7 @@ def grow_engine(
         GrowthError: before any new engine is built: no optimizer step yet, or a mask ramp still running.
     """
     t0 = time.perf_counter()
+    cuda_memory = start_cuda_peak()
     step = old.global_steps
     if step < 1 or adam_step_of(old) < 1:
         raise GrowthError(
@@ -241,10 +291,9 @@ def grow_engine(
     t, rss = time.perf_counter(), rss_bytes()
     release_engine(old)  # freed by collect_old_engine once the caller drops its reference (runtime.engine)
     del old, module
-    dist.barrier()
+    collectives.barrier()
     secs["teardown"], nbytes["teardown"] = time.perf_counter() - t, rss - rss_bytes()
-    peak = torch.tensor([peak_rss_bytes()], dtype=torch.float64)
-    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    peak = collectives.all_reduce(torch.tensor([peak_rss_bytes()], dtype=torch.float64), op="max")
     return GrowthResult(
         engine=new,
         masks=masks,
@@ -257,21 +306,27 @@ def grow_engine(
         peak_rss_bytes=int(peak.item()),
         build_seconds=split,
         collectives=moved.collectives,
+        cuda_memory=finish_cuda_peak(cuda_memory),
     )
 
 
 def collect_old_engine(result: GrowthResult) -> GrowthResult:
     """Free the engine a growth replaced, once the caller holds no reference to it (call it right after swapping
     ``result.engine`` in): DeepSpeed's engine, optimizer and module reference each other in cycles that only
-    ``gc.collect()`` frees; then ``release_heap`` gives the freed memory back to the OS. Returns ``result`` with the
-    seconds added to ``seconds`` and to the teardown phase, and the RSS returned added to the teardown bytes."""
+    ``gc.collect()`` frees; then ``release_heap`` gives the freed memory back to the OS, and on CUDA
+    ``torch.cuda.empty_cache`` returns the old engine's cached blocks. Returns ``result`` with the seconds added to
+    ``seconds`` and to the teardown phase, the RSS returned added to the teardown bytes, and the CUDA peak and "after"
+    bytes of ``cuda_memory`` read now."""
     t, rss = time.perf_counter(), rss_bytes()
     gc.collect()
     release_heap()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the old engine's blocks, cached by the allocator, go back to the driver
     dt = time.perf_counter() - t
     secs = {**result.phase_seconds, "teardown": result.phase_seconds.get("teardown", 0.0) + dt}
     nbytes = {**result.phase_bytes, "teardown": result.phase_bytes.get("teardown", 0) + rss - rss_bytes()}
-    return replace(result, seconds=result.seconds + dt, phase_seconds=secs, phase_bytes=nbytes)
+    memory = finish_cuda_peak(result.cuda_memory)
+    return replace(result, seconds=result.seconds + dt, phase_seconds=secs, phase_bytes=nbytes, cuda_memory=memory)
 
 
 def release_heap() -> bool:

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops.stores import ParamState
+from growlm.runtime import collectives
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -94,7 +94,7 @@ def layout_of(engine: Any, params: dict[str, torch.nn.Parameter]) -> Layout | No
     ``params``: the engine module's named parameters."""
     opt = engine.optimizer
     group = getattr(opt, "dp_process_group", None)
-    rank, world = dist.get_rank(group=group), dist.get_world_size(group=group)
+    rank, world = collectives.rank(group), collectives.world_size(group)
     first = next(iter(params.values()))
     if hasattr(first, "ds_id"):
         frags = {n: _zero3_fragment(opt, p, rank) for n, p in params.items()}
@@ -107,8 +107,7 @@ def layout_of(engine: Any, params: dict[str, torch.nn.Parameter]) -> Layout | No
         return None
     frags = {n: _flat_fragment(p) for n, p in params.items()}
     mine = [(f.start, f.valid) for f in frags.values()]
-    every: list[Any] = [None] * world
-    dist.all_gather_object(every, mine, group=group)
+    every = collectives.all_gather_object(mine, group=group)
     spans = {n: [every[r][i] for r in range(world)] for i, n in enumerate(frags)}
     for n, s in spans.items():
         if sum(v for _, v in s) != frags[n].numel:
@@ -117,7 +116,10 @@ def layout_of(engine: Any, params: dict[str, torch.nn.Parameter]) -> Layout | No
 
 
 def _pack(layout: Layout, names: list[str]) -> Tensor:
-    """This rank's fragments of ``names`` (weight, exp_avg, exp_avg_sq of each in turn) in one flat fp32 buffer."""
+    """This rank's fragments of ``names`` (weight, exp_avg, exp_avg_sq of each in turn) in one flat fp32 buffer on
+    the group's device (runtime.collectives.group_device): fragments offloaded to the CPU are copied there piece by
+    piece, so no CPU-sized staging copy of the whole buffer is made."""
+    device = collectives.group_device(layout.group)
     parts: list[Tensor] = []
     for n in names:
         f = layout.local[n]
@@ -125,23 +127,19 @@ def _pack(layout: Layout, names: list[str]) -> Tensor:
             parts.extend(f.views)  # the padded shard: every rank sends the same size
         elif f.valid:
             parts.extend(v[: f.valid] for v in f.views)
-    return torch.cat(parts).float() if parts else torch.empty(0)
-
-
-# torch >= 2.13 names it all_gather_single (all_gather_into_tensor, the same collective, warns that it is deprecated)
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return torch.cat([p.to(device, torch.float32) for p in parts]) if parts else torch.empty(0, device=device)
 
 
 @torch.no_grad()
 def gather_bucket(layout: Layout, names: list[str], shapes: dict[str, torch.Size]) -> tuple[dict[str, ParamState], int]:
     """Full fp32 (weight, exp_avg, exp_avg_sq) of every parameter in ``names``, of shape ``shapes[name]``, on every
     rank; a collective. ZeRO-3: one all_gather of each rank's packed shards; ZeRO-1/2: one broadcast from each rank
-    owning part of the bucket. Returns the states and the number of collectives made."""
+    owning part of the bucket. The collectives run on the group's device (the GPU under NCCL, offloaded fragments
+    included); the full tensors come back on the CPU, where the rules expand them. Returns the states and the number
+    of collectives made."""
     out: dict[str, ParamState] = {}
     if layout.kind == "zero3":
-        send = _pack(layout, names)
-        recv = torch.empty(layout.world * send.numel())
-        _all_gather_single(recv, send, group=layout.group)
+        recv = collectives.all_gather(_pack(layout, names), group=layout.group, device="cpu")
         rows, o = recv.view(layout.world, -1), 0
         for n in names:
             f = layout.local[n]
@@ -153,10 +151,9 @@ def gather_bucket(layout: Layout, names: list[str], shapes: dict[str, torch.Size
     for r in range(layout.world):
         count = 3 * sum(layout.spans[n][r][1] for n in names)
         if count:
-            buf = _pack(layout, names) if r == layout.rank else torch.empty(count)
-            src = dist.get_global_rank(layout.group, r) if layout.group is not None else r
-            dist.broadcast(buf, src=src, group=layout.group)
-            bufs[r] = buf
+            buf = _pack(layout, names) if r == layout.rank else collectives.empty_for(count, group=layout.group)
+            src = collectives.global_rank(layout.group, r)
+            bufs[r] = collectives.broadcast(buf, src=src, group=layout.group, device="cpu")
     offsets = dict.fromkeys(bufs, 0)
     for n in names:
         full = [torch.empty(layout.local[n].numel) for _ in range(3)]

@@ -1,0 +1,55 @@
+"""Live growth at ZeRO 1, 2 and 3 and checkpoint saves on 2 gloo ranks with runtime.collectives in strict mode: every
+tensor that reaches a torch.distributed collective from growlm's code was staged on the group's device by the one
+module that makes collectives (on NCCL a CPU tensor there would crash the run)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from dist_utils import read_metrics, run_ranks, tiny_ds_config
+
+STRICT = {"GROWLM_STRICT_COLLECTIVES": "1"}
+PLAN = """
+seed: 0
+start: {preset: tiny, n_layer: 1, n_embd: 32, n_head: 2}
+stages:
+  - name: wide
+    target: {n_layer: 2, n_embd: 64, n_head: 4}
+    family: duplicate
+    when: {step: 2}
+    schedule: {kind: continue}
+"""
+
+
+def test_the_environment_turns_strict_mode_on_in_every_rank():
+    r = run_ranks([], script="tests/strict_collectives_probe.py", env=STRICT, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:]
+    lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith('{"rank"')]
+    assert sorted(d["rank"] for d in lines) == [0, 1]
+    for d in lines:
+        assert "growlm.probe_module called torch.distributed.all_reduce directly" in d["refused"], d
+        assert d["sum"] == 3.0  # 1 + 2, through runtime.collectives
+
+
+@pytest.mark.parametrize("template", ["zero1_fp32", "zero2_fp32", "zero3_fp32"])
+def test_live_growth_and_saves_stage_every_collective(tmp_path, template):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN)
+    ds = tiny_ds_config(tmp_path, template)
+    out = tmp_path / "o"
+    args = ["--seq_len", "32", "--log_interval", "1", "--ds_config", str(ds), "--max_steps", "4"]
+    args += ["--save_interval", "2", "--growth_plan", str(plan), "--out_dir", str(out), "--eval_interval", "2"]
+    r = run_ranks(args, env=STRICT, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert "UnstagedCollectiveError" not in r.stdout
+    (g,) = read_metrics(out, "growth")
+    assert abs(g["loss_after"] - g["loss_before"]) <= 1e-5 and g["collectives"] >= 1, g
+    # memory: host RSS under its own name, every rank's CUDA numbers null without CUDA (gathered from both ranks)
+    assert g["peak_rss_bytes_all_ranks"] >= g["max_rss_bytes_before"] > 2**20, g
+    assert g["cuda_peak_allocated_bytes_per_rank"] == g["cuda_reserved_bytes_after_per_rank"] == [None, None], g
+    steps = read_metrics(out)
+    assert all(m["cuda_max_allocated_bytes"] is None and m["max_rss_bytes"] > 2**20 for m in steps), steps[-1]
+    assert sorted(p.name for p in (out / "checkpoints").glob("global_step*")) == ["global_step2", "global_step4"]
+    state = json.loads((out / "checkpoints" / "global_step4" / "growlm_state.json").read_text())
+    assert state["model_config"]["n_embd"] == 64 and state["global_step"] == 4
