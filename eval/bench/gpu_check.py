@@ -43,6 +43,7 @@ from safetensors.torch import load_file
 
 from growlm import DS_CONFIG_DIR, TRAIN_SCRIPT
 from growlm.eval.bench import throughput as bench
+from growlm.eval.bench.peak import format_mfu
 from growlm.growth.offline.cli import main as grow_main
 from growlm.model.config import GPTConfig, from_preset, param_count
 from growlm.model.gpt import attention_kernel
@@ -391,7 +392,7 @@ def markdown(report: dict[str, Any]) -> str:
             saved = x.get("recompute_memory_saved_bytes")
             lines.append(
                 f"| {x['name']} | {x.get('micro_batch', '-')} | {x['tokens_per_s']:,.0f} "
-                f"| {x['model_flops_per_s'] / 1e12:.2f} | {x['mfu']:.1%} | {peak / 2**20:,.0f} "
+                f"| {x['model_flops_per_s'] / 1e12:.2f} | {format_mfu(x['mfu'])} | {peak / 2**20:,.0f} "
                 f"| {'-' if saved is None else f'{saved / 2**20:,.0f}'} |"
             )
     skipped = [f"{s}/{k}" for s, v in report["sections"].items() if isinstance(v, dict)

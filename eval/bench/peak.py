@@ -2,42 +2,123 @@
 
 MFU = achieved model FLOP/s per device / peak FLOP/s per device (DESIGN.md, section Evaluation; PaLM, Chowdhery et
 al. 2022, arXiv 2204.02311, appendix B). On a GPU the peak is the vendor's dense (no 2:4 sparsity) tensor-core
-figure for fp16/bf16; for fp32 it is the plain fp32 figure, because PyTorch leaves TF32 matmuls off by default. On a
-CPU there is no trustworthy datasheet number, so the peak is measured: the best of a few square matmuls in the run's
-dtype with the thread count one rank uses.
+figure for bf16/fp16; an fp32 run is measured against the plain fp32 (CUDA-core) figure, because PyTorch leaves
+TF32 matmuls off by default (``torch.backends.cuda.matmul.allow_tf32``), and growlm does not turn them on; the
+table's ``tf32`` figure is there for a run that does. GPUs are looked up by their exact name as
+``torch.cuda.get_device_name()`` reports it: the SXM, PCIe and NVL parts of one chip differ by up to a quarter in
+clocks and so in peak, and a name not in the table gets no peak (MFU null) rather than another part's. On a CPU there
+is no trustworthy datasheet number, so the peak is measured: the best of a few square matmuls in the run's dtype
+with the thread count one rank uses.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 
 import torch
 
-# dense TFLOP/s per GPU (NVIDIA datasheets, SXM parts); matched by substring of torch.cuda.get_device_name()
-GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
-    "H100": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
-    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
-}
-
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
-class Peak:
-    """Peak FLOP/s of one device (a GPU, or the cores one CPU rank uses) and where the number comes from."""
+class GpuPeaks:
+    """Dense peak TFLOP/s of one GPU part by precision ('bf16', 'fp16', 'tf32': tensor cores without sparsity;
+    'fp32': plain CUDA cores), and the datasheet they come from (``halved``: it gives tensor-core figures with
+    sparsity only, and these are half of them)."""
 
-    flops_per_s: float
-    source: str  # e.g. "table: NVIDIA H200 dense bf16" or "measured: 1024^3 fp32 matmul, 1 thread"
+    part: str
+    tflops: dict[str, float]
+    datasheet: str
+    halved: bool = False
+
+
+def _hopper(part: str, sparse_16: float, sparse_tf32: float, fp32: float, datasheet: str) -> GpuPeaks:
+    """A Hopper part from its datasheet, which gives tensor-core figures with sparsity only ("specifications are
+    one-half lower without sparsity"): bf16/fp16 ``sparse_16`` and tf32 ``sparse_tf32`` are halved; ``fp32`` as
+    given."""
+    tflops = {"bf16": sparse_16 / 2, "fp16": sparse_16 / 2, "tf32": sparse_tf32 / 2, "fp32": fp32}
+    return GpuPeaks(part, tflops, datasheet, halved=True)
+
+
+_A100_DATASHEET = "NVIDIA A100 Tensor Core GPU datasheet"
+
+
+def _a100(part: str) -> GpuPeaks:
+    """An A100 part: its datasheet gives every A100 (40/80 GB, PCIe/SXM) the same dense figures."""
+    return GpuPeaks(part, {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5}, _A100_DATASHEET)
+
+
+_H100 = "NVIDIA H100 Tensor Core GPU datasheet"
+_H200 = "NVIDIA H200 Tensor Core GPU datasheet"
+
+# exact torch.cuda.get_device_name() strings (the driver's product names) -> datasheet peaks, dense TFLOP/s
+GPU_PEAKS: dict[str, GpuPeaks] = {
+    "NVIDIA H100 80GB HBM3": _hopper("H100 SXM", 1979.0, 989.0, 67.0, _H100),
+    "NVIDIA H100 PCIe": _hopper("H100 PCIe", 1513.0, 756.0, 51.0, _H100),
+    "NVIDIA H100 NVL": _hopper("H100 NVL", 1671.0, 835.0, 60.0, _H100),
+    "NVIDIA H200": _hopper("H200 SXM", 1979.0, 989.0, 67.0, _H200),
+    "NVIDIA H200 NVL": _hopper("H200 NVL", 1671.0, 835.0, 60.0, _H200),
+    "NVIDIA A100-SXM4-40GB": _a100("A100 40GB SXM"),
+    "NVIDIA A100-SXM4-80GB": _a100("A100 80GB SXM"),
+    "NVIDIA A100-PCIE-40GB": _a100("A100 40GB PCIe"),
+    "NVIDIA A100 80GB PCIe": _a100("A100 80GB PCIe"),
+    "NVIDIA L40S": GpuPeaks(
+        "L40S", {"bf16": 362.05, "fp16": 362.05, "tf32": 183.0, "fp32": 91.6}, "NVIDIA L40S datasheet"
+    ),
+}
+
+_warned: set[str] = set()  # device names already warned about in this process
+
+
+@dataclass(frozen=True)
+class Peak:
+    """Peak FLOP/s of one device (a GPU, or the cores one CPU rank uses) and where the number comes from;
+    ``flops_per_s`` is None for a GPU without a known peak (then there is no MFU)."""
+
+    flops_per_s: float | None
+    source: str  # e.g. "table: H200 SXM dense bf16 989.5 TFLOP/s (NVIDIA H200 ...)", "measured: 1024^3 fp32 ..."
+
+    def mfu(self, model_flops_per_s: float) -> float | None:
+        """Model FLOP/s utilisation: ``model_flops_per_s`` (per device) / this peak; None when the peak is unknown."""
+        return None if self.flops_per_s is None else model_flops_per_s / self.flops_per_s
+
+
+def format_mfu(mfu: float | None) -> str:
+    """An MFU as a percentage with one decimal; 'n/a' for None (no known peak)."""
+    return "n/a" if mfu is None else f"{mfu:.1%}"
 
 
 def gpu_table_peak(device_name: str, precision: str) -> Peak | None:
-    """The datasheet peak for a GPU named ``device_name`` at ``precision`` ('fp32', 'bf16', 'fp16'), or None."""
-    for key, peaks in GPU_PEAK_TFLOPS.items():
-        if key in device_name.upper():
-            return Peak(peaks[precision] * 1e12, f"table: {key} dense {precision} {peaks[precision]:g} TFLOP/s")
-    return None
+    """The datasheet peak of the GPU named exactly ``device_name`` (as ``torch.cuda.get_device_name()`` reports it)
+    at ``precision`` ('bf16', 'fp16', 'fp32': plain fp32, as PyTorch computes fp32 matmuls by default; 'tf32'), in
+    FLOP/s, with the datasheet named in its source.
+
+    Returns None for a name not in ``GPU_PEAKS``, after one line on stderr (once per name per process) that names the
+    device and says how to give its peak; never another part's figure.
+
+    Raises:
+        KeyError: ``precision`` is not one of the table's precisions.
+    """
+    entry = GPU_PEAKS.get(device_name)
+    if entry is None:
+        if device_name not in _warned:
+            _warned.add(device_name)
+            print(
+                f"growlm: warning: no datasheet peak for the GPU {device_name!r} in growlm's table, so MFU is left "
+                "empty (null); give the device's dense peak with growlm-bench --peak_tflops TFLOPS",
+                file=sys.stderr,
+                flush=True,
+            )
+        return None
+    tflops = entry.tflops[precision]
+    if precision == "fp32":
+        what = f"plain fp32 {tflops:g} TFLOP/s (TF32 off, PyTorch's default; {entry.datasheet})"
+    else:
+        halved = ", half its figure with sparsity" if entry.halved else ""
+        what = f"dense {precision} {tflops:g} TFLOP/s ({entry.datasheet}{halved})"
+    return Peak(tflops * 1e12, f"table: {entry.part} {what}")
 
 
 def measure_matmul_peak(precision: str, threads: int, device: str = "cpu", n: int = 1024, repeats: int = 7) -> Peak:
@@ -72,7 +153,10 @@ def measure_matmul_peak(precision: str, threads: int, device: str = "cpu", n: in
 
 
 def device_peak(precision: str, threads: int, peak_tflops: float | None = None) -> Peak:
-    """The peak of one rank's device: ``peak_tflops`` if given, else the GPU table, else a measured matmul peak."""
+    """The peak of one rank's device at ``precision`` ('fp32', 'bf16', 'fp16'): ``peak_tflops`` (TFLOP/s) if given;
+    on CUDA the datasheet table's figure for device 0's exact name (gpu_table_peak), or a Peak whose
+    ``flops_per_s`` is None (no MFU, one warning) for a GPU the table does not know; on a CPU a measured matmul peak
+    with ``threads`` threads (measure_matmul_peak)."""
     if peak_tflops is not None:
         return Peak(peak_tflops * 1e12, f"given: {peak_tflops:g} TFLOP/s")
     if torch.cuda.is_available():
@@ -80,5 +164,5 @@ def device_peak(precision: str, threads: int, peak_tflops: float | None = None) 
         table = gpu_table_peak(name, precision)
         if table is not None:
             return table
-        return measure_matmul_peak(precision, threads, device="cuda", n=8192, repeats=5)
+        return Peak(None, f"unknown: no datasheet peak for {name!r}; --peak_tflops gives one")
     return measure_matmul_peak(precision, threads)

@@ -119,9 +119,9 @@ def _num(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def _mfu(mfu: float) -> str:
-    """MFU as a percentage; 'n/a' above 100% (the measured peak was not a peak)."""
-    return f"{mfu:.1%}" if mfu <= 1.0 else "n/a"
+def _mfu(mfu: float | None) -> str:
+    """MFU as a percentage; 'n/a' for None (no known peak) and above 100% (the measured peak was not a peak)."""
+    return f"{mfu:.1%}" if mfu is not None and mfu <= 1.0 else "n/a"
 
 
 def markdown(records: list[dict], header: dict) -> str:
@@ -192,9 +192,13 @@ def bar_chart(records: list[dict], path: str | Path, title: str) -> Path:
         (axes[0], "tokens_per_s", "tokens/s (all ranks)", 1.0),
         (axes[1], "mfu", "MFU (%)", 100.0),
     ):
-        values = [r[key] * scale for r in records]
+        values = [(r[key] or 0.0) * scale for r in records]  # MFU None (no known peak): an empty bar, "n/a"
         bars = ax.bar(range(len(names)), values, color=colors)
-        ax.bar_label(bars, labels=[f"{v:,.0f}" if scale == 1.0 else f"{v:.1f}" for v in values], fontsize=7)
+        labels = [
+            "n/a" if r[key] is None else f"{v:,.0f}" if scale == 1.0 else f"{v:.1f}"
+            for r, v in zip(records, values, strict=True)
+        ]
+        ax.bar_label(bars, labels=labels, fontsize=7)
         ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
@@ -219,7 +223,7 @@ def write_reports(args, out: Path, records: list[dict], base: dict, shape: str) 
     peaks = "; ".join(
         f"{p} {t} thread(s): {v.flops_per_s / 1e9:,.1f} GFLOP/s ({v.source})"
         if device_type == "cpu"
-        else f"{p}: {v.flops_per_s / 1e12:,.0f} TFLOP/s ({v.source})"
+        else f"{p}: {v.source}"
         for (p, t), v in base["peaks"].items()
     )
     header = {

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from growlm import DS_CONFIG_DIR, PACKAGE_DIR, TRAIN_SCRIPT
-from growlm.eval.bench.peak import device_peak
+from growlm.eval.bench.peak import device_peak, format_mfu
 from growlm.eval.bench.report import BenchError, add_recompute_savings, summarize_train, write_reports
 from growlm.growth.errors import GrowthError
 from growlm.growth.stages.plan import load_stages
@@ -193,7 +193,7 @@ def bench_deepspeed(
         **s,
         "peak_flops_per_s_per_rank": peak.flops_per_s,
         "peak_source": peak.source,
-        "mfu": s["model_flops_per_s_per_rank"] / peak.flops_per_s,
+        "mfu": peak.mfu(s["model_flops_per_s_per_rank"]),  # None: no known peak (an unknown GPU)
         "activation_recomputation": recompute,
         "peak_rss_bytes_per_rank": rss,
         "peak_device_bytes_rank0": s["max_rss_bytes_rank0"] if base["device_type"] == "cuda" else None,
@@ -245,7 +245,7 @@ def bench_pytorch(args: argparse.Namespace, precision: str, work: Path, base: di
         "model_flops_per_s_per_rank": flops / seconds / ws,
         "peak_flops_per_s_per_rank": peak.flops_per_s,
         "peak_source": peak.source,
-        "mfu": flops / seconds / ws / peak.flops_per_s,
+        "mfu": peak.mfu(flops / seconds / ws),
         "skipped_steps": 0,
         "final_loss": sum(o["losses"][-1] for o in outs) / ws,
         "activation_recomputation": False,
@@ -371,7 +371,7 @@ def _measure(args: argparse.Namespace, precisions: list[str], stages: list[int],
                 )
                 records.append(rec)
                 print(
-                    f"growlm-bench: {rec['name']}: {rec['tokens_per_s']:,.0f} tokens/s, MFU {rec['mfu']:.1%}",
+                    f"growlm-bench: {rec['name']}: {rec['tokens_per_s']:,.0f} tokens/s, MFU {format_mfu(rec['mfu'])}",
                     flush=True,
                 )
     add_recompute_savings(records)
