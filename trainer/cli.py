@@ -130,8 +130,9 @@ def _training_flags(t: argparse._ArgumentGroup) -> None:
     t.add_argument(
         "--compile",
         action="store_true",
-        help="compile the model with torch.compile (CUDA only; each grown model is compiled anew, the first steps "
-        "after the start and after each growth include the compilation)",
+        help="compile the model with torch.compile (inductor; each grown model is compiled anew, the first steps "
+        "after the start and after each growth include the compilation). Also on a CPU, where inductor builds C++ "
+        "with g++: slow to compile (about half a minute per shape) and not measured faster than eager",
     )
     t.add_argument("--log_interval", type=int, default=10, help="steps between TensorBoard/console logs (>= 1)")
     t.add_argument("--dist_timeout_s", type=float, default=300.0, help="seconds to wait for other ranks")

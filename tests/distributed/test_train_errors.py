@@ -180,9 +180,3 @@ def test_resume_with_another_data_order_is_refused(capsys, one_rank_checkpoint):
     common = ["--resume", ck, "--max_steps", "4", "--ds_config", "ds_configs/zero2_fp32.json"]
     fails(capsys, [*common, "--seq_len", "64"], "--seq_len 64 differs from the checkpoint's 32", "drop --seq_len")
     fails(capsys, [*common, "--seed", "7"], "--seed 7 differs from the checkpoint's 1234", "drop --seed")
-
-
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="on CUDA --compile runs (growlm-gpu-check)")
-def test_compile_is_refused_off_cuda(capsys, builtin_data):
-    fails(capsys, ["--preset", "tiny", "--seq_len", "32", "--compile"],
-          "--compile: torch.compile is supported on CUDA only, and this run is on cpu; drop --compile")  # fmt: skip
