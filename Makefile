@@ -13,11 +13,14 @@ DEMO_PRECISION ?= $(shell grep -qsE 'avx512_bf16|amx_bf16' /proc/cpuinfo && echo
 DEMO_ARGS ?= --preset cpu-small --seq_len 128 --max_steps 80 --eval_interval 20 --log_interval 5 \
 	--ds_config ds_configs/zero2_$(DEMO_PRECISION).json --final_eval_tokens 65536 --out_dir runs/demo
 
-# GPU nodes without internet: `make wheelhouse` here (PY_VERSION, PLATFORM: the nodes' Python and platform tags),
-# copy the folder over, `make install-offline WHEELHOUSE=DIR` there (NODE_PYTHON: the node's Python with its CUDA torch)
+# GPU nodes without internet: `make wheelhouse` here (PY_VERSION, PLATFORM: the nodes' Python and platform tags;
+# NODE_FREEZE: a node's `python -m pip list --format=freeze`, copied here: then only what the node lacks, resolved
+# against the node's versions, which WHEELHOUSE/node-constraints.txt pins), copy the folder over,
+# `make install-offline WHEELHOUSE=DIR` there (NODE_PYTHON: the node's Python with its CUDA torch)
 WHEELHOUSE ?= wheelhouse
 PY_VERSION ?=
 PLATFORM ?=
+NODE_FREEZE ?=
 NODE_PYTHON ?= python3
 
 .PHONY: setup demo test test-unit lint clean wheelhouse install-offline gpu-check
@@ -59,16 +62,22 @@ gpu-check:
 
 wheelhouse: setup  # growlm, DeepSpeed (built from its sdist) and every dependency except torch and CUDA libraries
 	$(BIN)/python install/wheelhouse.py --out $(WHEELHOUSE) $(if $(PY_VERSION),--python_version $(PY_VERSION)) \
-		$(foreach p,$(PLATFORM),--platform $(p))
+		$(foreach p,$(PLATFORM),--platform $(p)) $(if $(NODE_FREEZE),--node_freeze $(NODE_FREEZE))
 
-install-offline:  # pip --no-index from WHEELHOUSE into NODE_PYTHON's environment; its torch is pinned, never replaced
+# install-offline: pip --no-index from WHEELHOUSE into NODE_PYTHON's environment; its torch is pinned, never replaced,
+# and so is every package that WHEELHOUSE/node-constraints.txt pins (checked first: install/node_check.py)
+install-offline:
 	@ls "$(WHEELHOUSE)"/growlm-*.whl >/dev/null 2>&1 || { echo "make install-offline: no growlm wheel in \
 	WHEELHOUSE=$(WHEELHOUSE): build the folder with make wheelhouse where there is internet and copy it here"; exit 2; }
-	@torch=$$("$(NODE_PYTHON)" -c "import torch; print(torch.__version__)" 2>/dev/null) || { echo "make install-offline: \
-	$(NODE_PYTHON) has no torch: install the node's CUDA torch first (growlm never installs torch offline)"; exit 2; }; \
+	@torch=$$("$(NODE_PYTHON)" -c "from importlib.metadata import version; print(version('torch'))" 2>/dev/null) || { \
+	echo "make install-offline: $(NODE_PYTHON) has no torch: install the node's CUDA torch first (growlm never \
+	installs torch offline)"; exit 2; }; \
+	node="$(WHEELHOUSE)/node-constraints.txt"; set --; \
+	if [ -f "$$node" ]; then "$(NODE_PYTHON)" install/node_check.py "$$node" || exit 2; set -- --constraint "$$node"; \
+		echo "keeping the node's $$(grep -c == "$$node") packages at their versions ($$node)"; fi; \
 	pin=$$(mktemp); echo "torch==$$torch" > $$pin; echo "keeping torch $$torch"; \
 	export PIP_CONFIG_FILE=/dev/null; \
-	"$(NODE_PYTHON)" -m pip install -q --no-index --find-links "$(WHEELHOUSE)" --constraint $$pin \
+	"$(NODE_PYTHON)" -m pip install -q --no-index --find-links "$(WHEELHOUSE)" --constraint $$pin "$$@" \
 		"$(WHEELHOUSE)"/growlm-*.whl && \
 	"$(NODE_PYTHON)" -m pip install -q --no-index --no-deps --force-reinstall "$(WHEELHOUSE)"/growlm-*.whl; \
 	rc=$$?; rm -f $$pin; exit $$rc

@@ -46,7 +46,7 @@ setup(
         ]
     },
     install_requires=[
-        "torch>=2.5",  # torch.serialization.safe_globals (runtime.checkpoint.safe_load)
+        "torch>=2.11",  # the oldest torch the unit tests ran on (2.11.0, as GPU images ship it; and 2.13.0)
         "deepspeed>=0.19,<0.20",
         "transformers>=4.40",
         "datasets>=2.19",
