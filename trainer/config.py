@@ -24,7 +24,7 @@ from growlm.data.prepare import default_data_dir, load_meta, open_tokens
 from growlm.growth.stages.plan import StageList
 from growlm.model.config import GPTConfig, from_preset
 from growlm.runtime import checkpoint
-from growlm.runtime.engine import precision_of
+from growlm.runtime.engine import DSConfigError, check_ds_config_meaning, check_ds_top_level_keys, precision_of
 from growlm.runtime.run_state import RunState
 from growlm.trainer import init_from
 from growlm.trainer.errors import UsageError
@@ -451,14 +451,23 @@ def check_scheduler(ds_cfg: dict[str, Any], path: str) -> None:
 
 
 def check_ds_config(ds_cfg: dict[str, Any], path: str, world_size: int) -> None:
-    """The DeepSpeed config checks DeepSpeed itself makes only when the engine is built: the ZeRO stage, the batch
-    sizes against the launched world size, the scheduler (imports deepspeed: call after the accelerator is set).
+    """The DeepSpeed config checked for meaning, by DeepSpeed's own rules, before any rank starts: the ZeRO stage,
+    the top-level keys (one the installed DeepSpeed does not read is refused, the nearest known one suggested), the
+    batch sizes against the launched world size, everything else ``runtime.engine.check_ds_config_meaning`` checks
+    (DeepSpeed's own parser, the optimizer type and params, numbers and their ranges, offload against the ZeRO
+    stage), then the scheduler (imports deepspeed: call after the accelerator is set).
 
     Raises:
-        UsageError: see ``zero_stage_of``, ``check_batch`` and ``check_scheduler``.
+        UsageError: ``--ds_config PATH: <problem>; <fix>``; see ``zero_stage_of``, ``check_batch``,
+            ``check_ds_config_meaning`` and ``check_scheduler``.
     """
     zero_stage_of(ds_cfg, path)
-    check_batch(ds_cfg, path, world_size)
+    try:
+        check_ds_top_level_keys(ds_cfg)
+        check_batch(ds_cfg, path, world_size)
+        check_ds_config_meaning(ds_cfg, max(1, world_size))  # WORLD_SIZE=0 is refused later, by name
+    except DSConfigError as e:
+        raise UsageError(f"--ds_config {path}: {e}") from None
     check_scheduler(ds_cfg, path)
 
 

@@ -30,7 +30,7 @@ from growlm.runtime.launch import free_port
 from growlm.runtime.lock import LockHeldError, hold_lock
 from growlm.runtime.manifest import ManifestError
 from growlm.trainer import cli as train
-from growlm.trainer.config import load_ds_config
+from growlm.trainer.config import check_ds_config, load_ds_config
 from growlm.trainer.driver.dry_run import print_dry_run
 from growlm.trainer.driver.phases import PROGRESS_VERSION, Run, drive
 from growlm.trainer.driver.segments import (
@@ -219,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         plan = load_growth_plan(args.plan)
         base_cfg = load_ds_config(ns.ds_config, ns.max_steps)
         segments = make_segments(plan, base_cfg)
-        for seg in segments:  # every segment's hostfile now, not when its job launches hours later
+        for seg in segments:  # every segment's hostfile and DeepSpeed config now, not when its job launches
             check_hostfile(seg.resources)
+            check_ds_config(segment_ds_config(base_cfg, seg.resources), ns.ds_config, seg.resources.world_size)
         out_dir = Path(ns.out_dir).resolve()  # absolute: the jobs' command lines name it (procs.kill_stale)
         if args.dry_run:
             return print_dry_run(plan, segments, base_cfg, ns, args, train_args)
