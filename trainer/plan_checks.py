@@ -94,7 +94,8 @@ def check_plan_fits_run(growth: StageList, stage_index: int, args, ds_cfg: dict,
     """Refuse, before any rank starts, a plan this run cannot carry out.
 
     Raises:
-        UsageError: fp16 at ZeRO stage 0, a scheduler other than WarmupCosineLR, a growth before step 1, a slope
+        UsageError: fp16 at ZeRO stage 0, a scheduler other than WarmupCosineLR, a growth before step 1 or at a
+            step the run never reaches (at or after --max_steps: a growth comes before the step after it), a slope
             trigger without --eval_interval, (ZeRO-3) a grown parameter above stage3_max_live_parameters, or a
             stage's LR schedule shorter than its warm-up (``check_stage_schedules``; ``saved_schedule``: the
             --resume checkpoint's placed schedule).
@@ -114,6 +115,12 @@ def check_plan_fits_run(growth: StageList, stage_index: int, args, ds_cfg: dict,
             raise UsageError(
                 f"stage {s.name!r} grows at step {s.when.value:g}: DeepSpeed has no Adam state before "
                 "the first optimizer step; grow at step >= 1 or start the plan at the grown shape"
+            )
+        if s.when.kind == "step" and s.when.value >= args.max_steps:
+            raise UsageError(
+                f"stage {s.name!r} grows after step {s.when.value:g} (before step {s.when.value + 1:g}), which this "
+                f"run never reaches: it ends at --max_steps {args.max_steps}; raise --max_steps above "
+                f"{s.when.value:g}, or move the stage earlier (to train in parts, give this run a plan without it)"
             )
         if s.when.kind == "slope" and not args.eval_interval:
             raise UsageError(f"stage {s.name!r} grows on the validation-loss slope; set --eval_interval")

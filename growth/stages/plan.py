@@ -216,11 +216,48 @@ def check_plan_doc(doc: Any) -> None:
             raise _schema_error(e, raw, where, "target, family and when") from None
 
 
+# trigger kind -> (is the value valid, what it must be: named in the refusal)
+TRIGGER_VALUES = {
+    "step": (lambda v: isinstance(v, int) and v >= 1, "an integer >= 1 (the optimizer step after which it grows)"),
+    "tokens": (lambda v: isinstance(v, (int, float)) and v > 0, "a positive number of training tokens"),
+    "slope": (lambda v: isinstance(v, (int, float)), "a number (d log10 L / d log10 C, e.g. -0.05) or auto"),
+}
+
+
+def check_trigger_value(kind: str, value: Any, where: str) -> None:
+    """Refuse a trigger value of the wrong kind: a step that is not an integer >= 1 (``2.5``, ``true``: YAML's
+    booleans are Python bools, which are ints), a token count that is not a positive number, a slope that is not a
+    number, or any value that is NaN or infinite.
+
+    Raises:
+        GrowthError: ``<where>: when: {KIND: VALUE} must be ...``; step 0 says why (no Adam state before step 1).
+    """
+    ok, rule = TRIGGER_VALUES[kind]
+    written = "true" if value is True else "false" if value is False else repr(value)
+    valid = not isinstance(value, bool) and ok(value) and math.isfinite(value)
+    if valid:
+        return
+    if kind == "step" and value == 0 and not isinstance(value, bool):
+        raise GrowthError(
+            f"{where}: when: {{step: 0}} grows before training: DeepSpeed has no Adam state before the first "
+            "optimizer step; grow at step >= 1, or start the plan at the grown shape"
+        )
+    hint = ""
+    if isinstance(value, str):
+        try:
+            float(value)
+            hint = " (YAML reads this as text: write a number without quotes, and an exponent with a dot, 4.0e+7)"
+        except ValueError:
+            pass
+    raise GrowthError(f"{where}: when: {{{kind}: {written}}} must be {rule}{hint}")
+
+
 def parse_stages(doc: dict[str, Any]) -> StageList:
     """Validate a parsed plan document and build its stages.
 
     Raises:
-        GrowthError: a missing or unknown key, a shape that is invalid (e.g. n_embd not divisible by n_head) or that
+        GrowthError: a missing or unknown key, a trigger value of the wrong kind (``check_trigger_value``), a shape
+            that is invalid (e.g. n_embd not divisible by n_head) or that
             the stage's family cannot reach from the previous stage (shrinking, head-dim change, ...), triggers that
             do not increase, a stage that starts while the previous stage's mask ramp is still running, or a stage
             name that repeats one or holds '/' or '..'.
@@ -259,6 +296,8 @@ def parse_stages(doc: dict[str, Any]) -> StageList:
             )
         if kind == "slope" and value == "auto":
             value = math.nan if reference else SLOPE_THRESHOLDS[_kind(current, target)]
+        else:
+            check_trigger_value(kind, value, where)
         value = float(value)
         if kind in last and value <= last[kind] and kind != "slope":
             raise GrowthError(f"{where} starts at {kind}={value:g}, not after the previous stage ({last[kind]:g})")

@@ -1,0 +1,101 @@
+"""Growth plans checked for meaning: trigger values of the right kind (growth.stages.plan.check_trigger_value, in
+the one plan loader, so train.py, growlm-run --dry_run and growlm-grow refuse alike), and a stage that the run
+never reaches refused by train.py (trainer.plan_checks). Each refusal is one ``PROG: error:`` line, exit status 2,
+nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cli_utils import one_error_line
+
+from growlm import train
+from growlm.growth.errors import GrowthError
+from growlm.growth.offline import cli as grow
+from growlm.growth.stages.plan import load_stages
+from growlm.trainer.driver import cli as run_cli
+
+PLAN = """seed: 0
+start: {preset: tiny, n_layer: 1}
+stages:
+  - name: deeper
+    target: {n_layer: 2}
+    family: masked
+    when: WHEN
+"""
+TINY = ["--seq_len", "32", "--no_final_eval", "--ds_config", "ds_configs/zero2_fp32.json"]
+
+# the trigger as written -> the refusal (after "stage 'deeper': ")
+BAD_TRIGGERS = {
+    "{step: true}": "when: {step: true} must be an integer >= 1 (the optimizer step after which it grows)",
+    "{step: 2.5}": "when: {step: 2.5} must be an integer >= 1 (the optimizer step after which it grows)",
+    "{step: -3}": "when: {step: -3} must be an integer >= 1 (the optimizer step after which it grows)",
+    "{step: '30'}": "when: {step: '30'} must be an integer >= 1 (the optimizer step after which it grows) (YAML "
+    "reads this as text: write a number without quotes, and an exponent with a dot, 4.0e+7)",
+    "{step: 0}": "when: {step: 0} grows before training: DeepSpeed has no Adam state before the first optimizer "
+    "step; grow at step >= 1, or start the plan at the grown shape",
+    "{tokens: 0}": "when: {tokens: 0} must be a positive number of training tokens",
+    "{tokens: false}": "when: {tokens: false} must be a positive number of training tokens",
+    "{tokens: 4e7}": "when: {tokens: '4e7'} must be a positive number of training tokens (YAML reads this as text: "
+    "write a number without quotes, and an exponent with a dot, 4.0e+7)",
+    "{tokens: .inf}": "when: {tokens: inf} must be a positive number of training tokens",
+    "{slope: true}": "when: {slope: true} must be a number (d log10 L / d log10 C, e.g. -0.05) or auto",
+    "{slope: .nan}": "when: {slope: nan} must be a number (d log10 L / d log10 C, e.g. -0.05) or auto",
+}
+
+
+def plan_file(tmp_path: Path, when: str) -> Path:
+    f = tmp_path / "plan.yaml"
+    f.write_text(PLAN.replace("WHEN", when))
+    return f
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("when", sorted(BAD_TRIGGERS))
+def test_the_plan_loader_refuses_a_trigger_value_of_the_wrong_kind(tmp_path, when):
+    with pytest.raises(GrowthError) as e:
+        load_stages(plan_file(tmp_path, when))
+    assert str(e.value) == f"stage 'deeper': {BAD_TRIGGERS[when]}"
+
+
+def test_trigger_values_of_the_right_kind_load():
+    for when, value in (("{step: 30}", 30.0), ("{tokens: 4.0e+7}", 4e7), ("{tokens: 1500}", 1500.0),
+                        ("{slope: -0.05}", -0.05)):  # fmt: skip
+        assert load_stages_text(when).stages[0].when.value == value
+
+
+def load_stages_text(when: str):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        return load_stages(plan_file(Path(d), when))
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("when", ["{step: true}", "{step: 2.5}"])
+def test_train_and_growlm_run_refuse_a_step_that_is_not_an_integer(capsys, tmp_path, when):
+    plan, out = plan_file(tmp_path, when), tmp_path / "run"
+    expected = f"--growth_plan {plan}: stage 'deeper': {BAD_TRIGGERS[when]}"
+    assert train.main([*TINY, "--growth_plan", str(plan), "--max_steps", "40", "--out_dir", str(out)]) == 2
+    assert one_error_line(capsys.readouterr().err, "growlm-train") == expected
+    argv = [str(plan), "--dry_run", "--", *TINY, "--max_steps", "40", "--out_dir", str(out)]
+    assert run_cli.main(argv) == 2
+    assert one_error_line(capsys.readouterr().err, "growlm-run") == expected
+    assert grow.main([str(tmp_path / "ckpt"), str(tmp_path / "grown"), "--growth_plan", str(plan)]) == 2
+    assert one_error_line(capsys.readouterr().err, "growlm-grow") == expected
+    assert not out.exists() and not (tmp_path / "grown").exists()
+    assert plan.read_text() == PLAN.replace("WHEN", when)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("step", [40, 41, 900])
+def test_train_refuses_a_stage_the_run_never_reaches(capsys, tmp_path, step):
+    plan, out = plan_file(tmp_path, f"{{step: {step}}}"), tmp_path / "run"
+    assert train.main([*TINY, "--growth_plan", str(plan), "--max_steps", "40", "--out_dir", str(out)]) == 2
+    assert one_error_line(capsys.readouterr().err, "growlm-train") == (
+        f"stage 'deeper' grows after step {step} (before step {step + 1}), which this run never reaches: it ends "
+        f"at --max_steps 40; raise --max_steps above {step}, or move the stage earlier (to train in parts, give "
+        "this run a plan without it)"
+    )
+    assert not out.exists()
