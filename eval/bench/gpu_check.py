@@ -1,23 +1,32 @@
-"""growlm-gpu-check: one command that proves growlm on a GPU (``make gpu-check``), and with ``--smoke`` the same
-sequence at tiny shapes on a CPU (the test suite runs it).
+"""growlm-gpu-check: one command that proves growlm on a GPU (``make gpu-check``), in sections that each fit a short
+GPU lease; with ``--smoke`` the same sections at tiny shapes on a CPU (the test suite runs it).
 
-Sections, in order; each one's checks and seconds go into the report, and a section that no longer fits
-``--budget_s`` is skipped (and named so):
+Sections (``--sections``; the default set is ``DEFAULT_SECTIONS``):
 
-1. environment: GPU name and memory, driver, CUDA, cuDNN, NCCL, torch, DeepSpeed, Python; the SDPA kernel.
-2. training: every precision (GPU: bf16, fp16; smoke: fp32) at ZeRO 1, 2 and 3 on one rank, each a real train.py
-   run. Checks: every loss finite, the loss falls, fp16's overflow-skipped steps counted (the loss scaler at work).
-   The ZeRO-2 and ZeRO-3 runs grow live twice: depth by duplication (exact) and width masked (exact at ramp 0);
-   checks: the fixed-batch loss after each growth equals the one before (within ``GROWTH_TOL`` of the precision),
-   and the growth's seconds and the training steps they equal.
-3. offline growth: the first precision's ZeRO-2 checkpoint grown by growlm-grow (masked, one more layer) and
-   resumed by train.py for two steps (finite losses); export to transformers -> train.py ``--init_from`` at LR 0
-   for one step -> export again, every tensor bit for bit equal.
-4. throughput: growlm-bench on GPT-2 124M and 350M (GPU: T = 1024, bf16; 350M also fp16 and ZeRO-3) with and
-   without activation checkpointing, the micro batch from ``fit_micro_batch``, plus the plain PyTorch baseline.
+- env: GPU name and memory, driver, CUDA, cuDNN, NCCL, torch, DeepSpeed, Python; the SDPA kernel.
+- train: bf16 (smoke: fp32) train.py runs at ZeRO 1, 2 and 3 on one rank, each growing live twice: depth x2 by
+  duplication (exact) and width masked (exact at ramp 0). Checks: losses finite and falling, the fixed-batch loss
+  after each growth equal to the one before (within ``GROWTH_TOL``), the growth's seconds and the training steps
+  they equal.
+- offline: a ZeRO-2 checkpoint grown by growlm-grow (masked, one more layer; written universal, so resharded to
+  any world size) and resumed by train.py for two steps (finite losses).
+- export: a ZeRO-2 checkpoint exported to transformers -> train.py ``--init_from`` at LR 0 for one step -> exported
+  again, every tensor bit for bit equal.
+- throughput: growlm-bench on GPT-2 350M at T = 1024 (ZeRO-1, with and without activation checkpointing, the micro
+  batch from ``fit_micro_batch``) and the plain PyTorch baseline: tokens/s, model TFLOP/s, MFU.
+- compile: train.py ``--compile`` (GPU: with one live growth) against the same run in eager mode; where train.py
+  refuses ``--compile`` (exit status 2) the section is "skipped: <its reason>".
+- fp16: a ZeRO-2 fp16 run with both growths; the loss scaler's overflow-skipped steps counted.
 
-Writes ``OUT/<device>/gpu_check.json`` (every section's numbers and checks) and ``gpu_check.md``; exit status 0 when
-every check passed, 1 when one failed, 2 for bad input (one line).
+Each section runs in its own process (this module with a hidden ``--_section``), started in its own session and
+killed with every process it started once its budget (``BUDGETS``, ``--budget SECTION=SECONDS``) is spent: it is
+then recorded as timed out and the next section runs. While it runs it writes what it has measured to
+``OUT/<device>/sections/NAME.partial.json``; when it ends its record goes to ``sections/NAME.json`` (its output in
+``sections/NAME.log``, each train.py rank's in ``logs/NAME/``) and the report (``gpu_check.json``, ``gpu_check.md``)
+is rebuilt from every section record in the folder, so a kill at any moment keeps everything measured before it.
+``--report_only`` rebuilds the reports. A section deletes its run folders and checkpoints as it goes
+(``--keep_work`` keeps them). Exit status 0 when every check passed, 1 when one failed or a section timed out, 2 for
+bad input (one line).
 """
 
 from __future__ import annotations
@@ -29,40 +38,80 @@ import os
 import platform
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from safetensors.torch import load_file
 
 from growlm import DS_CONFIG_DIR, TRAIN_SCRIPT
+from growlm.data.prepare import ensure_builtin_prepared
 from growlm.eval.bench import throughput as bench
 from growlm.eval.bench.peak import format_mfu
 from growlm.growth.offline.cli import main as grow_main
 from growlm.model.config import GPTConfig, from_preset, param_count
 from growlm.model.gpt import attention_kernel
+from growlm.runtime import launch
+from growlm.runtime.atomic import write_json, write_text
 from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import select_accelerator
 from growlm.runtime.launch import launch_ranks
 from growlm.runtime.machine import device_description
 from growlm.runtime.metrics_file import read_records
+from growlm.runtime.processes import alive, kill_groups_and_wait
 
 # |loss after - loss before| allowed for a function-preserving growth, by precision: fp32 rounding only; bf16/fp16
 # round the grown model's weights and activations (8 and 11 significand bits)
 GROWTH_TOL = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 1e-2}
+# |compiled loss - eager loss| allowed at every step: inductor fuses and reorders float operations
+COMPILE_TOL = {"fp32": 1e-3, "bf16": 5e-2, "fp16": 1e-2}
+
+SECTIONS = ("env", "train", "offline", "export", "throughput", "compile", "fp16")
+DEFAULT_SECTIONS = ("env", "train", "offline", "export", "throughput")
+
+# seconds each section may run before it is killed (--budget SECTION=SECONDS overrides). GPU: sized for one H200
+# from a cold start, the default set 330 s (with the parent's start and data, under 6 minutes); H200_ESTIMATE_S and
+# docs/benchmarks.md give the estimate behind each. Smoke: a loaded 2-core CPU, generous.
+BUDGETS = {
+    "gpu": {"env": 20, "train": 100, "offline": 70, "export": 60, "throughput": 80, "compile": 240, "fp16": 60},
+    "smoke": {"env": 120, "train": 400, "offline": 300, "export": 300, "throughput": 300, "compile": 600,
+              "fp16": 300},
+}  # fmt: skip
+# the estimated H200 seconds of each section and its arithmetic (an estimate: no GPU was available when this was
+# written). Per process: start = the tiny train.py start measured on a 2-core CPU (6-8 s: imports, engine build) plus
+# CUDA init, engine build on the GPU and first-step kernels (assumed 7 s) = 15 s; a section's own process 5 s; steps
+# at 40% MFU of 989 TFLOP/s (GPT-2 124M-355M at 4,096 tokens a step: under 0.1 s); a live growth 4 s (the new
+# DeepSpeed engine's build); files at 1 GB/s; growlm-grow scaled from eval/results/grow_checkpoint.json (12.3 s for
+# 51M -> 64M parameters on 2 CPU cores). docs/benchmarks.md, "growlm-gpu-check", has the table.
+H200_ESTIMATE_S = {
+    "env": (10, "process 5 s + CUDA init 3 s + nvidia-smi and SDPA probes 2 s"),
+    "train": (78, "process 5 s + 3 runs x (start 15 s + 12 steps x 0.1 s + 2 growths x 4 s)"),
+    "offline": (54, "process 5 s + source run 17 s (start 15 s, 4 steps, 0.95 GB saved) + growlm-grow 15 s + "
+                "resume 17 s"),
+    "export": (46, "process 5 s + source run 17 s + export 3 s + --init_from run 17 s + export 3 s + compare 1 s"),
+    "throughput": (65, "process 5 s + baseline 16 s + 2 runs x (start 15 s + warm-up 3 s + 8 steps x 0.40 s, "
+                   "0.53 s recomputing)"),
+    "compile": (150, "process 5 s + eager run 20 s + compiled run (start 15 s + compile 45 s + compile after the "
+                "growth 60 s + growth 4 s + steps 1 s)"),
+    "fp16": (29, "process 5 s + 1 run (start 15 s + 12 steps x 0.1 s + 2 growths x 4 s)"),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Shapes:
     """The sizes of one mode (GPU or smoke)."""
 
-    precisions: tuple[str, ...]
+    precision: str
     train_preset: str
     train_seq_len: int
     train_micro: int
@@ -71,26 +120,25 @@ class Shapes:
     grow_steps: tuple[int, int]  # the steps of the two growths (after fp16's first overflow-skipped steps)
     grow_width_to: tuple[int, int]  # (n_embd, n_head) after the masked growth
     lr: float
-    bench_presets: tuple[str, ...]
+    source_shape: tuple[str, ...]  # the offline and export sections' source model (train.py flags)
+    source_steps: int  # and its steps
+    bench_preset: str
     bench_seq_len: int
     bench_steps: int
     bench_skip: int
-    timeout_s: float
+    compile_shape: tuple[str, ...]  # the compile section's shape (train.py flags) when it does not grow
+    compile_steps: int
+    compile_grow: tuple[int, int] | None  # (step, n_layer after) of its one live growth (duplication), or None
 
 
-GPU = Shapes(("bf16", "fp16"), "gpt2", 512, 8, 12, 24, (4, 7), (1024, 16), 6e-4, ("gpt2-medium", "gpt2"), 1024, 8, 3,
-             900.0)  # fmt: skip
-SMOKE = Shapes(("fp32",), "tiny", 32, 4, 6, 4, (2, 4), (96, 6), 3e-3, ("tiny",), 32, 3, 1, 600.0)
+GPU = Shapes("bf16", "gpt2", 512, 8, 12, 24, (4, 7), (1024, 16), 6e-4, ("--preset", "gpt2", "--n_layer", "4"), 4,
+             "gpt2-medium", 1024, 8, 3, (), 6, (3, 12))  # fmt: skip
+SMOKE = Shapes("fp32", "tiny", 32, 4, 6, 4, (2, 4), (96, 6), 3e-3, ("--preset", "tiny"), 2, "tiny", 32, 3, 1,
+               ("--preset", "tiny", "--n_layer", "1", "--n_embd", "32", "--n_head", "2"), 3, None)  # fmt: skip
 
-
-@dataclass
-class Check:
-    """One pass/fail check of the report."""
-
-    section: str
-    name: str
-    ok: bool
-    detail: str
+BENCH_FIELDS = ("name", "precision", "zero_stage", "micro_batch", "tokens_per_s", "model_flops_per_s", "mfu",
+                "step_time_s_median", "activation_recomputation", "peak_device_bytes_rank0",
+                "peak_rss_bytes_per_rank", "recompute_memory_saved_bytes", "skipped_steps")  # fmt: skip
 
 
 class GpuCheckError(Exception):
@@ -120,8 +168,8 @@ def fit_micro_batch(cfg: GPTConfig, seq_len: int, device_bytes: int, *, recomput
 
 
 def environment() -> dict[str, Any]:
-    """Versions and the device (section 1)."""
-    import deepspeed  # lazy: deepspeed picks its accelerator at import (run() sets it first)
+    """Versions and the device (the env section)."""
+    import deepspeed  # lazy: deepspeed picks its accelerator at import (section_main sets it first)
 
     env: dict[str, Any] = {
         "python": platform.python_version(),
@@ -152,238 +200,479 @@ def device_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:60] or "device"
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# processes: a section's child and everything it started
+
+
+def descendant_groups(pid: int) -> list[int]:
+    """The process groups of every descendant of ``pid`` (train.py ranks start in sessions of their own), collected
+    before anything is killed (a killed parent's children are re-parented and could no longer be found); the
+    caller's own group is left out."""
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    groups = set()
+    for q in procs:
+        try:
+            groups.add(os.getpgid(q.pid))
+        except ProcessLookupError:  # ended meanwhile
+            continue
+    groups.discard(os.getpgrp())
+    return sorted(groups)
+
+
+def run_child(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float) -> tuple[int, bool]:
+    """Run ``cmd`` in a new session (``runtime.launch.start_rank``), output to ``log``; after ``timeout_s`` seconds
+    SIGKILL its process group and those of all its descendants and wait until they are gone.
+
+    Returns:
+        (exit status, negative for a signal; whether it was killed at ``timeout_s``).
+    """
+    p = launch.start_rank(cmd, env, None, log)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            pid, status, _ = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                p.returncode = os.waitstatus_to_exitcode(status)
+                return p.returncode, False
+            if time.monotonic() >= deadline:
+                kill_groups_and_wait([p.pid, *descendant_groups(p.pid)])
+                _, status, _ = os.wait4(p.pid, 0)
+                p.returncode = os.waitstatus_to_exitcode(status)
+                return p.returncode, True
+            time.sleep(0.1)
+    finally:
+        if p.returncode is None:  # an exception while waiting (KeyboardInterrupt): leave nothing behind
+            kill_groups_and_wait([p.pid, *descendant_groups(p.pid)])
+            p.wait()
+
+
+def die_with_parent(parent_pid: int, poll_s: float = 0.5) -> None:
+    """In a section's process: a daemon thread that, once process ``parent_pid`` (growlm-gpu-check) is gone, kills
+    every process this one started and then this one's own process group."""
+
+    def watch() -> None:
+        while alive(parent_pid):
+            time.sleep(poll_s)
+        kill_groups_and_wait(descendant_groups(os.getpid()), timeout_s=10)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="growlm-gpu-check-parent-watchdog", daemon=True).start()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one section, in its own process
+
+
 class Runner:
-    """Runs the sections' processes in one work folder, with the mode's sizes and a time budget."""
+    """What a section records (checks, results, a skip reason), written to ``sections/NAME.partial.json`` after
+    every change, and the runs it starts: train.py on one rank with the mode's sizes, in the section's work folder,
+    each rank's log in ``logs/NAME/RUN``."""
 
-    def __init__(self, shapes: Shapes, work: Path, data: str | None, budget_s: float, smoke: bool) -> None:
-        self.s, self.work, self.data, self.smoke = shapes, work, data, smoke
-        self.deadline = time.monotonic() + budget_s
-        self.last_run_s = 30.0 if smoke else 60.0  # the cost guess for the next run: the last run's wall time
-        self.checks: list[Check] = []
-        self.sections: dict[str, Any] = {}
-        self.device = "cuda" if torch.cuda.is_available() and not smoke else "cpu"
+    def __init__(self, shapes: Shapes, section: str, folder: Path, work: Path, data: str | None, smoke: bool,
+                 keep_work: bool) -> None:  # fmt: skip
+        self.s, self.section, self.folder, self.work, self.data = shapes, section, folder, work, data
+        self.smoke, self.keep_work = smoke, keep_work
+        self.device = "cpu" if smoke else "cuda"
+        self.checks: list[dict[str, Any]] = []
+        self.results: dict[str, Any] = {}
+        self.skipped: str | None = None
+        self.finished = False
 
-    def check(self, section: str, name: str, ok: bool, detail: str) -> bool:
-        """Record one check of the report; returns ``ok``."""
-        self.checks.append(Check(section, name, bool(ok), detail))
+    def save(self) -> None:
+        """Write what the section has so far to ``sections/NAME.partial.json`` (atomically)."""
+        state = {"section": self.section, "checks": self.checks, "results": self.results, "skipped": self.skipped,
+                 "finished": self.finished}  # fmt: skip
+        write_json(self.folder / "sections" / f"{self.section}.partial.json", state, overwrite=True)
+
+    def check(self, name: str, ok: bool, detail: str) -> bool:
+        """Record one pass/fail check of the report; returns ``ok``."""
+        self.checks.append({"section": self.section, "name": name, "ok": bool(ok), "detail": detail})
+        self.save()
         return bool(ok)
 
-    def left_s(self) -> float:
-        """Seconds of the budget left (negative once it is spent)."""
-        return self.deadline - time.monotonic()
+    def record(self, key: str, value: Any) -> None:
+        """Record one result (a run's numbers) under ``key``."""
+        self.results[key] = value
+        self.save()
 
-    def fits(self, factor: float = 1.0) -> bool:
-        """Whether a run like the last one (``factor`` times as long) still fits the budget."""
-        return self.left_s() > factor * self.last_run_s
+    def skip(self, reason: str) -> None:
+        """Mark the section skipped (a one-line ``reason``): neither passed nor failed."""
+        self.skipped = reason
+        self.save()
 
-    def ds_config(self, name: str, stage: int, precision: str, lr: float | None = None) -> Path:
-        """ds_configs/zero{STAGE}_{PRECISION}.json with the mode's micro batch, peak LR (or ``lr``) and a 2-step
-        warm-up, written to WORK/NAME.json; its path."""
+    def drop(self, *paths: Path) -> None:
+        """Delete run folders and checkpoints the section no longer needs (kept with --keep_work)."""
+        if not self.keep_work:
+            for p in paths:
+                shutil.rmtree(p, ignore_errors=True)
+
+    def ds_config(self, name: str, stage: int, precision: str, lr: float | None = None,
+                  weight_decay: float | None = None) -> Path:  # fmt: skip
+        """ds_configs/zero{STAGE}_{PRECISION}.json with the mode's micro batch, peak LR (or ``lr``), the config's
+        weight decay (or ``weight_decay``) and a 2-step warm-up, written to WORK/NAME.json; its path."""
         cfg = json.loads((DS_CONFIG_DIR / f"zero{stage}_{precision}.json").read_text())
         cfg["train_micro_batch_size_per_gpu"] = self.s.train_micro
         cfg["optimizer"]["params"]["lr"] = self.s.lr if lr is None else lr
+        if weight_decay is not None:
+            cfg["optimizer"]["params"]["weight_decay"] = weight_decay
         cfg["scheduler"]["params"]["warmup_num_steps"] = 2
         path = self.work / f"{name}.json"
         path.write_text(json.dumps(cfg, indent=2))
         return path
 
-    def train(self, name: str, args: list[str]) -> tuple[int, Path]:
-        """One rank of train.py with ``args`` into WORK/NAME; (exit status, run folder)."""
-        out = self.work / name
+    def train(self, name: str, args: list[str]) -> tuple[int, Path, str | None, float]:
+        """One rank of train.py with ``args`` into WORK/NAME (no time limit of its own: the section's budget
+        applies); (exit status, run folder, train.py's own error line or None, wall seconds)."""
+        out, logs = self.work / name, self.folder / "logs" / self.section / name
         cmd = [sys.executable, str(TRAIN_SCRIPT), "--seq_len", str(self.s.train_seq_len), "--no_final_eval"]
         cmd += ["--log_interval", "1", *(["--data", self.data] if self.data else []), *args, "--out_dir", str(out)]
-        env = {"OMP_NUM_THREADS": str(max(1, (torch.get_num_threads())))} if self.device == "cpu" else {}
-        if self.device == "cpu":
-            env["DS_ACCELERATOR"] = "cpu"
+        env = {"OMP_NUM_THREADS": str(max(1, torch.get_num_threads())), "DS_ACCELERATOR": "cpu"} if self.smoke else {}
         t = time.monotonic()
-        res = launch_ranks(cmd, 1, envs=[env], log_dir=out / "logs", timeout_s=self.s.timeout_s)
-        self.last_run_s = time.monotonic() - t
-        return res.returncode, out
+        res = launch_ranks(cmd, 1, envs=[env], log_dir=logs, timeout_s=math.inf)
+        wall = time.monotonic() - t
+        error = next((ln.split("growlm-train: error:", 1)[1].strip() for ln in res.outputs[0].splitlines()
+                      if "growlm-train: error:" in ln), None)  # fmt: skip
+        return res.returncode, out, error, wall
 
-    def plan(self, name: str) -> Path:
-        """The live-growth plan of the ZeRO-2/3 runs: depth x2 by duplication at step 2, width masked at step 4."""
-        d, h = self.s.grow_width_to
-        base = from_preset(self.s.train_preset)
-        text = (
-            f"seed: 0\nstart: {{preset: {self.s.train_preset}, n_layer: {self.s.grow_depth_to // 2}}}\nstages:\n"
-            f"  - name: depth-x2\n    target: {{n_layer: {self.s.grow_depth_to}}}\n    family: duplicate\n"
-            f"    options: {{layer_order: interleave, exact: true}}\n    when: {{step: {self.s.grow_steps[0]}}}\n"
-            "    optimizer: {moments: carry}\n    schedule: {kind: continue}\n"
-            f"  - name: width\n    target: {{n_embd: {d}, n_head: {h}}}\n    family: masked\n"
-            f"    when: {{step: {self.s.grow_steps[1]}}}\n"
-            "    ramp_steps: 2\n    schedule: {kind: continue}\n"
-        )
-        assert d > base.n_embd, (d, base.n_embd)
+    def plan(self, name: str, depth: tuple[int, int] | None, width: int | None) -> Path:
+        """A live-growth plan from the mode's train preset at half its growth depth: ``depth`` (step, n_layer
+        after) a duplication growth, ``width`` (a step) the masked growth to ``grow_width_to``; its path."""
+        start = depth[1] // 2 if depth else self.s.grow_depth_to // 2
+        text = f"seed: 0\nstart: {{preset: {self.s.train_preset}, n_layer: {start}}}\nstages:\n"
+        if depth:
+            text += (
+                f"  - name: depth-x2\n    target: {{n_layer: {depth[1]}}}\n    family: duplicate\n"
+                f"    options: {{layer_order: interleave, exact: true}}\n    when: {{step: {depth[0]}}}\n"
+                "    optimizer: {moments: carry}\n    schedule: {kind: continue}\n"
+            )
+        if width:
+            d, h = self.s.grow_width_to
+            text += (
+                f"  - name: width\n    target: {{n_embd: {d}, n_head: {h}}}\n    family: masked\n"
+                f"    when: {{step: {width}}}\n    ramp_steps: 2\n    schedule: {{kind: continue}}\n"
+            )
         path = self.work / f"{name}.yaml"
         path.write_text(text)
         return path
 
 
-def train_and_check(r: Runner, name: str, stage: int, precision: str, extra: list[str]) -> dict[str, Any] | str:
-    """One training run of section 2 and its checks; its record (or why it was skipped)."""
-    if not r.fits():
-        return "skipped: budget"
-    args = ["--ds_config", str(r.ds_config(name, stage, precision)), "--max_steps", str(r.s.train_steps)]
-    args += ["--preset", r.s.train_preset] if stage == 1 else ["--growth_plan", str(r.plan(name))]
-    rc, run = r.train(name, [*args, *extra])
-    rec: dict[str, Any] = {"exit_status": rc, "wall_s": r.last_run_s}
-    if not r.check("training", f"{name} ran", rc == 0, f"exit status {rc}" + (f", logs in {name}/logs" if rc else "")):
-        return rec
+def check_run(r: Runner, name: str, run: Path, precision: str, growths: int) -> dict[str, Any]:
+    """The checks of one finished train.py run (losses finite and falling, ``growths`` live growths each preserving
+    the loss within ``GROWTH_TOL``); its numbers."""
     steps = read_records(run, "train")
     losses = [s["loss"] for s in steps]
     times = [s["step_time_s"] for s in steps][1:]
     median = statistics.median(times) if times else float("nan")
-    rec.update(losses=losses, skipped_steps=steps[-1].get("skipped_steps", 0) if steps else None,
-               step_time_s_median=median)  # fmt: skip
-    r.check("training", f"{name} losses finite", all(math.isfinite(x) for x in losses), f"{len(losses)} steps")
-    r.check("training", f"{name} loss falls", losses[-1] < losses[0], f"{losses[0]:.4f} -> {losses[-1]:.4f}")
-    if precision == "fp16":
-        skipped = rec["skipped_steps"]
-        r.check("training", f"{name} loss scaler", skipped is not None and skipped < len(losses),
-                f"{skipped} overflow-skipped step(s) of {len(losses)}")  # fmt: skip
-    growths = read_records(run, "growth")
+    rec: dict[str, Any] = {
+        "losses": losses,
+        "skipped_steps": steps[-1].get("skipped_steps", 0) if steps else None,
+        "step_time_s_median": median,
+        "first_step_s": steps[0]["step_time_s"] if steps else None,
+    }
+    r.check(f"{name} losses finite", bool(losses) and all(math.isfinite(x) for x in losses), f"{len(losses)} steps")
+    r.check(f"{name} loss falls", len(losses) > 1 and losses[-1] < losses[0],
+            f"{losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "no steps")  # fmt: skip
+    found = read_records(run, "growth")
     rec["growths"] = [
         {k: g[k] for k in ("step", "stage", "family", "loss_before", "loss_after", "seconds")}
         | {"equivalent_steps": g["seconds"] / median if median > 0 else None}
-        for g in growths
+        for g in found
     ]
-    if stage > 1:
-        r.check("training", f"{name} grew twice", len(growths) == 2, f"{len(growths)} growth record(s)")
-        for g in growths:
-            diff = abs(g["loss_after"] - g["loss_before"])
-            r.check("training", f"{name} {g['stage']} ({g['family']}) preserves the loss",
-                    diff <= GROWTH_TOL[precision],
-                    f"{g['loss_before']:.6f} -> {g['loss_after']:.6f} (|diff| {diff:.2e}, tolerance "
-                    f"{GROWTH_TOL[precision]:g}); {g['seconds']:.2f} s")  # fmt: skip
+    if growths:
+        r.check(f"{name} grew {growths} time(s)", len(found) == growths, f"{len(found)} growth record(s)")
+    for g in found:
+        diff = abs(g["loss_after"] - g["loss_before"])
+        r.check(f"{name} {g['stage']} ({g['family']}) preserves the loss", diff <= GROWTH_TOL[precision],
+                f"{g['loss_before']:.6f} -> {g['loss_after']:.6f} (|diff| {diff:.2e}, tolerance "
+                f"{GROWTH_TOL[precision]:g}); {g['seconds']:.2f} s")  # fmt: skip
     return rec
 
 
-def section_training(r: Runner) -> dict[str, Any]:
-    """Section 2: precision x ZeRO 1-3, live growth at ZeRO 2 and 3; on a GPU also the ZeRO-2 growth run of the first
-    precision with --compile (the same losses within the precision's tolerance, its median step time against the
-    run without)."""
-    out: dict[str, Any] = {}
-    for precision in r.s.precisions:
-        for stage in (1, 2, 3):
-            name = f"train-zero{stage}-{precision}"
-            out[name] = train_and_check(r, name, stage, precision, [])
-    if not r.smoke:
-        p = r.s.precisions[0]
-        name, plain = f"train-zero2-{p}-compile", out.get(f"train-zero2-{p}")
-        rec = out[name] = train_and_check(r, name, 2, p, ["--compile"])
-        if isinstance(rec, dict) and isinstance(plain, dict) and "losses" in rec and "losses" in plain:
-            worst = max(abs(a - b) for a, b in zip(rec["losses"], plain["losses"], strict=True))
-            rec["step_time_vs_eager"] = rec["step_time_s_median"] / plain["step_time_s_median"]
-            r.check("training", f"{name}: the same losses as without --compile", worst <= GROWTH_TOL[p],
-                    f"max |diff| {worst:.2e}; median step time {rec['step_time_vs_eager']:.2f}x of eager "
-                    "(the first step, which compiles, left out)")  # fmt: skip
-    return out
+def train_run(r: Runner, name: str, stage: int, precision: str) -> dict[str, Any]:
+    """One train.py run at ZeRO ``stage`` growing live twice (depth x2, then width), with its checks; its record."""
+    plan = r.plan(name, (r.s.grow_steps[0], r.s.grow_depth_to), r.s.grow_steps[1])
+    args = ["--ds_config", str(r.ds_config(name, stage, precision)), "--max_steps", str(r.s.train_steps)]
+    rc, run, error, wall = r.train(name, [*args, "--growth_plan", str(plan), "--no_final_save"])
+    rec: dict[str, Any] = {"exit_status": rc, "wall_s": wall}
+    if r.check(f"{name} ran", rc == 0, f"exit status {rc}" + (f": {error}" if error else "")):
+        rec.update(check_run(r, name, run, precision, growths=2))
+    r.drop(run)
+    return rec
 
 
-def section_offline(r: Runner) -> dict[str, Any]:
-    """Section 3: growlm-grow of the ZeRO-2 checkpoint and its resume; export -> --init_from -> export."""
+def section_env(r: Runner) -> None:
+    """env: versions and the device."""
+    env = environment()
+    r.record("environment", env)
+    r.check("device and versions", bool(env["device"] and env["torch"] and env["deepspeed"]),
+            f"{env['device']}; torch {env['torch']}, DeepSpeed {env['deepspeed']}, CUDA {env['cuda']}")  # fmt: skip
 
-    precision = r.s.precisions[0]
-    src = r.work / f"train-zero2-{precision}" / "checkpoints"
-    if not (src / "latest").is_file():
-        return {"skipped": f"no checkpoint of train-zero2-{precision}"}
-    out: dict[str, Any] = {}
-    n_layer = r.s.grow_depth_to + 1
+
+def section_train(r: Runner) -> None:
+    """train: ZeRO 1, 2 and 3 in the mode's precision, each growing live twice."""
+    for stage in (1, 2, 3):
+        name = f"train-zero{stage}-{r.s.precision}"
+        r.record(name, train_run(r, name, stage, r.s.precision))
+
+
+def source_checkpoint(r: Runner, name: str) -> Path | None:
+    """A ZeRO-2 checkpoint of the mode's source model after ``source_steps`` steps (WORK/NAME/checkpoints), or None
+    when the run failed (a failed check)."""
+    args = [*r.s.source_shape, "--max_steps", str(r.s.source_steps)]
+    rc, run, error, wall = r.train(name, [*args, "--ds_config", str(r.ds_config(name, 2, r.s.precision))])
+    r.record(name, {"exit_status": rc, "wall_s": wall})
+    ok = r.check(f"{name}: ZeRO-2 checkpoint after {r.s.source_steps} steps", rc == 0,
+                 f"exit status {rc}" + (f": {error}" if error else ""))  # fmt: skip
+    return run / "checkpoints" if ok else None
+
+
+def section_offline(r: Runner) -> None:
+    """offline: growlm-grow of a ZeRO-2 checkpoint (masked, one more layer, universal) and its resume."""
+    src = source_checkpoint(r, "offline-source")
+    if src is None:
+        return
+    shape = dict(zip(r.s.source_shape[::2], r.s.source_shape[1::2], strict=True))
+    n_layer = int(shape.get("--n_layer", from_preset(shape["--preset"]).n_layer)) + 1
+    grown = r.work / "grown"
     t = time.monotonic()
-    rc = grow_main(
-        [str(src), str(r.work / "grown"), "--family", "masked", "--n_layer", str(n_layer), "--ramp_steps", "2"]
-    )
-    out["grow_s"] = time.monotonic() - t
-    if r.check("offline", "growlm-grow (masked, +1 layer)", rc == 0, f"exit status {rc}") and not r.fits():
-        out["resume"] = "skipped: budget"
-    elif rc == 0:
-        name = "resume-grown"
-        args = ["--resume", str(r.work / "grown"), "--max_steps", str(r.s.train_steps + 2)]
-        args += ["--ds_config", str(r.ds_config(name, 2, precision))]
-        rc, run = r.train(name, args)
-        losses = [x["loss"] for x in read_records(run, "train")] if rc == 0 else []
-        out["resume"] = {"exit_status": rc, "losses": losses}
-        r.check("offline", "the grown checkpoint resumes", rc == 0 and len(losses) == 2 and
-                all(math.isfinite(x) for x in losses), f"exit status {rc}, losses {losses}")  # fmt: skip
-    # export -> --init_from at LR 0 for one step -> export: the weights must come back bit for bit
+    rc = grow_main([str(src), str(grown), "--family", "masked", "--n_layer", str(n_layer), "--ramp_steps", "2"])
+    r.record("grow_s", time.monotonic() - t)
+    r.drop(src.parent)
+    if not r.check("growlm-grow (masked, +1 layer, universal)", rc == 0, f"exit status {rc}"):
+        return
+    name = "resume-grown"
+    args = ["--resume", str(grown), "--max_steps", str(r.s.source_steps + 2), "--no_final_save"]
+    rc, run, error, wall = r.train(name, [*args, "--ds_config", str(r.ds_config(name, 2, r.s.precision))])
+    losses = [x["loss"] for x in read_records(run, "train")] if rc == 0 else []
+    r.record("resume", {"exit_status": rc, "losses": losses, "wall_s": wall})
+    r.check("the grown checkpoint resumes", rc == 0 and len(losses) == 2 and all(map(math.isfinite, losses)),
+            f"exit status {rc}" + (f": {error}" if error else f", losses {losses}"))  # fmt: skip
+    r.drop(grown, run)
+
+
+def section_export(r: Runner) -> None:
+    """export: export -> --init_from for one step at LR 1e-30 without weight decay -> export; the weights must come
+    back bit for bit. (train.py refuses LR 0; an Adam step is at most about LR in size, so 1e-30 moves no fp32 weight
+    larger than about 1e-23 in magnitude, and trained weights are far larger.)"""
+    src = source_checkpoint(r, "export-source")
+    if src is None:
+        return
     a, b = r.work / "hf-a", r.work / "hf-b"
     rc = grow_main([str(src), "--export_hf", str(a)])
-    if not r.check("offline", "export to transformers", rc == 0, f"exit status {rc}"):
-        return out
-    if not r.fits():
-        out["init_from"] = "skipped: budget"
-        return out
+    r.drop(src.parent)
+    if not r.check("export to transformers", rc == 0, f"exit status {rc}"):
+        return
     name = "init-from"
-    args = ["--init_from", str(a), "--max_steps", "1", "--ds_config", str(r.ds_config(name, 2, precision, lr=0.0))]
-    rc, run = r.train(name, args)
+    cfg = r.ds_config(name, 2, r.s.precision, lr=1e-30, weight_decay=0.0)
+    args = ["--init_from", str(a), "--max_steps", "1", "--ds_config", str(cfg)]
+    rc, run, error, wall = r.train(name, args)
     rc2 = grow_main([str(run / "checkpoints"), "--export_hf", str(b)]) if rc == 0 else None
-    if r.check("offline", "--init_from and export again", rc == 0 and rc2 == 0, f"exit status {rc}, export {rc2}"):
+    r.drop(run)
+    r.record("init_from", {"exit_status": rc, "export_exit_status": rc2, "wall_s": wall})
+    if r.check("--init_from and export again", rc == 0 and rc2 == 0,
+               f"exit status {rc}" + (f": {error}" if error else "") + f", export {rc2}"):  # fmt: skip
         wa, wb = (load_file(str(x / "model.safetensors")) for x in (a, b))
         worst = (
             max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wa) if sorted(wa) == sorted(wb) else None
         )
-        out["round_trip_max_abs_diff"] = worst
-        r.check("offline", "export -> --init_from -> export is exact", worst == 0.0, f"max |diff| {worst}")
-    return out
+        r.record("round_trip_max_abs_diff", worst)
+        r.check("export -> --init_from -> export is exact", worst == 0.0, f"max |diff| {worst}")
+    r.drop(a, b)
 
 
-def section_throughput(r: Runner, device_bytes: int | None) -> dict[str, Any]:
-    """Section 4: growlm-bench runs (one rank), with and without activation checkpointing, and the baseline."""
-    out: dict[str, Any] = {}
-    for preset in r.s.bench_presets:  # the largest first: its MFU is the number the check exists for
-        big = preset == r.s.bench_presets[0]
-        precisions = ["bf16", "fp16"] if not r.smoke and big else [r.s.precisions[0]]
-        stages = ["1", "3"] if not r.smoke and big else ["1"]
-        cfg = from_preset(preset)
-        micro = 4 if r.smoke else fit_micro_batch(cfg, r.s.bench_seq_len, device_bytes or 0, recompute=False)
-        name = f"bench-{preset}"
-        if not r.fits(3):  # the baseline and two train.py runs at least
-            out[name] = "skipped: budget"
-            continue
-        argv = ["--preset", preset, "--seq_len", str(r.s.bench_seq_len), "--world_size", "1", "--zero_stage", *stages,
-                "--precision", *precisions, "--micro_batch", str(micro), "--max_steps", str(r.s.bench_steps),
-                "--skip_steps", str(r.s.bench_skip), "--activation_checkpointing", "both",
-                "--timeout_s", str(max(30.0, r.left_s())), "--out", str(r.work / name)]  # fmt: skip
-        argv += ["--threads_per_rank", "1"] if r.device == "cpu" else []
-        argv += ["--data", r.data] if r.data else []
-        rc = bench.main(argv)
-        if not r.check("throughput", f"{name} (micro batch {micro})", rc == 0, f"growlm-bench exit status {rc}"):
-            continue
-        records = json.loads((r.work / name / "bench.json").read_text())
-        out[name] = [
-            {
-                k: rec.get(k)
-                for k in (
-                    "name",
-                    "precision",
-                    "zero_stage",
-                    "micro_batch",
-                    "tokens_per_s",
-                    "model_flops_per_s",
-                    "mfu",
-                    "step_time_s_median",
-                    "activation_recomputation",
-                    "peak_device_bytes_rank0",
-                    "peak_rss_bytes_per_rank",
-                    "recompute_memory_saved_bytes",
-                    "skipped_steps",
-                )
-            }  # fmt: skip
-            for rec in records
-        ]
-        (r.work / name / "bench.md").replace(r.work / f"{name}.md")
-    return out
+def section_throughput(r: Runner) -> None:
+    """throughput: growlm-bench (one rank, ZeRO-1, with and without activation checkpointing) and the baseline.
+    Its outputs (a JSON record per configuration as it finishes, bench.json, bench.md) go to
+    OUT/<device>/throughput/bench-PRESET."""
+    preset, p = r.s.bench_preset, r.s.precision
+    cfg = from_preset(preset)
+    if r.smoke:
+        micro = 4
+    else:
+        micro = fit_micro_batch(cfg, r.s.bench_seq_len, torch.cuda.get_device_properties(0).total_memory,
+                                recompute=False)  # fmt: skip
+    name = f"bench-{preset}"
+    out = r.folder / "throughput" / name
+    shutil.rmtree(out, ignore_errors=True)  # an earlier run's records
+    argv = ["--preset", preset, "--seq_len", str(r.s.bench_seq_len), "--world_size", "1", "--zero_stage", "1",
+            "--precision", p, "--micro_batch", str(micro), "--max_steps", str(r.s.bench_steps),
+            "--skip_steps", str(r.s.bench_skip), "--activation_checkpointing", "both", "--out", str(out)]  # fmt: skip
+    argv += ["--threads_per_rank", "1"] if r.smoke else []
+    argv += ["--data", r.data] if r.data else []
+    rc = bench.main(argv)
+    records = json.loads((out / "bench.json").read_text()) if (out / "bench.json").is_file() else []
+    r.record(name, [{k: rec.get(k) for k in (*BENCH_FIELDS, "failed", "error")} for rec in records])
+    r.check(f"{name} (micro batch {micro})", rc == 0, f"growlm-bench exit status {rc}, {len(records)} record(s)")
+    for rec in records:
+        if rec.get("failed"):
+            r.check(f"{name}: {rec['name']}", False, rec["error"])
+
+
+def section_compile(r: Runner) -> None:
+    """compile: train.py --compile (GPU: one live growth) against the same run in eager mode; skipped with train.py's
+    reason where it refuses --compile (exit status 2)."""
+    p, grow = r.s.precision, r.s.compile_grow
+    args = ["--ds_config", str(r.ds_config("compile", 2, p)), "--max_steps", str(r.s.compile_steps), "--no_final_save"]
+    args += ["--growth_plan", str(r.plan("compile", grow, None))] if grow else list(r.s.compile_shape)
+    name = f"compile-zero2-{p}"
+    rc, run, error, wall = r.train(name, [*args, "--compile"])
+    if rc == 2 and error:
+        r.drop(run)
+        r.skip(error)
+        return
+    rec: dict[str, Any] = {"exit_status": rc, "wall_s": wall}
+    if r.check(f"{name} ran", rc == 0, f"exit status {rc}" + (f": {error}" if error else "")):
+        rec.update(check_run(r, name, run, p, growths=1 if grow else 0))
+    r.drop(run)
+    r.record(name, rec)
+    eager_name = f"eager-zero2-{p}"
+    rc, run, error, wall = r.train(eager_name, args)
+    eager: dict[str, Any] = {"exit_status": rc, "wall_s": wall}
+    if r.check(f"{eager_name} ran", rc == 0, f"exit status {rc}" + (f": {error}" if error else "")):
+        eager.update(check_run(r, eager_name, run, p, growths=1 if grow else 0))
+    r.drop(run)
+    r.record(eager_name, eager)
+    if "losses" in rec and "losses" in eager and len(rec["losses"]) == len(eager["losses"]):
+        worst = max(abs(a - b) for a, b in zip(rec["losses"], eager["losses"], strict=True))
+        rec["step_time_vs_eager"] = rec["step_time_s_median"] / eager["step_time_s_median"]
+        r.record(name, rec)
+        r.check(f"{name}: the eager run's losses", worst <= COMPILE_TOL[p],
+                f"max |diff| {worst:.2e} (tolerance {COMPILE_TOL[p]:g}); median step time "
+                f"{rec['step_time_vs_eager']:.2f}x of eager (the first step, which compiles, left out: "
+                f"{rec['first_step_s']:.1f} s)")  # fmt: skip
+
+
+def section_fp16(r: Runner) -> None:
+    """fp16: ZeRO-2 in fp16 growing live twice; the loss scaler's overflow-skipped steps counted."""
+    device, avail = bench.available_precisions()
+    if "fp16" not in avail:
+        r.skip(f"this device ({device}) does not train fp16; available precisions: {', '.join(avail)}")
+        return
+    name = "train-zero2-fp16"
+    rec = train_run(r, name, 2, "fp16")
+    r.record(name, rec)
+    if "losses" in rec:
+        skipped, n = rec["skipped_steps"], len(rec["losses"])
+        r.check(f"{name} loss scaler", skipped is not None and skipped < n,
+                f"{skipped} overflow-skipped step(s) of {n}")  # fmt: skip
+
+
+SECTION_FNS = {"env": section_env, "train": section_train, "offline": section_offline, "export": section_export,
+               "throughput": section_throughput, "compile": section_compile, "fp16": section_fp16}  # fmt: skip
+
+
+def section_main(args: argparse.Namespace) -> int:
+    """The process of one section (``--_section``): run it, recording as it goes; exit status 0 once it finished
+    (its checks say whether it passed)."""
+    if args._parent is not None:
+        die_with_parent(args._parent)
+    if args.smoke:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    select_accelerator()
+    r = Runner(SMOKE if args.smoke else GPU, args._section, Path(args._folder), Path(args._work), args.data,
+               args.smoke, args.keep_work)  # fmt: skip
+    r.save()
+    SECTION_FNS[args._section](r)
+    r.finished = True
+    r.save()
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the sections in turn, and the report
+
+
+def last_line(path: Path) -> str:
+    """The last non-empty line of a log file ('' when there is none)."""
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][-300:] if lines else ""
+
+
+def section_record(name: str, meta: dict[str, Any], partial: dict[str, Any], rc: int | None, timed_out: bool,
+                   log: Path) -> dict[str, Any]:  # fmt: skip
+    """A finished (or killed) section's record from what its process wrote (``partial``), its exit status ``rc``
+    (None: never reaped, an interrupted run) and whether it was killed at its budget; ``meta``: mode, device,
+    budget_s, seconds."""
+    checks = list(partial.get("checks", []))
+    if timed_out:
+        status = "timed out"
+        checks.append({"section": name, "name": "finished within its budget", "ok": False,
+                       "detail": f"killed after {meta['budget_s']:g} s (--budget {name}=SECONDS)"})  # fmt: skip
+    elif rc is None:
+        status = "interrupted"
+    elif rc != 0 or not partial.get("finished"):
+        status = "failed"
+        checks.append({"section": name, "name": "section process", "ok": False,
+                       "detail": f"exit status {rc}: {last_line(log)}"})  # fmt: skip
+    elif partial.get("skipped"):
+        status = f"skipped: {partial['skipped']}"
+    else:
+        status = "passed" if all(c["ok"] for c in checks) else "failed"
+    return {
+        "section": name,
+        "status": status,
+        **meta,
+        "finished_at": None if rc is None else datetime.now(UTC).isoformat(timespec="seconds"),
+        "checks": checks,
+        "results": partial.get("results", {}),
+        "log": f"sections/{name}.log",
+    }
+
+
+def load_sections(folder: Path) -> dict[str, dict[str, Any]]:
+    """Every section record in ``folder/sections``, in section order; a section that left only its partial file
+    (killed with growlm-gpu-check itself) is 'interrupted' with the checks it had recorded."""
+    recs: dict[str, dict[str, Any]] = {}
+    for name in SECTIONS:
+        final, partial = folder / "sections" / f"{name}.json", folder / "sections" / f"{name}.partial.json"
+        if final.is_file():
+            recs[name] = json.loads(final.read_text())
+        elif partial.is_file():
+            meta = {"mode": None, "device": None, "budget_s": None, "seconds": None}
+            recs[name] = section_record(name, meta, json.loads(partial.read_text()), None, False, Path())
+    return recs
+
+
+def failed(status: str) -> bool:
+    """Whether a section's status fails the check (failed, timed out, interrupted; not passed or skipped)."""
+    return not (status == "passed" or status.startswith("skipped"))
+
+
+def build_report(recs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The report of ``recs`` (section name -> record): mode, device, environment, every check, each section."""
+    some = next((x for x in recs.values() if x.get("device")), {})
+    env = recs.get("env", {}).get("results", {}).get("environment") or {"device": some.get("device")}
+    return {
+        "mode": some.get("mode"),
+        "device": some.get("device"),
+        "passed": bool(recs) and not any(failed(x["status"]) for x in recs.values()),
+        "seconds": sum(x.get("seconds") or 0.0 for x in recs.values()),
+        "environment": env,
+        "checks": [c for x in recs.values() for c in x["checks"]],
+        "sections": recs,
+    }
 
 
 def markdown(report: dict[str, Any]) -> str:
-    """The report as markdown: environment, checks, throughput table."""
-    env = report["environment"]
-    lines = [f"# growlm gpu-check: {env.get('device')}", "", f"mode: {report['mode']}, {report['seconds']:.0f} s", ""]
-    lines += [f"- {k}: {v}" for k, v in env.items()]
+    """The report as markdown: sections, environment, checks, throughput table."""
+    lines = [f"# growlm gpu-check: {report['device']}", "", f"mode: {report['mode']}; {report['seconds']:.0f} s of "
+             "sections; each section's record is in sections/NAME.json", ""]  # fmt: skip
+    lines += ["| section | status | seconds | budget s | finished at |", "|---|---|---|---|---|"]
+    for name, x in report["sections"].items():
+        sec = "-" if x.get("seconds") is None else f"{x['seconds']:.0f}"
+        lines.append(f"| {name} | {x['status']} | {sec} | {x.get('budget_s') or '-'} | {x.get('finished_at')} |")
+    lines += [""] + [f"- {k}: {v}" for k, v in report["environment"].items()]
     lines += ["", "| section | check | result | detail |", "|---|---|---|---|"]
     for c in report["checks"]:
         lines.append(f"| {c['section']} | {c['name']} | {'pass' if c['ok'] else 'FAIL'} | {c['detail']} |")
-    rows = [rec for v in report["sections"].get("throughput", {}).values() if isinstance(v, list) for rec in v]
+    results = report["sections"].get("throughput", {}).get("results", {})
+    rows = [rec for v in results.values() if isinstance(v, list) for rec in v if not rec.get("failed")]
     if rows:
         lines += ["", "| run | micro batch | tokens/s | model TFLOP/s | MFU | peak memory MiB | recompute saves MiB |",
                   "|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -395,86 +684,210 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {x['model_flops_per_s'] / 1e12:.2f} | {format_mfu(x['mfu'])} | {peak / 2**20:,.0f} "
                 f"| {'-' if saved is None else f'{saved / 2**20:,.0f}'} |"
             )
-    skipped = [f"{s}/{k}" for s, v in report["sections"].items() if isinstance(v, dict)
-               for k, x in v.items() if isinstance(x, str) and x.startswith("skipped")]  # fmt: skip
-    if skipped:
-        lines += ["", f"skipped (time budget or a missing input): {', '.join(skipped)}"]
     return "\n".join(lines) + "\n"
+
+
+def write_report(folder: Path, recs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Rebuild ``gpu_check.json`` and ``gpu_check.md`` in ``folder`` from ``recs`` (atomically); the report."""
+    report = build_report(recs)
+    write_json(folder / "gpu_check.json", report, overwrite=True)
+    write_text(folder / "gpu_check.md", markdown(report), overwrite=True)
+    return report
+
+
+def run_section(name: str, budget_s: float, args: argparse.Namespace, folder: Path, device: str) -> dict[str, Any]:
+    """Run section ``name`` in its own process for at most ``budget_s`` seconds, then publish it: the report
+    rebuilt with its record, then ``sections/NAME.json``; its record."""
+    sections = folder / "sections"
+    sections.mkdir(parents=True, exist_ok=True)
+    final, partial, log = sections / f"{name}.json", sections / f"{name}.partial.json", sections / f"{name}.log"
+    final.unlink(missing_ok=True)
+    partial.unlink(missing_ok=True)
+    shutil.rmtree(folder / "logs" / name, ignore_errors=True)
+    if args.keep_work:
+        work = folder / "runs" / name
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+    else:
+        work = Path(tempfile.mkdtemp(prefix=f"growlm-gpu-check-{name}-"))
+    cmd = [sys.executable, "-m", "growlm.eval.bench.gpu_check", "--_section", name, "--_folder", str(folder),
+           "--_work", str(work), "--_parent", str(os.getpid()), *(["--smoke"] if args.smoke else []),
+           *(["--data", args.data] if args.data else []), *(["--keep_work"] if args.keep_work else [])]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **({"DS_ACCELERATOR": "cpu"} if args.smoke else {})}
+    t = time.monotonic()
+    try:
+        rc, timed_out = run_child(cmd, env, log, budget_s)
+    finally:
+        if not args.keep_work:
+            shutil.rmtree(work, ignore_errors=True)
+    meta = {"mode": "smoke (CPU, tiny shapes)" if args.smoke else "GPU", "device": device, "budget_s": budget_s,
+            "seconds": time.monotonic() - t}  # fmt: skip
+    rec = section_record(name, meta, json.loads(partial.read_text()) if partial.is_file() else {}, rc, timed_out, log)
+    write_report(folder, {**load_sections(folder), name: rec})
+    write_json(final, rec, overwrite=True)
+    partial.unlink(missing_ok=True)
+    return rec
+
+
+def parse_sections(text: str) -> list[str]:
+    """``--sections``: comma-separated names, run in the order given.
+
+    Raises:
+        GpuCheckError: an unknown or repeated name, or none.
+    """
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in names if s not in SECTIONS]
+    if unknown or not names or len(set(names)) != len(names):
+        raise GpuCheckError(f"--sections {text}: give distinct names from {', '.join(SECTIONS)}, comma-separated")
+    return names
+
+
+def parse_budgets(items: list[str], defaults: dict[str, float]) -> dict[str, float]:
+    """``defaults`` with every ``--budget SECTION=SECONDS`` applied.
+
+    Raises:
+        GpuCheckError: not SECTION=SECONDS, an unknown section, or seconds that are not a positive number.
+    """
+    budgets = dict(defaults)
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = float("nan")
+        if name not in SECTIONS or not seconds > 0 or math.isinf(seconds):
+            raise GpuCheckError(f"--budget {item}: give SECTION=SECONDS, SECTION one of {', '.join(SECTIONS)} and "
+                                "SECONDS a positive number")  # fmt: skip
+        budgets[name] = seconds
+    return budgets
+
+
+def help_epilog() -> str:
+    """--help's table of the sections: budget (GPU, smoke) and the H200 estimate with its arithmetic."""
+    lines = ["sections (* default set): budget s on a GPU / in smoke mode; estimated H200 s (an estimate: not",
+             "measured on a GPU; docs/benchmarks.md shows the arithmetic):"]  # fmt: skip
+    for name in SECTIONS:
+        est, how = H200_ESTIMATE_S[name]
+        star = "*" if name in DEFAULT_SECTIONS else " "
+        lines.append(f"  {star}{name:<10} {BUDGETS['gpu'][name]:>4} / {BUDGETS['smoke'][name]:>3}   "
+                     f"~{est:>3} s = {how}")  # fmt: skip
+    gpu = sum(BUDGETS["gpu"][s] for s in DEFAULT_SECTIONS)
+    est = sum(H200_ESTIMATE_S[s][0] for s in DEFAULT_SECTIONS)
+    lines += [
+        f"default set: budgets {gpu} s (estimate ~{est} s), plus this process's start (~10 s from a cold start) and",
+        "the built-in corpus prepared once where --data is not given (~10 s): under 6 minutes on one H200",
+    ]
+    lines += [
+        "basis: a run's start 15 s = 6-8 s measured for a tiny train.py on a 2-core CPU (imports, engine build)",
+        "+ 7 s assumed for CUDA init and first-step kernels; steps at 40% MFU of 989 TFLOP/s; a live growth 4 s;",
+        "files at 1 GB/s; growlm-grow scaled from its 2-core CPU benchmark (eval/results/grow_checkpoint.json)",
+    ]
+    return "\n".join(lines)
+
+
+class _Help(HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """The shared help formatter, keeping the section table's lines as written."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The growlm-gpu-check argument parser."""
     p = argparse.ArgumentParser(
         prog="growlm-gpu-check",
-        description="Prove growlm on this machine's GPU: environment, bf16/fp16 training at ZeRO 1-3 with live "
-        "growth, offline growth and resume, export round trip, throughput and MFU; --smoke: the same at tiny "
-        "shapes on a CPU.",
-        formatter_class=HelpFormatter,
+        description="Prove growlm on this machine's GPU in sections that each fit a short lease:\n"
+        "environment, bf16 training at ZeRO 1-3 with live growth, offline growth and resume,\n"
+        "export round trip, throughput and MFU, torch.compile, fp16. Each section runs in its\n"
+        "own process, is killed at its budget, and its record and the report are written the\n"
+        "moment it ends. --smoke: the same at tiny shapes on a CPU.",
+        epilog=help_epilog(),
+        formatter_class=_Help,
     )
     p.add_argument("--out", default="eval/results/gpu", help="results go to OUT/<device>/")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, fp32, on the CPU (the test suite's run)")
-    p.add_argument("--budget_s", type=float, default=480.0, help="seconds for everything; later sections skip")
+    p.add_argument("--sections", default=",".join(DEFAULT_SECTIONS),
+                   help=f"comma-separated sections to run, in this order, from {', '.join(SECTIONS)}")  # fmt: skip
+    p.add_argument("--budget", action="append", default=None, metavar="SECTION=SECONDS",
+                   help="override one section's budget (repeatable); a section past it is killed, recorded as timed "
+                   "out, and the next one runs")  # fmt: skip
+    p.add_argument("--report_only", action="store_true",
+                   help="run nothing: rebuild gpu_check.json and gpu_check.md in every OUT/<device>/ from its "
+                   "section records")  # fmt: skip
     p.add_argument("--data", default=None, help="prepared token folder for every run (default: the built-in corpus)")
-    p.add_argument("--keep_work", action="store_true", help="keep the run folders in OUT/<device>/work")
+    p.add_argument("--keep_work", action="store_true", help="keep run folders and checkpoints (OUT/<device>/runs)")
+    for hidden in ("--_section", "--_folder", "--_work"):  # a section's own process (run_section)
+        p.add_argument(hidden, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--_parent", type=int, default=None, help=argparse.SUPPRESS)
     return add_version(p)
 
 
-def run(args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
-    """Every section; returns the report and its folder.
+def report_only(out: Path) -> int:
+    """Rebuild the report of every OUT/<device>/ with section records and print it; 0 when every section there
+    passed or was skipped, else 1.
 
     Raises:
-        GpuCheckError: no CUDA device without --smoke, or a budget that is not positive.
+        GpuCheckError: no OUT/<device>/sections folder.
     """
-    if not args.budget_s > 0:
-        raise GpuCheckError(f"--budget_s {args.budget_s}: give a positive number of seconds")
-    if args.smoke:
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    select_accelerator()
+    folders = sorted(f for f in out.glob("*") if (f / "sections").is_dir())
+    if not folders:
+        raise GpuCheckError(f"--report_only: no section records under {out} (no {out}/<device>/sections)")
+    rc = 0
+    for folder in folders:
+        report = write_report(folder, load_sections(folder))
+        print(markdown(report), flush=True)
+        print(f"growlm-gpu-check: report rebuilt: {folder / 'gpu_check.json'}", flush=True)
+        rc = max(rc, 0 if report["passed"] else 1)
+    return rc
+
+
+def run(args: argparse.Namespace) -> tuple[dict[str, Any], Path, list[dict[str, Any]]]:
+    """Every section asked for, in turn; returns the report (every section record in the folder, earlier runs'
+    included), its folder and this run's section records.
+
+    Raises:
+        GpuCheckError: no CUDA device without --smoke, or bad --sections / --budget.
+    """
+    names = parse_sections(args.sections)
+    budgets = parse_budgets(args.budget or [], BUDGETS["smoke" if args.smoke else "gpu"])
     if not args.smoke and not torch.cuda.is_available():
         raise GpuCheckError("no CUDA device is visible: run on a GPU node, or pass --smoke for the CPU rehearsal")
-    t0 = time.monotonic()
-    env = environment()
-    folder = Path(args.out) / device_slug(env["device"] + ("-smoke" if args.smoke else ""))
+    device = device_description()
+    folder = Path(args.out) / device_slug(device + ("-smoke" if args.smoke else ""))
     folder.mkdir(parents=True, exist_ok=True)
-    work = folder / "work" if args.keep_work else Path(tempfile.mkdtemp(prefix="growlm-gpu-check-"))
-    if args.keep_work:
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir()
-    r = Runner(SMOKE if args.smoke else GPU, work, args.data, args.budget_s, args.smoke)
-    try:
-        for name, fn in (("training", section_training), ("offline", section_offline),
-                         ("throughput", lambda x: section_throughput(x, env.get("device_memory_bytes")))):  # fmt: skip
-            t = time.monotonic()
-            r.sections[name] = fn(r)
-            r.sections[f"{name}_s"] = time.monotonic() - t
-    finally:
-        if not args.keep_work:
-            shutil.rmtree(work, ignore_errors=True)
-    report = {
-        "mode": "smoke (CPU, tiny shapes)" if args.smoke else "GPU",
-        "seconds": time.monotonic() - t0,
-        "environment": env,
-        "checks": [c.__dict__ for c in r.checks],
-        "sections": r.sections,
-    }
-    (folder / "gpu_check.json").write_text(json.dumps(report, indent=2) + "\n")
-    (folder / "gpu_check.md").write_text(markdown(report))
-    return report, folder
+    if args.data is None:  # once here, not by the first train.py run inside a section's budget
+        t = time.monotonic()
+        args.data = str(ensure_builtin_prepared())
+        print(f"growlm-gpu-check: built-in corpus ready ({time.monotonic() - t:.0f} s): {args.data}", flush=True)
+    total = sum(budgets[n] for n in names)
+    print(f"growlm-gpu-check: {', '.join(f'{n} ({budgets[n]:g} s)' for n in names)}: at most {total:g} s; "
+          f"results in {folder}", flush=True)  # fmt: skip
+    recs = []
+    for name in names:
+        rec = run_section(name, budgets[name], args, folder, device)
+        recs.append(rec)
+        ok = sum(c["ok"] for c in rec["checks"])
+        print(f"growlm-gpu-check: {name}: {rec['status']} in {rec['seconds']:.0f} s (budget {budgets[name]:g} s), "
+              f"{ok}/{len(rec['checks'])} checks passed; {folder / 'sections' / name}.json", flush=True)  # fmt: skip
+    return build_report(load_sections(folder)), folder, recs
 
 
 def main(argv: list[str] | None = None) -> int:
-    """growlm-gpu-check's entry point: 0 when every check passed, 1 when one failed, 2 for bad input (one line)."""
+    """growlm-gpu-check's entry point: 0 when every check passed, 1 when one failed or a section timed out, 2 for bad
+    input (one line)."""
     args = build_parser().parse_args(argv)
+    if args._section:
+        return section_main(args)
     try:
-        report, folder = run(args)
+        if args.report_only:
+            return report_only(Path(args.out))
+        report, folder, recs = run(args)
     except GpuCheckError as e:
         print(f"growlm-gpu-check: error: {e}", file=sys.stderr)
         return 2
-    failed = [c for c in report["checks"] if not c["ok"]]
+    checks = [c for rec in recs for c in rec["checks"]]
     print((folder / "gpu_check.md").read_text(), flush=True)
-    print(f"growlm-gpu-check: {len(report['checks']) - len(failed)}/{len(report['checks'])} checks passed; "
+    statuses = ", ".join(f"{x['section']}: {x['status']}" for x in recs)
+    print(f"growlm-gpu-check: {sum(c['ok'] for c in checks)}/{len(checks)} checks of this run passed ({statuses}); "
           f"{folder / 'gpu_check.json'}")  # fmt: skip
-    return 1 if failed else 0
+    return 1 if any(failed(x["status"]) for x in recs) else 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ Definitions: DESIGN.md section Evaluation, and ``eval/bench/report.py``. Example
 
 Ranks are started on this machine with RANK/WORLD_SIZE/MASTER_ADDR=127.0.0.1 (like torchrun); on a CPU each rank
 gets ``--threads_per_rank`` threads (OMP_NUM_THREADS) and the matmul peak is measured with that many threads.
+
+Each configuration's record is written to ``--out`` the moment its run ends (``NAME.json``, and ``bench.json`` with
+every record so far), so a benchmark killed midway keeps what it measured. A run that fails or times out is recorded
+as failed (``"failed": true`` and its error line) and the next configuration runs; the exit status is then 1.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -36,6 +41,7 @@ from growlm.eval.bench.report import BenchError, add_recompute_savings, summariz
 from growlm.growth.errors import GrowthError
 from growlm.growth.stages.plan import load_stages
 from growlm.model.config import flops_per_token, from_preset, param_count
+from growlm.runtime.atomic import write_json
 from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import select_accelerator
 from growlm.runtime.launch import launch_ranks
@@ -354,36 +360,94 @@ def _common(args: argparse.Namespace, cfg, fpt: int, device_type: str) -> dict:
     }
 
 
+def error_line(e: BenchError) -> str:
+    """The one line a failed run is recorded with: the error's message, or, for one that carries the ranks' last
+    output, its first line and the last output line that names an exception (else the last line)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else type(e).__name__
+    named = [ln for ln in lines[1:] if re.match(r"[\w.]*(Error|Exception|Interrupt)\b", ln)]
+    return f"{lines[0].removesuffix('; last output:')}: {(named or lines[1:])[-1]}"
+
+
+def failed_record(args: argparse.Namespace, name: str, kind: str, precision: str, base: dict, e: BenchError,
+                  stage: int | None = None, recompute: bool = False) -> dict:  # fmt: skip
+    """The record of a run that failed or timed out: what it was, ``failed: true``, ``error`` (one line,
+    ``error_line``) and ``output_tail`` (the error's whole text, at most its last 2,000 characters)."""
+    rec = {"name": name, "kind": kind, "precision": precision, "world_size": args.world_size}
+    rec.update({"zero_stage": stage} if kind == "deepspeed" else {})
+    rec.update(base["common"], activation_recomputation=recompute, failed=True, error=error_line(e))
+    rec["output_tail"] = str(e)[-2000:]
+    return rec
+
+
+def _keep(records: list[dict], rec: dict, out: Path) -> None:
+    """Append ``rec`` and write it at once: OUT/NAME.json and OUT/bench.json (every record so far), atomically."""
+    records.append(rec)
+    write_json(out / f"{rec['name']}.json", rec, overwrite=True)
+    write_json(out / "bench.json", records, overwrite=True)
+
+
 def _measure(args: argparse.Namespace, precisions: list[str], stages: list[int], base: dict, work: Path) -> list:
-    """The PyTorch baseline and every DeepSpeed run, per precision; one record each."""
+    """The PyTorch baseline and every DeepSpeed run, per precision; one record each, written to ``args.out`` as it
+    ends (``_keep``). A run that fails or times out gets a failed record (``failed_record``) and the next runs."""
     records: list[dict] = []
+    out = Path(args.out)
     for p in precisions:
-        baseline = None if args.no_baseline else bench_pytorch(args, p, work, base)
-        if baseline is not None:
-            records.append(baseline)
+        baseline = None
+        if not args.no_baseline:
+            try:
+                baseline = bench_pytorch(args, p, work, base)
+            except BenchError as e:
+                _keep(records, failed_record(args, f"pytorch-{p}", "pytorch", p, base, e), out)
+            else:
+                _keep(records, baseline, out)
         modes = {"off": [False], "on": [True], "both": [False, True]}[args.activation_checkpointing]
         for s in stages:
             for recompute in modes:
-                rec = bench_deepspeed(args, s, p, work, base, recompute)
+                try:
+                    rec = bench_deepspeed(args, s, p, work, base, recompute)
+                except BenchError as e:
+                    name = f"zero{s}-{p}" + ("-ckpt" if recompute else "")
+                    rec = failed_record(args, name, "deepspeed", p, base, e, s, recompute)
+                    _keep(records, rec, out)
+                    print(f"growlm-bench: {name}: failed: {rec['error']}", flush=True)
+                    continue
                 rec["baseline_step_time_s"] = baseline["step_time_s_median"] if baseline else None
                 rec["overhead_vs_baseline"] = (
                     rec["step_time_s_median"] / baseline["step_time_s_median"] if baseline else None
                 )
-                records.append(rec)
+                _keep(records, rec, out)
                 print(
                     f"growlm-bench: {rec['name']}: {rec['tokens_per_s']:,.0f} tokens/s, MFU {format_mfu(rec['mfu'])}",
                     flush=True,
                 )
-    add_recompute_savings(records)
+    add_recompute_savings([r for r in records if not r.get("failed")])
     return records
+
+
+def _write_failures(out: Path, records: list[dict]) -> None:
+    """After ``write_reports`` (given the runs that finished): every failed run's JSON record, bench.json with all
+    records in run order, and a table of the failed runs under bench.md."""
+    failures = [r for r in records if r.get("failed")]
+    for rec in failures:
+        write_json(out / f"{rec['name']}.json", rec, overwrite=True)
+    write_json(out / "bench.json", records, overwrite=True)
+    if failures:
+        lines = ["", "Failed runs (no numbers; each record's output_tail has the ranks' last output):", "",
+                 "| run | error |", "|---|---|"]  # fmt: skip
+        lines += [f"| {r['name']} | {r['error'].replace('|', '/')} |" for r in failures]
+        with open(out / "bench.md", "a") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 def run(args: argparse.Namespace) -> list[dict]:
     """Run every (ZeRO stage, precision) the flags ask for through train.py, plus the PyTorch baseline; one summary
-    record per run (tokens/s, model FLOP/s, MFU, peak RSS bytes), written to ``--out``.
+    record per run (tokens/s, model FLOP/s, MFU, peak RSS bytes), each written to ``--out`` as its run ends; a run
+    that failed or timed out has a failed record (``failed_record``: its error line) instead.
 
     Raises:
-        BenchError: bad flags for this device, or a run that failed or timed out (train.py's error line).
+        BenchError: bad flags for this device (before anything runs).
     """
 
     device_type, precisions, stages, cfg, fpt = _resolve(args)
@@ -402,24 +466,30 @@ def run(args: argparse.Namespace) -> list[dict]:
     finally:
         if not args.keep_runs:
             shutil.rmtree(work, ignore_errors=True)
-    write_reports(args, out, records, base, cfg.shape_str())
+    write_reports(args, out, [r for r in records if not r.get("failed")], base, cfg.shape_str())
+    _write_failures(out, records)
     return records
 
 
 def main(argv: list[str] | None = None) -> int:
+    """growlm-bench's entry point: 0 when every run finished, 1 when one failed or timed out (each named on stderr
+    with its error line; its record says so), 2 for bad input (one line, nothing run)."""
     args = parse_args(argv)
     try:
         records = run(args)
     except BenchError as e:
         print(f"growlm-bench: error: {e}", file=sys.stderr)
         return 2
+    ok = [r for r in records if not r.get("failed")]
     print((Path(args.out) / "bench.md").read_text(), flush=True)
     print(
-        f"growlm-bench: {len(records)} JSON record(s), bench.md{' and bench.png' if len(records) > 1 else ''} "
-        f"in {args.out}",
+        f"growlm-bench: {len(records)} JSON record(s), bench.md{' and bench.png' if len(ok) > 1 else ''} in {args.out}",
         flush=True,
     )
-    return 0
+    for r in records:
+        if r.get("failed"):
+            print(f"growlm-bench: error: {r['name']}: {r['error']}", file=sys.stderr)
+    return 1 if len(ok) < len(records) else 0
 
 
 if __name__ == "__main__":

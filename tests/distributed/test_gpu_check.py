@@ -1,49 +1,157 @@
-"""growlm-gpu-check --smoke: the GPU acceptance sequence at tiny shapes on the CPU (fp32, one rank per run): every
-section runs, every check passes, and the results files hold the numbers the report is made of."""
+"""growlm-gpu-check --smoke: the GPU acceptance sections at tiny shapes on the CPU (fp32, one rank per run): every
+default section runs in its own process and passes, each writes its record the moment it ends, a section past its
+budget is killed and recorded as timed out, and a growlm-gpu-check killed with SIGKILL keeps what it measured.
+
+The full smoke runs once (the module's ``smoke`` fixture); the other tests run one or two short sections."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
 
+import psutil
 import pytest
 import torch
 
+from growlm import PACKAGE_DIR
 from growlm.eval.bench import gpu_check
 
 
-def test_smoke_runs_every_section_and_writes_the_results(tmp_path, builtin_data, capsys):
-    out = tmp_path / "gpu"
-    rc = gpu_check.main(
-        ["--smoke", "--out", str(out), "--budget_s", "1200", "--data", str(builtin_data), "--keep_work"]
-    )
-    printed = capsys.readouterr().out
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory, builtin_data):
+    """The default sections in smoke mode: (exit status, printed output, the device folder)."""
+    out = tmp_path_factory.mktemp("smoke") / "gpu"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        rc = gpu_check.main(["--smoke", "--out", str(out), "--data", str(builtin_data)])
     (folder,) = out.iterdir()
+    return rc, printed.getvalue(), folder
+
+
+def sections_of(folder) -> dict:
+    """Each section's record as written to sections/NAME.json."""
+    return {p.stem: json.loads(p.read_text()) for p in sorted((folder / "sections").glob("*.json"))
+            if not p.name.endswith(".partial.json")}  # fmt: skip
+
+
+def leftovers(marker: str) -> list[str]:
+    """Command lines of live processes that name ``marker`` (a test's output folder)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if marker in cmd and p.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(cmd)
+    return found
+
+
+def test_smoke_runs_every_default_section_and_writes_the_results(smoke):
+    rc, printed, folder = smoke
     assert folder.name.endswith("-smoke")
     report = json.loads((folder / "gpu_check.json").read_text())
     failed = [c for c in report["checks"] if not c["ok"]]
-    assert rc == 0 and not failed, failed
-    assert "checks passed" in printed
+    assert rc == 0 and not failed and report["passed"], failed
+    assert "checks of this run passed" in printed
+    assert list(report["sections"]) == list(gpu_check.DEFAULT_SECTIONS)
+    sec = sections_of(folder)
+    assert sorted(sec) == sorted(gpu_check.DEFAULT_SECTIONS)
+    for name, rec in sec.items():  # each section's own record: passed within its budget, its log kept
+        assert rec["status"] == "passed" and rec["section"] == name and rec == report["sections"][name]
+        assert rec["budget_s"] == gpu_check.BUDGETS["smoke"][name] and 0 < rec["seconds"] < rec["budget_s"]
+        assert (folder / rec["log"]).is_file()
+    assert not list((folder / "sections").glob("*.partial.json"))
+    assert not (folder / "runs").exists()  # no --keep_work: run folders and checkpoints deleted
     env = report["environment"]
     assert env["torch"] and env["deepspeed"] and env["attention"] == {"fp32": "flash"}  # the CPU flash kernel
-    names = {c["name"] for c in report["checks"]}
-    for stage in (1, 2, 3):
-        assert f"train-zero{stage}-fp32 loss falls" in names
-    sec = report["sections"]
-    z3 = sec["training"]["train-zero3-fp32"]
-    assert [(g["stage"], g["family"], g["step"]) for g in z3["growths"]] == [
-        ("depth-x2", "duplicate", 2), ("width", "masked", 4)
-    ]  # fmt: skip
-    for g in z3["growths"]:
-        assert abs(g["loss_after"] - g["loss_before"]) <= gpu_check.GROWTH_TOL["fp32"]
-        assert g["equivalent_steps"] == pytest.approx(g["seconds"] / z3["step_time_s_median"])
-    assert len(z3["losses"]) == 6 and z3["losses"][-1] < z3["losses"][0]
-    assert len(sec["offline"]["resume"]["losses"]) == 2 and sec["offline"]["round_trip_max_abs_diff"] == 0.0
-    (bench,) = [v for k, v in sec["throughput"].items() if k.startswith("bench-")]
+    train = sec["train"]["results"]
+    for stage in (1, 2, 3):  # every ZeRO stage grows live twice, each growth preserving the loss
+        run = train[f"train-zero{stage}-fp32"]
+        assert [(g["stage"], g["family"], g["step"]) for g in run["growths"]] == [
+            ("depth-x2", "duplicate", 2), ("width", "masked", 4)
+        ]  # fmt: skip
+        for g in run["growths"]:
+            assert abs(g["loss_after"] - g["loss_before"]) <= gpu_check.GROWTH_TOL["fp32"]
+            assert g["equivalent_steps"] == pytest.approx(g["seconds"] / run["step_time_s_median"])
+        assert len(run["losses"]) == 6 and run["losses"][-1] < run["losses"][0]
+        assert (folder / "logs" / "train" / f"train-zero{stage}-fp32" / "rank0.log").is_file()
+    offline = sec["offline"]["results"]
+    assert len(offline["resume"]["losses"]) == 2 and all(map(math.isfinite, offline["resume"]["losses"]))
+    assert sec["export"]["results"]["round_trip_max_abs_diff"] == 0.0
+    bench = sec["throughput"]["results"]["bench-tiny"]
     assert [x["name"] for x in bench] == ["pytorch-fp32", "zero1-fp32", "zero1-fp32-ckpt"]
     assert bench[2]["activation_recomputation"] and bench[2]["recompute_memory_saved_bytes"] is not None
+    kept = folder / "throughput" / "bench-tiny"  # growlm-bench's own outputs, one record per configuration
+    assert json.loads((kept / "zero1-fp32-ckpt.json").read_text())["tokens_per_s"] == bench[2]["tokens_per_s"]
     md = (folder / "gpu_check.md").read_text()
-    assert "| training | train-zero2-fp32 ran | pass |" in md and "| zero1-fp32-ckpt | 4 |" in md
-    assert (folder / "work" / "train-zero2-fp32" / "checkpoints" / "latest").is_file()  # --keep_work
+    assert "| train | passed |" in md and "| train | train-zero2-fp32 ran | pass |" in md
+    assert "| zero1-fp32-ckpt | 4 |" in md
+
+
+def test_a_section_past_its_budget_is_killed_and_the_next_one_runs(tmp_path, builtin_data, capsys):
+    out = tmp_path / "gpu"
+    rc = gpu_check.main(["--smoke", "--out", str(out), "--data", str(builtin_data), "--sections", "train,env",
+                         "--budget", "train=1", "--keep_work"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert rc == 1
+    (folder,) = out.iterdir()
+    sec = sections_of(folder)
+    assert sec["train"]["status"] == "timed out" and sec["train"]["budget_s"] == 1.0
+    assert sec["train"]["seconds"] < 60  # killed at its budget, not at the end of its runs
+    last = sec["train"]["checks"][-1]
+    assert (last["name"], last["ok"]) == ("finished within its budget", False)
+    assert last["detail"] == "killed after 1 s (--budget train=SECONDS)"
+    assert sec["env"]["status"] == "passed"  # the next section ran
+    report = json.loads((folder / "gpu_check.json").read_text())
+    assert list(report["sections"]) == ["env", "train"] and not report["passed"]
+    assert "growlm-gpu-check: train: timed out in" in printed
+    assert (folder / "runs" / "train").is_dir()  # --keep_work: its run folders stay (train.py's --out_dir there)
+    assert leftovers(str(out)) == []  # nothing it started outlives it
+    # the report rebuilt from the section records alone
+    (folder / "gpu_check.json").unlink()
+    (folder / "gpu_check.md").unlink()
+    assert gpu_check.main(["--report_only", "--out", str(out)]) == 1
+    assert json.loads((folder / "gpu_check.json").read_text())["sections"] == report["sections"]
+    assert "| train | timed out |" in (folder / "gpu_check.md").read_text()
+
+
+def test_sigkill_after_the_first_section_keeps_its_record_and_the_report(tmp_path, builtin_data):
+    out = tmp_path / "gpu"
+    cmd = [sys.executable, "-m", "growlm.eval.bench.gpu_check", "--smoke", "--out", str(out), "--data",
+           str(builtin_data), "--sections", "env,train", "--keep_work"]  # fmt: skip
+    log = open(tmp_path / "gpu_check.log", "w")  # noqa: SIM115  (closed below)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(out.glob("*/sections/env.json")) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)  # growlm-gpu-check itself, right after its first section finished
+        proc.wait()
+    finally:
+        log.close()
+    assert proc.returncode == -signal.SIGKILL, (tmp_path / "gpu_check.log").read_text()
+    (folder,) = out.iterdir()
+    env = json.loads((folder / "sections" / "env.json").read_text())
+    assert env["section"] == "env" and env["status"] == "passed" and env["checks"][0]["ok"]
+    report = json.loads((folder / "gpu_check.json").read_text())
+    assert report["sections"]["env"] == env and report["environment"]["torch"] == torch.__version__
+    assert "| env | passed |" in (folder / "gpu_check.md").read_text()
+    # the running section and its train.py rank die with it (their command lines name the output folder)
+    deadline = time.monotonic() + 60
+    while leftovers(str(out)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert leftovers(str(out)) == []
+    # --report_only: the killed section is 'interrupted' with what it had recorded, if it had started
+    assert gpu_check.main(["--report_only", "--out", str(out)]) in (0, 1)
+    rebuilt = json.loads((folder / "gpu_check.json").read_text())
+    assert rebuilt["sections"]["env"] == env and set(rebuilt["sections"]) <= {"env", "train"}
+    if "train" in rebuilt["sections"]:
+        assert rebuilt["sections"]["train"]["status"] == "interrupted" and not rebuilt["passed"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU node the full check runs (make gpu-check)")
@@ -64,17 +172,18 @@ def test_the_micro_batch_fits_the_memory_model():
     b = gpu_check.fit_micro_batch(cfg, 1024, n, recompute=False)
     per_seq = 24 * 34 * 1024 * 1024 + 12 * 1024 * cfg.vocab_size  # layers + the LM head
     state = 16 * 354_823_168
-    assert b == 2 ** int(__import__("math").log2((0.85 * n - state) // per_seq)) == 64
+    assert b == 2 ** int(math.log2((0.85 * n - state) // per_seq)) == 64
     assert gpu_check.fit_micro_batch(cfg, 1024, n, recompute=True) >= 2 * b  # recomputation fits more
     assert gpu_check.fit_micro_batch(cfg, 1024, 1, recompute=False) == 1
 
 
 def test_make_gpu_check_runs_it_in_the_environment_at_hand():
-    import subprocess
+    def words(*make_args: str) -> list[str]:
+        r = subprocess.run(["make", "-n", "-s", "gpu-check", *make_args], cwd=PACKAGE_DIR, capture_output=True,
+                           text=True)  # fmt: skip
+        return r.stdout.replace("\\\n", " ").split()
 
-    from growlm import PACKAGE_DIR
-
-    r = subprocess.run(["make", "-n", "-s", "gpu-check", "SMOKE=1"], cwd=PACKAGE_DIR, capture_output=True, text=True)
-    words = r.stdout.replace("\\\n", " ").split()
-    assert words[1:] == ["-m", "growlm.eval.bench.gpu_check", "--out", "eval/results/gpu", "--smoke"], r.stdout
-    assert words[0] in (".venv/bin/python", "python3")  # the clone's .venv, else NODE_PYTHON (an offline install)
+    smoke = words("SMOKE=1")
+    assert smoke[1:] == ["-m", "growlm.eval.bench.gpu_check", "--out", "eval/results/gpu", "--smoke"], smoke
+    assert smoke[0] in (".venv/bin/python", "python3")  # the clone's .venv, else NODE_PYTHON (an offline install)
+    assert words("SECTIONS=compile,fp16")[5:] == ["--sections", "compile,fp16"]

@@ -1,0 +1,208 @@
+"""growlm-gpu-check's sections and growlm-bench's per-configuration records, without starting a process: the budgets
+and estimates --help states, bad input, how a section's record and status are made from what its process wrote,
+the compile section's skip, and a failing growlm-bench configuration recorded while the others are kept."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from growlm.eval.bench import gpu_check
+from growlm.eval.bench import throughput as bench
+from growlm.eval.bench.report import BenchError
+
+
+def test_help_states_every_section_budget_and_its_h200_estimate(capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--help"])
+    out = capsys.readouterr().out
+    for name in gpu_check.SECTIONS:
+        est, how = gpu_check.H200_ESTIMATE_S[name]
+        star = "*" if name in gpu_check.DEFAULT_SECTIONS else " "
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"  {star}{name} "))
+        assert f" {gpu_check.BUDGETS['gpu'][name]:>4} / {gpu_check.BUDGETS['smoke'][name]:>3} " in line
+        assert f"~{est:>3} s = {how}" in line
+        assert est < gpu_check.BUDGETS["gpu"][name]  # the estimate fits its budget
+    default = sum(gpu_check.BUDGETS["gpu"][s] for s in gpu_check.DEFAULT_SECTIONS)
+    assert default == 330 and default + 10 + 10 < 6 * 60  # with the parent's start and data: under 6 minutes
+    assert f"default set: budgets {default} s" in out and "an estimate" in out
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--sections", "env,nope"], "--sections env,nope: give distinct names from env, train,"),
+        (["--sections", "env,env"], "--sections env,env: give distinct names"),
+        (["--budget", "train=0"], "--budget train=0: give SECTION=SECONDS"),
+        (["--budget", "bogus=3"], "--budget bogus=3: give SECTION=SECONDS, SECTION one of env, train"),
+        (["--budget", "train"], "--budget train: give SECTION=SECONDS"),
+    ],
+)
+def test_bad_sections_and_budgets_are_refused_in_one_line(tmp_path, capsys, argv, message):
+    assert gpu_check.main(["--smoke", "--out", str(tmp_path / "gpu"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"growlm-gpu-check: error: {message}") and err.count("\n") == 1, err
+    assert not (tmp_path / "gpu").exists()  # refused before anything ran
+
+
+@pytest.mark.bad_input
+def test_report_only_without_records_is_refused(tmp_path, capsys):
+    assert gpu_check.main(["--report_only", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        f"growlm-gpu-check: error: --report_only: no section records under {tmp_path} (no {tmp_path}/<device>/"
+        "sections)\n"
+    )
+
+
+def test_budget_overrides_only_the_named_section():
+    budgets = gpu_check.parse_budgets(["train=1", "compile=2.5"], gpu_check.BUDGETS["gpu"])
+    assert budgets == {**gpu_check.BUDGETS["gpu"], "train": 1.0, "compile": 2.5}
+    assert gpu_check.parse_sections(" compile,env ") == ["compile", "env"]  # run in the order given
+
+
+META = {"mode": "GPU", "device": "NVIDIA H200", "budget_s": 60.0, "seconds": 12.0}
+
+
+def test_a_section_status_comes_from_its_process_and_checks(tmp_path):
+    log = tmp_path / "x.log"
+    log.write_text("starting\nRuntimeError: CUDA error: out of memory\n\n")
+    ok = {"section": "train", "name": "a", "ok": True, "detail": ""}
+    bad = {**ok, "ok": False}
+    done = {"checks": [ok], "results": {"r": 1}, "skipped": None, "finished": True}
+    assert gpu_check.section_record("train", META, done, 0, False, log)["status"] == "passed"
+    assert gpu_check.section_record("train", META, {**done, "checks": [ok, bad]}, 0, False, log)["status"] == "failed"
+    skipped = gpu_check.section_record("compile", META, {**done, "skipped": "--compile: no"}, 0, False, log)
+    assert skipped["status"] == "skipped: --compile: no" and not gpu_check.failed(skipped["status"])
+    crashed = gpu_check.section_record("train", META, {**done, "finished": False}, 1, False, log)
+    assert crashed["status"] == "failed" and crashed["results"] == {"r": 1}  # what it measured is kept
+    assert crashed["checks"][-1]["detail"] == "exit status 1: RuntimeError: CUDA error: out of memory"
+    late = gpu_check.section_record("train", META, {**done, "finished": False}, -9, True, log)
+    assert late["status"] == "timed out" and late["checks"][:1] == [ok]
+    assert late["checks"][-1] == {"section": "train", "name": "finished within its budget", "ok": False,
+                                  "detail": "killed after 60 s (--budget train=SECONDS)"}  # fmt: skip
+    assert {late[k] for k in ("mode", "device", "budget_s", "seconds")} == {"GPU", "NVIDIA H200", 60.0, 12.0}
+
+
+def test_the_report_keeps_a_killed_sections_partial_record(tmp_path):
+    sections = tmp_path / "sections"
+    sections.mkdir()
+    env = gpu_check.section_record("env", META, {"checks": [], "results": {"environment": {"device": "H200"}},
+                                                 "finished": True}, 0, False, tmp_path / "env.log")  # fmt: skip
+    (sections / "env.json").write_text(json.dumps(env))
+    partial = {"checks": [{"section": "train", "name": "train-zero1-bf16 ran", "ok": True, "detail": ""}],
+               "results": {"train-zero1-bf16": {"exit_status": 0}}, "finished": False}  # fmt: skip
+    (sections / "train.partial.json").write_text(json.dumps(partial))
+    recs = gpu_check.load_sections(tmp_path)
+    assert list(recs) == ["env", "train"] and recs["train"]["status"] == "interrupted"
+    assert recs["train"]["results"] == partial["results"] and recs["train"]["checks"] == partial["checks"]
+    report = gpu_check.write_report(tmp_path, recs)
+    assert report["environment"] == {"device": "H200"} and not report["passed"] and report["seconds"] == 12.0
+    md = (tmp_path / "gpu_check.md").read_text()
+    assert "| env | passed | 12 | 60.0 |" in md and "| train | interrupted | - | - |" in md
+
+
+class FakeRunner(gpu_check.Runner):
+    """A Runner whose train.py runs are replaced by answers given in advance."""
+
+    def __init__(self, tmp_path, answers):
+        (tmp_path / "sections").mkdir()
+        super().__init__(gpu_check.SMOKE, "compile", tmp_path, tmp_path / "work", None, True, False)
+        self.work.mkdir()
+        self.answers, self.seen = answers, []
+
+    def train(self, name, args):
+        self.seen.append((name, args))
+        return self.answers.pop(0)
+
+
+def test_compile_refused_by_train_py_is_a_skip_with_its_reason(tmp_path):
+    reason = "--compile: torch.compile runs on CUDA or the CPU, and this run is on xpu; drop --compile"
+    r = FakeRunner(tmp_path, [(2, tmp_path / "work" / "c", reason, 4.0)])
+    gpu_check.section_compile(r)
+    ((name, args),) = r.seen
+    assert name == "compile-zero2-fp32" and args[-1] == "--compile" and "--no_final_save" in args
+    assert args[args.index("--n_embd") + 1] == "32"  # the smoke shape, no growth plan
+    partial = json.loads((tmp_path / "sections" / "compile.partial.json").read_text())
+    assert partial["skipped"] == reason and partial["checks"] == []
+    assert (
+        gpu_check.section_record("compile", META, {**partial, "finished": True}, 0, False, tmp_path)["status"]
+        == f"skipped: {reason}"
+    )
+
+
+def test_a_failed_compiled_run_fails_the_section_and_the_eager_run_still_runs(tmp_path):
+    r = FakeRunner(tmp_path, [(1, tmp_path / "c", None, 4.0), (1, tmp_path / "e", None, 3.0)])
+    gpu_check.section_compile(r)
+    assert [n for n, _ in r.seen] == ["compile-zero2-fp32", "eager-zero2-fp32"]
+    assert "--compile" not in r.seen[1][1] and r.skipped is None
+    assert [(c["name"], c["ok"]) for c in r.checks] == [("compile-zero2-fp32 ran", False),
+                                                          ("eager-zero2-fp32 ran", False)]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# growlm-bench: a failing configuration is recorded, the others are kept, each written as it ends
+
+
+def _record(name: str, kind: str, common: dict) -> dict:
+    """A finished run's record with the fields the reports read."""
+    return {"name": name, "kind": kind, "precision": "fp32", "zero_stage": 1, "world_size": 1, **common,
+            "step_time_s_median": 0.5, "tokens_per_s": 100.0, "tokens_per_s_per_rank": 100.0,
+            "model_flops_per_s": 1e9, "mfu": 0.1, "skipped_steps": 0, "peak_rss_bytes_per_rank": [2**30],
+            "peak_device_bytes_rank0": None, "activation_recomputation": name.endswith("-ckpt")}  # fmt: skip
+
+
+def test_bench_records_a_failing_configuration_and_keeps_the_others(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(bench, "available_precisions", lambda: ("cpu", ["fp32"]))
+    out = tmp_path / "bench"
+    seen_on_disk = []
+
+    def pytorch(args, precision, work, base):
+        return _record(f"pytorch-{precision}", "pytorch", base["common"])
+
+    def deepspeed(args, stage, precision, work, base, recompute=False):
+        seen_on_disk.append(sorted(p.name for p in out.glob("*.json")))  # what was written before this run
+        if stage == 2 and not recompute:
+            raise BenchError(f"train.py (zero2-{precision}) failed; last output:\nstep 1\nTraceback (most recent "
+                             "call last):\n  File x\nRuntimeError: boom\n")  # fmt: skip
+        if stage == 3 and not recompute:
+            raise BenchError("a run did not finish within --timeout_s 9; logs in L")
+        return _record(f"zero{stage}-{precision}" + ("-ckpt" if recompute else ""), "deepspeed", base["common"])
+
+    monkeypatch.setattr(bench, "bench_pytorch", pytorch)
+    monkeypatch.setattr(bench, "bench_deepspeed", deepspeed)
+    argv = ["--preset", "tiny", "--seq_len", "32", "--precision", "fp32", "--world_size", "1", "--zero_stage", "2",
+            "3", "--activation_checkpointing", "both", "--peak_tflops", "1", "--out", str(out)]  # fmt: skip
+    assert bench.main(argv) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["growlm-bench: error: zero2-fp32: train.py (zero2-fp32) failed: RuntimeError: boom",
+                   "growlm-bench: error: zero3-fp32: a run did not finish within --timeout_s 9; logs in L"]  # fmt: skip
+    assert seen_on_disk == [  # each record on disk the moment its run ended
+        ["bench.json", "pytorch-fp32.json"],
+        ["bench.json", "pytorch-fp32.json", "zero2-fp32.json"],
+        ["bench.json", "pytorch-fp32.json", "zero2-fp32-ckpt.json", "zero2-fp32.json"],
+        ["bench.json", "pytorch-fp32.json", "zero2-fp32-ckpt.json", "zero2-fp32.json", "zero3-fp32.json"],
+    ]
+    records = json.loads((out / "bench.json").read_text())
+    assert [(r["name"], r.get("failed", False)) for r in records] == [
+        ("pytorch-fp32", False), ("zero2-fp32", True), ("zero2-fp32-ckpt", False), ("zero3-fp32", True),
+        ("zero3-fp32-ckpt", False)
+    ]  # fmt: skip
+    failed = json.loads((out / "zero2-fp32.json").read_text())
+    assert failed["error"] == "train.py (zero2-fp32) failed: RuntimeError: boom" and failed["zero_stage"] == 2
+    assert failed["output_tail"].endswith("RuntimeError: boom\n") and failed["activation_recomputation"] is False
+    ok = json.loads((out / "zero2-fp32-ckpt.json").read_text())
+    assert ok["overhead_vs_baseline"] == pytest.approx(1.0) and "recompute_memory_saved_bytes" not in ok  # no twin
+    md = (out / "bench.md").read_text()
+    assert "| zero3-fp32-ckpt | 1 | fp32 | 1 |" in md and "| zero3-fp32 | a run did not finish" in md
+    assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_error_line_picks_the_exception_of_a_log_tail():
+    assert (
+        bench.error_line(BenchError("train.py (x): --seq_len 9 is too long")) == "train.py (x): --seq_len 9 is too long"
+    )
+    tail = BenchError("the PyTorch baseline (fp32) failed; last output:\nloading\r50%\nkilled by the OOM killer")
+    assert bench.error_line(tail) == "the PyTorch baseline (fp32) failed: killed by the OOM killer"
+    assert bench.error_line(BenchError("")) == "BenchError"
