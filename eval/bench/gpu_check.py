@@ -10,7 +10,7 @@ Sections (``--sections``; the default set is ``DEFAULT_SECTIONS``):
   they equal.
 - offline: a ZeRO-2 checkpoint grown by growlm-grow (masked, one more layer; written universal, so resharded to
   any world size) and resumed by train.py for two steps (finite losses).
-- export: a ZeRO-2 checkpoint exported to transformers -> train.py ``--init_from`` at LR 0 for one step -> exported
+- export: a ZeRO-2 checkpoint exported to transformers -> train.py ``--init_from`` for one step at LR 1e-30 -> exported
   again, every tensor bit for bit equal.
 - throughput: growlm-bench on GPT-2 350M at T = 1024 (ZeRO-1, with and without activation checkpointing, the micro
   batch from ``fit_micro_batch``) and the plain PyTorch baseline: tokens/s, model TFLOP/s, MFU.

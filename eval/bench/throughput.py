@@ -400,6 +400,7 @@ def _measure(args: argparse.Namespace, precisions: list[str], stages: list[int],
                 baseline = bench_pytorch(args, p, work, base)
             except BenchError as e:
                 _keep(records, failed_record(args, f"pytorch-{p}", "pytorch", p, base, e), out)
+                print(f"growlm-bench: pytorch-{p}: failed: {records[-1]['error']}", flush=True)
             else:
                 _keep(records, baseline, out)
         modes = {"off": [False], "on": [True], "both": [False, True]}[args.activation_checkpointing]

@@ -206,3 +206,27 @@ def test_bench_error_line_picks_the_exception_of_a_log_tail():
     tail = BenchError("the PyTorch baseline (fp32) failed; last output:\nloading\r50%\nkilled by the OOM killer")
     assert bench.error_line(tail) == "the PyTorch baseline (fp32) failed: killed by the OOM killer"
     assert bench.error_line(BenchError("")) == "BenchError"
+
+
+def test_bench_without_its_baseline_still_measures_train_py(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(bench, "available_precisions", lambda: ("cpu", ["fp32"]))
+
+    def pytorch(args, precision, work, base):
+        raise BenchError("the PyTorch baseline (fp32) failed; last output:\nTraceback\nMemoryError")
+
+    def deepspeed(args, stage, precision, work, base, recompute=False):
+        return _record(f"zero{stage}-{precision}", "deepspeed", base["common"])
+
+    monkeypatch.setattr(bench, "bench_pytorch", pytorch)
+    monkeypatch.setattr(bench, "bench_deepspeed", deepspeed)
+    out = tmp_path / "bench"
+    argv = ["--preset", "tiny", "--seq_len", "32", "--precision", "fp32", "--world_size", "1", "--peak_tflops", "1",
+            "--out", str(out)]  # fmt: skip
+    assert bench.main(argv) == 1
+    assert (
+        "growlm-bench: pytorch-fp32: failed: the PyTorch baseline (fp32) failed: MemoryError" in capsys.readouterr().out
+    )
+    records = json.loads((out / "bench.json").read_text())
+    assert [(r["name"], r.get("failed", False)) for r in records] == [("pytorch-fp32", True), ("zero2-fp32", False)]
+    assert records[1]["overhead_vs_baseline"] is None and records[0]["kind"] == "pytorch"
+    assert "zero_stage" not in records[0]
