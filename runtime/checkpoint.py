@@ -28,6 +28,7 @@ import os
 import pickle
 import random
 import re
+import shlex
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -358,7 +359,7 @@ def save_failed_message(e: OSError, final: Path) -> str:
     else:
         why = e.strerror or str(e)
     earlier = (final.parent / LATEST).is_file()
-    then = f"--resume {final.parent}" if earlier else "run again"
+    then = f"--resume {shlex.quote(str(final.parent))}" if earlier else "run again"
     return (
         f"{why} while saving checkpoint {final.name} into {final.parent}: the unfinished save was removed"
         f"{', the earlier checkpoints and ' + repr(LATEST) + ' are untouched' if earlier else ''}; free space there "
@@ -459,6 +460,7 @@ def check_compatible(state: RunState, *, model_config: dict, world_size: int, ze
         raise CheckpointError(
             f"{path} was saved by {state.world_size} ranks with ZeRO stage {saved_stage}, and this run has "
             f"{world_size}; partitioned optimizer state only loads at the same data-parallel size. Reshard it with "
-            f"`growlm-grow {path} <new>` (DeepSpeed's ds_to_universal plus growlm's state; then --resume <new>) "
+            f"`growlm-grow {shlex.quote(str(path))} <new>` (DeepSpeed's ds_to_universal plus growlm's state; then "
+            "--resume <new>) "
             "or run with the saved world size"
         )

@@ -13,6 +13,7 @@ import inspect
 import json
 import math
 import os
+import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -160,12 +161,13 @@ def validate_data_dir(path: str | None) -> Path:
     p = Path(path)
     if not p.exists():
         raise UsageError(
-            f"--data {p}: no such folder; prepare one with `growlm-prepare --train FILE... --val FILE... --out {p}`"
+            f"--data {p}: no such folder; prepare one with `growlm-prepare --train FILE... --val FILE... --out "
+            f"{shlex.quote(str(p))}`"
         )
     if p.is_file():
         raise UsageError(
             f"--data {p} is a file; train.py reads a prepared token folder: run `growlm-prepare "
-            f"--train {p} --val HELD_OUT_FILE --out DIR` and pass --data DIR"
+            f"--train {shlex.quote(str(p))} --val HELD_OUT_FILE --out DIR` and pass --data DIR"
         )
     try:
         meta = load_meta(p)

@@ -29,6 +29,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from growlm.data import tokenizer as tok
+from growlm.eval.metrics.load import not_gpt2
 from growlm.growth.live.engine import refresh_working_copies
 from growlm.growth.ops.rules import param_shapes
 from growlm.growth.stages.plan import StageList
@@ -93,9 +94,9 @@ def read_config(path: Path) -> GPTConfig:
         d = json.loads(cfg_file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise _fail(path, f"config.json is not valid JSON ({e})") from None
-    if not isinstance(d, dict) or d.get("model_type") != "gpt2":
-        kind = d.get("model_type") if isinstance(d, dict) else None
-        raise _fail(path, f"config.json describes model_type {kind!r}, not 'gpt2'; growlm trains GPT-2 models only")
+    foreign = not_gpt2(d)
+    if foreign is not None:
+        raise _fail(path, f"config.json describes {foreign}")
     try:
         return from_hf_config(GPT2Config.from_dict(d))
     except (TypeError, ValueError) as e:

@@ -15,9 +15,11 @@ with more tokens than the model's vocab_size is refused.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -94,17 +96,43 @@ def load_deepspeed(path: str | Path, tokenizer: str | None = None) -> LoadedMode
     return LoadedModel(model, cfg, t, str(ckpt.tag_dir), "deepspeed", model)
 
 
+def not_gpt2(config: Any) -> str | None:
+    """What a transformers ``config.json`` (its parsed dict) describes when it is not a GPT-2, as the problem and the
+    fix of a refusal (e.g. "a Llama model (LlamaForCausalLM), which growlm does not load yet; growlm loads GPT-2
+    models (model_type 'gpt2', GPT2LMHeadModel)"), or None for a GPT-2."""
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if kind == "gpt2":
+        return None
+    archs = config.get("architectures") if isinstance(config, dict) else None
+    arch = f" ({', '.join(map(str, archs))})" if isinstance(archs, list) and archs else ""
+    what = (
+        f"a {str(kind).replace('_', ' ').title()} model{arch}"
+        if isinstance(kind, str) and kind
+        else (f"no model_type{arch}")
+    )
+    return f"{what}, which growlm does not load yet; growlm loads GPT-2 models (model_type 'gpt2', GPT2LMHeadModel)"
+
+
 def load_transformers(path: str | Path, tokenizer: str | None = None) -> LoadedModel:
     """An exported ``transformers`` GPT-2 folder (config.json + model.safetensors, tokenizer.json when it has one),
     scored by HF's own forward pass.
 
     Raises:
-        EvalInputError: not a loadable GPT-2 folder (or weights only as a pickle), a config growlm's GPT does not
+        EvalInputError: not a loadable GPT-2 folder (another model type, e.g. a Llama, named as such; weights only as a
+            pickle), a config growlm's GPT does not
             implement, or no usable tokenizer (see ``choose_tokenizer``).
     """
     from transformers import GPT2LMHeadModel  # lazy: heavy (about 2 s), only for the transformers GPT-2
 
     path = Path(path)
+    try:
+        foreign = not_gpt2(json.loads((path / "config.json").read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise EvalInputError(
+            f"{path}: config.json cannot be read as JSON ({e}); give a transformers GPT-2 folder"
+        ) from e
+    if foreign is not None:
+        raise EvalInputError(f"{path}: config.json describes {foreign}")
     try:
         # safetensors only: a pytorch_model.bin is a pickle, which growlm never unpickles from a foreign folder
         hf = GPT2LMHeadModel.from_pretrained(str(path), use_safetensors=True).float().eval()

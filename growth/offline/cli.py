@@ -114,6 +114,55 @@ def stage_from_flags(args: argparse.Namespace, cfg: GPTConfig, step: int) -> Sta
         raise GrowthError(str(e)) from e
 
 
+# a flag of the "growth stage from flags" group -> where the same setting goes in a plan file's stage
+PLAN_KEY_OF_FLAG = {
+    "--family": "family: masked", "--option": "options: {KEY: VALUE}", "--ramp_steps": "ramp_steps: N",
+    "--moments": "optimizer: {moments: ...}", "--fresh_exp_avg_sq": "optimizer: {fresh_exp_avg_sq: ...}",
+    "--schedule": "schedule: {kind: ...}", "--constant_op": "schedule: {constant_op: X}",
+    "--rewarm_steps": "schedule: {rewarm_steps: N}", "--total_num_steps": "schedule: {total_num_steps: N}",
+    "--warmup_num_steps": "schedule: {warmup_num_steps: N}",
+}  # fmt: skip
+
+
+def stage_flags_given(argv: list[str] | None) -> list[str]:
+    """The flags of the "growth stage from flags" group that ``argv`` (None: sys.argv[1:]) gives explicitly, even
+    at their default value or abbreviated (argparse parses it again with every default suppressed)."""
+    p = build_parser()
+    group = next(g for g in p._action_groups if g.title == "growth stage from flags")
+    for action in p._actions:
+        action.default = argparse.SUPPRESS
+    given = vars(p.parse_args(argv))
+    return [a.option_strings[0] for a in group._group_actions if a.dest in given]
+
+
+def check_schedule_fits(src: Any, stage: Stage | None, plan_path: str | None) -> None:
+    """Refuse a growth whose LR schedule growth cannot place (growth.ops.schedule_rule.place_schedule: total_num_steps
+    below warmup_num_steps) with the flag or plan key that fixes it, before anything is read or written. The saved
+    schedule is the checkpoint's placed one, else its DeepSpeed config's WarmupCosineLR (train.py accepts a run
+    shorter than its warm-up, e.g. --max_steps 4 with warmup_num_steps 20 and total_num_steps "auto").
+
+    Raises:
+        GrowthError: names both lengths and the fix.
+    """
+    if stage is None:
+        return
+    saved = src.state.schedule
+    sched = (src.state.ds_config or {}).get("scheduler") or {}
+    if saved is None and sched.get("type") != "WarmupCosineLR":
+        return  # no schedule to place
+    params = sched.get("params") or {}
+    total = saved.total_num_steps if saved is not None else params.get("total_num_steps")
+    warmup = saved.warmup_num_steps if saved is not None else params.get("warmup_num_steps", 1000)
+    total, warmup = stage.schedule.total_num_steps or total, stage.schedule.warmup_num_steps or warmup
+    if isinstance(total, int) and isinstance(warmup, int) and total < warmup:
+        where = f"the stage's schedule: {{total_num_steps: N}} in {plan_path}" if plan_path else "--total_num_steps N"
+        raise GrowthError(
+            f"the LR schedule growth would place has total_num_steps {total} < warmup_num_steps {warmup} (the run "
+            f"trained shorter than its warm-up), which growth cannot place; give {where} with N >= {warmup} (the "
+            "length of the run that will continue), or a shorter warmup_num_steps"
+        )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The growlm-grow argument parser (``--help`` describes every flag)."""
     p = argparse.ArgumentParser(
@@ -171,6 +220,12 @@ def main(argv: list[str] | None = None) -> int:
             raise GrowthError("give an output checkpoint folder OUT, or --export_hf DIR (one of them)")
         if args.tokenizer is not None and args.export_hf is None:
             raise GrowthError("--tokenizer names the tokenizer an export carries; it needs --export_hf DIR")
+        ignored = [f for f in stage_flags_given(argv) if f in PLAN_KEY_OF_FLAG] if args.growth_plan else []
+        if ignored:
+            raise GrowthError(
+                f"{ignored[0]} sets a stage given by flags, and --growth_plan gives the stage; set it in the plan's "
+                f"stage ({PLAN_KEY_OF_FLAG[ignored[0]]}) or drop --growth_plan"
+            )
         plan = (
             load_plan_file(args.growth_plan) if args.growth_plan else None
         )  # a bad plan file is refused before any reading
@@ -182,13 +237,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         step = src.state.global_step
         if args.growth_plan:
-            if any(getattr(args, k) is not None for k in _SHAPE_FLAGS) or args.family:
+            if any(getattr(args, k) is not None for k in _SHAPE_FLAGS):
                 raise GrowthError("give the growth stage either by --growth_plan or by shape flags, not both")
             stage, seed = stage_from_plan_file(args.growth_plan, args.stage, src.config, plan)
         else:
             if args.stage:
                 raise GrowthError("--stage needs --growth_plan")
             stage, seed = stage_from_flags(args, src.config, step), 0
+        check_schedule_fits(src, stage, args.growth_plan)
         grow_checkpoint(
             src,
             Path(args.out),

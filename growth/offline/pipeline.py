@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -393,6 +394,7 @@ def grow_checkpoint(
     what = f"grown to {prep.plan.new.shape_str()}" if prep is not None else "resharded"
     log(
         f"growlm-grow: wrote {out / src.tag} ({what}; {time.perf_counter() - t0:.1f} s); resume it with "
-        f"`train.py --resume {out}` at any world size, ZeRO stage {'3' if src.zero_stage == 3 else '1 or 2'}"
+        f"`train.py --resume {shlex.quote(str(out))}` at any world size, ZeRO stage "
+        f"{'3' if src.zero_stage == 3 else '1 or 2'}"
     )
     return out

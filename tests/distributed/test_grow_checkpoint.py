@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_utils import one_error_line
 from dist_utils import REPO, SMALL_DATA, SMALL_VOCAB, read_metrics, run_ranks, saved_adam_steps, write_ds_config
 
 from growlm.data.prepare import open_tokens
@@ -308,6 +309,20 @@ def test_bad_input_is_refused_before_writing(tmp_path, sources, capsys):
     st = json.loads((z0 / "growlm_state.json").read_text())
     (z0 / "growlm_state.json").write_text(json.dumps({**st, "zero_stage": 0}))
     refused(z0, tmp_path / "o", match="supports ZeRO stages 1, 2, 3 only")
+
+    # a run shorter than its warm-up (train.py accepts it: "auto" total_num_steps 5 < warmup 20): the flag to fix it
+    short = tmp_path / "short"
+    shutil.copytree(ckpt / "global_step3", short)
+    (short / "growlm_manifest.json").unlink()
+    st = json.loads((short / "growlm_state.json").read_text())
+    st["ds_config"]["scheduler"]["params"]["warmup_num_steps"] = 20
+    (short / "growlm_state.json").write_text(json.dumps(st))
+    assert grow(short, tmp_path / "o", *GROW["masked"]) == 2
+    assert one_error_line(capsys.readouterr().err, "growlm-grow") == (
+        "the LR schedule growth would place has total_num_steps 5 < warmup_num_steps 20 (the run trained shorter "
+        "than its warm-up), which growth cannot place; give --total_num_steps N with N >= 20 (the length of the run "
+        "that will continue), or a shorter warmup_num_steps"
+    )
 
     # a truncated shard: the manifest catches it (here and in train.py's read_state) ...
     bad = tmp_path / "bad"

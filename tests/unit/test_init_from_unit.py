@@ -62,7 +62,11 @@ def test_non_gpt2_config(capsys, tmp_path, hf_dir):
     d = copy_without(hf_dir, tmp_path / "llama")
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**cfg, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
-    fails(capsys, ["--init_from", str(d)], "model_type 'llama', not 'gpt2'")
+    line = fails(capsys, ["--init_from", str(d)])
+    assert line == (
+        f"growlm-train: error: --init_from {d}: config.json describes a Llama model (LlamaForCausalLM), which growlm "
+        "does not load yet; growlm loads GPT-2 models (model_type 'gpt2', GPT2LMHeadModel)"
+    )
     (d / "config.json").write_text(json.dumps({**cfg, "activation_function": "relu"}))  # a GPT-2 growlm cannot run
     fails(capsys, ["--init_from", str(d)], "activation_function='relu'")
     (d / "config.json").write_text("{not json")

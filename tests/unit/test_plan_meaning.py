@@ -99,3 +99,26 @@ def test_train_refuses_a_stage_the_run_never_reaches(capsys, tmp_path, step):
         "this run a plan without it)"
     )
     assert not out.exists()
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    "flags, key",
+    [
+        (["--total_num_steps", "400"], "schedule: {total_num_steps: N}"),
+        (["--warmup_num", "10"], "schedule: {warmup_num_steps: N}"),  # an abbreviation counts too
+        (["--schedule", "continue"], "schedule: {kind: ...}"),  # the default value, given: still not used
+        (["--ramp_steps", "50"], "ramp_steps: N"),
+        (["--family", "duplicate"], "family: masked"),
+    ],
+)
+def test_growlm_grow_refuses_stage_flags_that_a_plan_would_override(capsys, tmp_path, flags, key):
+    plan = plan_file(tmp_path, "{step: 2}")
+    argv = [str(tmp_path / "ckpt"), str(tmp_path / "grown"), "--growth_plan", str(plan), *flags]
+    assert grow.main(argv) == 2
+    given = "--warmup_num_steps" if flags[0] == "--warmup_num" else flags[0]
+    assert one_error_line(capsys.readouterr().err, "growlm-grow") == (
+        f"{given} sets a stage given by flags, and --growth_plan gives the stage; set it in the plan's stage ({key}) "
+        "or drop --growth_plan"
+    )
+    assert not (tmp_path / "grown").exists()

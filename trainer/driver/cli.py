@@ -14,6 +14,7 @@ import argparse
 import hashlib
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -137,7 +138,7 @@ def make_launch(args: argparse.Namespace, train_args: list[str], plan_path: str,
         jobs, logs = [], []
         for node, cmd in enumerate(cmds):
             log = driver_dir / f"segment{seg.index}.node{node}.log"
-            print(f"growlm-run: segment {seg.index}: {' '.join(cmd)}  (log {log})", flush=True)
+            print(f"growlm-run: segment {seg.index}: {shlex.join(cmd)}  (log {log})", flush=True)
             try:
                 jobs.append(procs.spawn(cmd, child_env(), log))
             except OSError as e:

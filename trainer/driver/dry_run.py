@@ -5,6 +5,7 @@ its job and the expected model-state memory per rank (trainer.driver.memory), wi
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,6 @@ def print_dry_run(
             job = job_args(train_args, plan_path, cfg, resume, seg.stop_stage)
             ds, script = deepspeed_path(args.deepspeed), str(TRAIN_SCRIPT)
             for cmd in launcher_commands(r, ds, 29500, script, job, hostfile):
-                print(f"  launch: {' '.join(cmd)}")
+                print(f"  launch: {shlex.join(cmd)}")
     print(f"\ngrowlm-run dry run: {warnings} warning(s)")
     return 0
