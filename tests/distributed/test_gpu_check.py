@@ -26,11 +26,13 @@ from growlm.eval.bench import gpu_check
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory, builtin_data):
-    """The default sections in smoke mode: (exit status, printed output, the device folder)."""
+    """The default sections and fp16 in smoke mode: (exit status, printed output, the device folder). The compile
+    section is left out: inductor's first compilation costs a minute of CPU here (tests/unit: its logic)."""
     out = tmp_path_factory.mktemp("smoke") / "gpu"
     printed = io.StringIO()
+    sections = ",".join([*gpu_check.DEFAULT_SECTIONS, "fp16"])
     with contextlib.redirect_stdout(printed):
-        rc = gpu_check.main(["--smoke", "--out", str(out), "--data", str(builtin_data)])
+        rc = gpu_check.main(["--smoke", "--out", str(out), "--data", str(builtin_data), "--sections", sections])
     (folder,) = out.iterdir()
     return rc, printed.getvalue(), folder
 
@@ -51,16 +53,22 @@ def leftovers(marker: str) -> list[str]:
     return found
 
 
-def test_smoke_runs_every_default_section_and_writes_the_results(smoke):
+def test_smoke_runs_every_default_section_and_fp16_and_writes_the_results(smoke):
     rc, printed, folder = smoke
     assert folder.name.endswith("-smoke")
     report = json.loads((folder / "gpu_check.json").read_text())
     failed = [c for c in report["checks"] if not c["ok"]]
     assert rc == 0 and not failed and report["passed"], failed
     assert "checks of this run passed" in printed
-    assert list(report["sections"]) == list(gpu_check.DEFAULT_SECTIONS)
+    assert list(report["sections"]) == [*gpu_check.DEFAULT_SECTIONS, "fp16"]
     sec = sections_of(folder)
-    assert sorted(sec) == sorted(gpu_check.DEFAULT_SECTIONS)
+    assert sorted(sec) == sorted(report["sections"])
+    fp16 = sec.pop("fp16")  # trained where DeepSpeed's CPU accelerator has fp16, else skipped with the reason
+    if fp16["status"] == "passed":
+        scaler = [c for c in fp16["checks"] if c["name"] == "train-zero2-fp16 loss scaler"]
+        assert len(scaler) == 1 and scaler[0]["ok"] and len(fp16["results"]["train-zero2-fp16"]["growths"]) == 2
+    else:
+        assert fp16["status"].startswith("skipped: this device (cpu) does not train fp16") and not fp16["checks"]
     for name, rec in sec.items():  # each section's own record: passed within its budget, its log kept
         assert rec["status"] == "passed" and rec["section"] == name and rec == report["sections"][name]
         assert rec["budget_s"] == gpu_check.BUDGETS["smoke"][name] and 0 < rec["seconds"] < rec["budget_s"]

@@ -29,6 +29,19 @@ def test_help_states_every_section_budget_and_its_h200_estimate(capsys):
     assert f"default set: budgets {default} s" in out and "an estimate" in out
 
 
+def test_docs_state_every_section_budget_and_its_h200_estimate():
+    from growlm import PACKAGE_DIR
+
+    docs = (PACKAGE_DIR / "docs" / "benchmarks.md").read_text()
+    for name in gpu_check.SECTIONS:
+        star = " *" if name in gpu_check.DEFAULT_SECTIONS else ""
+        budgets, est = gpu_check.BUDGETS, gpu_check.H200_ESTIMATE_S[name][0]
+        assert f"| {name}{star} | {budgets['gpu'][name]} | {budgets['smoke'][name]} | {est} |" in docs, name
+    default = sum(gpu_check.BUDGETS["gpu"][s] for s in gpu_check.DEFAULT_SECTIONS)
+    estimate = sum(gpu_check.H200_ESTIMATE_S[s][0] for s in gpu_check.DEFAULT_SECTIONS)
+    assert f"(* the default set: budgets {default} s, estimates {estimate} s;" in docs
+
+
 @pytest.mark.bad_input
 @pytest.mark.parametrize(
     ("argv", "message"),
