@@ -83,7 +83,7 @@ DEFAULT_SECTIONS = ("env", "train", "offline", "export", "throughput")
 # from a cold start, the default set 330 s (with the parent's start and data, under 6 minutes); H200_ESTIMATE_S and
 # docs/benchmarks.md give the estimate behind each. Smoke: a loaded 2-core CPU, generous.
 BUDGETS = {
-    "gpu": {"env": 20, "train": 100, "offline": 70, "export": 60, "throughput": 80, "compile": 240, "fp16": 60},
+    "gpu": {"env": 20, "train": 100, "offline": 65, "export": 65, "throughput": 80, "compile": 240, "fp16": 60},
     "smoke": {"env": 120, "train": 400, "offline": 300, "export": 300, "throughput": 300, "compile": 600,
               "fp16": 300},
 }  # fmt: skip
@@ -91,14 +91,14 @@ BUDGETS = {
 # written). Per process: start = the tiny train.py start measured on a 2-core CPU (6-8 s: imports, engine build) plus
 # CUDA init, engine build on the GPU and first-step kernels (assumed 7 s) = 15 s; a section's own process 5 s; steps
 # at 40% MFU of 989 TFLOP/s (GPT-2 124M-355M at 4,096 tokens a step: under 0.1 s); a live growth 4 s (the new
-# DeepSpeed engine's build); files at 1 GB/s; growlm-grow scaled from eval/results/grow_checkpoint.json (12.3 s for
-# 51M -> 64M parameters on 2 CPU cores). docs/benchmarks.md, "growlm-gpu-check", has the table.
+# DeepSpeed engine's build); files at 1 GB/s; growlm-grow and the export of the 67.7M-parameter source checkpoint as
+# measured on a 2-core CPU (7.0 s and about 5 s). docs/benchmarks.md, "growlm-gpu-check", has the table.
 H200_ESTIMATE_S = {
     "env": (10, "process 5 s + CUDA init 3 s + nvidia-smi and SDPA probes 2 s"),
     "train": (78, "process 5 s + 3 runs x (start 15 s + 12 steps x 0.1 s + 2 growths x 4 s)"),
-    "offline": (54, "process 5 s + source run 17 s (start 15 s, 4 steps, 0.95 GB saved) + growlm-grow 15 s + "
+    "offline": (46, "process 5 s + source run 17 s (start 15 s, 4 steps, 1.1 GB saved) + growlm-grow 7 s + "
                 "resume 17 s"),
-    "export": (46, "process 5 s + source run 17 s + export 3 s + --init_from run 17 s + export 3 s + compare 1 s"),
+    "export": (50, "process 5 s + source run 17 s + export 5 s + --init_from run 17 s + export 5 s + compare 1 s"),
     "throughput": (65, "process 5 s + baseline 16 s + 2 runs x (start 15 s + warm-up 3 s + 8 steps x 0.40 s, "
                    "0.53 s recomputing)"),
     "compile": (150, "process 5 s + eager run 20 s + compiled run (start 15 s + compile 45 s + compile after the "
@@ -780,7 +780,7 @@ def help_epilog() -> str:
     lines += [
         "basis: a run's start 15 s = 6-8 s measured for a tiny train.py on a 2-core CPU (imports, engine build)",
         "+ 7 s assumed for CUDA init and first-step kernels; steps at 40% MFU of 989 TFLOP/s; a live growth 4 s;",
-        "files at 1 GB/s; growlm-grow scaled from its 2-core CPU benchmark (eval/results/grow_checkpoint.json)",
+        "files at 1 GB/s; growlm-grow (7 s) and export (5 s) of the offline/export source as measured on 2 CPU cores",
     ]
     return "\n".join(lines)
 
