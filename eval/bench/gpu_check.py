@@ -167,8 +167,8 @@ def fit_micro_batch(cfg: GPTConfig, seq_len: int, device_bytes: int, *, recomput
     return 2 ** int(math.log2(fit))
 
 
-def environment() -> dict[str, Any]:
-    """Versions and the device (the env section)."""
+def environment(cuda: bool) -> dict[str, Any]:
+    """Versions and the device (the env section): CUDA device 0 when ``cuda``, else the CPU."""
     import deepspeed  # lazy: deepspeed picks its accelerator at import (section_main sets it first)
 
     env: dict[str, Any] = {
@@ -176,10 +176,10 @@ def environment() -> dict[str, Any]:
         "torch": torch.__version__,
         "deepspeed": deepspeed.__version__,
         "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
     }
-    if torch.cuda.is_available():
+    if cuda:
         props = torch.cuda.get_device_properties(0)
         env.update(device=props.name, device_memory_bytes=props.total_memory, capability=f"{props.major}.{props.minor}")
         try:
@@ -190,7 +190,7 @@ def environment() -> dict[str, Any]:
         env["attention"] = {p: attention_kernel(64, getattr(torch, n), "cuda") for p, n in
                             (("bf16", "bfloat16"), ("fp16", "float16"))}  # fmt: skip
     else:
-        env.update(device=device_description(), device_memory_bytes=None, driver=None)
+        env.update(device=device_description("cpu"), device_memory_bytes=None, driver=None)
         env["attention"] = {"fp32": attention_kernel(64, torch.float32, "cpu")}
     return env
 
@@ -405,7 +405,7 @@ def train_run(r: Runner, name: str, stage: int, precision: str) -> dict[str, Any
 
 def section_env(r: Runner) -> None:
     """env: versions and the device."""
-    env = environment()
+    env = environment(cuda=not r.smoke)
     r.record("environment", env)
     r.check("device and versions", bool(env["device"] and env["torch"] and env["deepspeed"]),
             f"{env['device']}; torch {env['torch']}, DeepSpeed {env['deepspeed']}, CUDA {env['cuda']}")  # fmt: skip
@@ -849,7 +849,7 @@ def run(args: argparse.Namespace) -> tuple[dict[str, Any], Path, list[dict[str, 
     budgets = parse_budgets(args.budget or [], BUDGETS["smoke" if args.smoke else "gpu"])
     if not args.smoke and not torch.cuda.is_available():
         raise GpuCheckError("no CUDA device is visible: run on a GPU node, or pass --smoke for the CPU rehearsal")
-    device = device_description()
+    device = device_description("cpu" if args.smoke else None)
     folder = Path(args.out) / device_slug(device + ("-smoke" if args.smoke else ""))
     folder.mkdir(parents=True, exist_ok=True)
     if args.data is None:  # once here, not by the first train.py run inside a section's budget
