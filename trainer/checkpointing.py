@@ -16,7 +16,7 @@ import torch
 from growlm.runtime import checkpoint
 from growlm.runtime.dist import DistInfo
 from growlm.runtime.run_state import DataIdentity, RunState
-from growlm.runtime.schedule import apply_schedule, engine_schedule
+from growlm.runtime.schedule import ScheduleState, apply_schedule, checkpoint_schedule, engine_schedule
 from growlm.trainer.config import RunConfig
 from growlm.trainer.errors import RankError
 from growlm.trainer.loop import Progress
@@ -45,7 +45,14 @@ def restore(engine: Any, run: RunConfig, info: DistInfo) -> Progress:
     schedule = None
     if state.schedule:  # a growth placed the schedule; DeepSpeed restored only its position
         schedule = replace(state.schedule, last_batch_iteration=engine.lr_scheduler.last_batch_iteration)
+        given = checkpoint_schedule(None, run.ds_config, schedule.last_batch_iteration)
+        if run.new_schedule and given is not None:  # the config's lengths, the placed position and re-warm
+            schedule = replace(schedule, **{k: getattr(given, k) for k in SCHEDULE_SHAPE})
         apply_schedule(engine, schedule, state.global_step)
+    elif run.new_schedule:  # the loaded LR of the next step is the checkpoint schedule's: set the config's
+        given = checkpoint_schedule(None, run.ds_config, engine.lr_scheduler.last_batch_iteration)
+        if given is not None:
+            apply_schedule(engine, given, state.global_step)
     if engine.global_steps != run.start_step:
         raise checkpoint.CheckpointError(
             f"DeepSpeed restored global step {engine.global_steps}, growlm_state.json says {run.start_step}: the tag "
@@ -62,6 +69,62 @@ def restore(engine: Any, run: RunConfig, info: DistInfo) -> Progress:
         slope_points=list(state.slope_points),
         history=list(state.growth),
         extra=state.extra,
+    )
+
+
+SCHEDULE_SHAPE = ("total_num_steps", "warmup_num_steps", "warmup_min_ratio", "cos_min_ratio", "warmup_type")
+
+
+def _lengths(s: ScheduleState) -> str:
+    return f"total_num_steps {s.total_num_steps}, warmup_num_steps {s.warmup_num_steps}"
+
+
+def schedule_note(p: Progress, run: RunConfig) -> str | None:
+    """The console line that says what happened to the LR schedule at the start (None when nothing needs saying).
+
+    A resume whose --ds_config gives another schedule than the checkpoint's (another --max_steps under ``"auto"``,
+    another warm-up): the LR of the next step on the checkpoint's schedule, which the run keeps
+    (trainer.config.keep_saved_scheduler), and on the config's, which --new_schedule takes; the line says which
+    one the run trains on. A fresh run whose WarmupCosineLR is shorter than its warm-up (which DeepSpeed accepts):
+    that growlm-grow will need --total_num_steps to grow its checkpoints. Call after ``restore``.
+    """
+    lbi = getattr(p.engine.lr_scheduler, "last_batch_iteration", None)
+    if run.resume_state is None:
+        s = checkpoint_schedule(None, run.ds_config, 1)
+        if s is None or s.total_num_steps >= s.warmup_num_steps or run.growth is not None:
+            return None
+        return (
+            f"growlm: note: the LR schedule ends inside its warm-up ({_lengths(s)}); DeepSpeed trains it, but "
+            f"growing a checkpoint of this run with growlm-grow needs --total_num_steps N >= {s.warmup_num_steps}"
+        )
+    state = run.resume_state
+    if lbi is None:
+        return None
+    saved = state.schedule or checkpoint_schedule(None, state.ds_config, lbi)
+    given = checkpoint_schedule(None, {"scheduler": run.config_scheduler}, lbi)
+    if saved is None or given is None:
+        saved_kind = ((state.ds_config or {}).get("scheduler") or {}).get("type")
+        given_kind = (run.config_scheduler or {}).get("type")
+        if saved_kind == given_kind and (state.schedule is not None or saved_kind is None):
+            return None
+        if run.new_schedule:
+            return f"growlm: --new_schedule: the run trains with --ds_config's scheduler {given_kind}, not {saved_kind}"
+        return f"growlm: --resume keeps the checkpoint's LR scheduler ({saved_kind}); --new_schedule takes {given_kind}"
+    saved = replace(saved, last_batch_iteration=lbi)
+    given = replace(saved, **{k: getattr(given, k) for k in SCHEDULE_SHAPE})
+    if all(getattr(saved, k) == getattr(given, k) for k in SCHEDULE_SHAPE):
+        return None
+    peak = float(((run.ds_config.get("optimizer") or {}).get("params") or {}).get("lr", 1.0))
+    old, new = peak * saved.ratio(p.step), peak * given.ratio(p.step)
+    if run.new_schedule:
+        return (
+            f"growlm: --new_schedule: the LR of step {p.step + 1} moves from {old:.2e} (the checkpoint's schedule: "
+            f"{_lengths(saved)}) to {new:.2e} (--ds_config's: {_lengths(given)})"
+        )
+    return (
+        f"growlm: --resume keeps the checkpoint's LR schedule ({_lengths(saved)}): LR {old:.2e} at step "
+        f"{p.step + 1}; --ds_config gives {_lengths(given)} (LR {new:.2e} at step {p.step + 1}): pass --new_schedule "
+        "to train on that one"
     )
 
 

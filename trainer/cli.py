@@ -119,6 +119,13 @@ def _training_flags(t: argparse._ArgumentGroup) -> None:
         help="with --growth_plan: when stage NAME is due, save a checkpoint and exit 0 instead of growing live "
         "(growlm-run then grows it offline and relaunches on the stage's resources)",
     )
+    t.add_argument(
+        "--new_schedule",
+        action="store_true",
+        help="with --resume: train on this run's LR schedule (--ds_config's scheduler, \"auto\" lengths from "
+        "--max_steps) from the checkpoint's position, instead of the checkpoint's own schedule, which a resume keeps "
+        "by default; the LR of the next step before and after is printed",
+    )
     t.add_argument("--save_interval", type=int, default=0, help="also save every N steps (0: only at the end)")
     t.add_argument("--no_final_save", action="store_true", help="do not save a checkpoint at the end")
     t.add_argument(

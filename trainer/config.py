@@ -9,6 +9,7 @@ from runtime.checkpoint, ``CheckpointError``.
 from __future__ import annotations
 
 import argparse
+import copy
 import inspect
 import json
 import math
@@ -62,6 +63,9 @@ class RunConfig:
             no_final_eval, dist_timeout_s, activation_checkpointing, compile: the flags of the same names
             (``python train.py --help``).
         stop_before_stage: --stop_before_stage: save and end the run when this plan stage is due (growlm-run).
+        new_schedule: --new_schedule: a resume trains on ``ds_config``'s LR schedule instead of the checkpoint's.
+        config_scheduler: the --ds_config's own scheduler section ("auto" filled in), before a resume put the
+            checkpoint's in its place in ``ds_config`` (``keep_saved_scheduler``).
     """
 
     ds_config_path: str
@@ -94,6 +98,8 @@ class RunConfig:
     stop_before_stage: str | None = None
     activation_checkpointing: bool = False
     compile: bool = False
+    new_schedule: bool = False
+    config_scheduler: Any = None
 
     @property
     def resume_state(self) -> RunState | None:
@@ -294,6 +300,24 @@ def open_resume(path: str | None, ds_cfg: dict) -> checkpoint.OpenCheckpoint | N
     return resume
 
 
+def keep_saved_scheduler(ds_cfg: dict[str, Any], state: RunState, new_schedule: bool) -> None:
+    """A resume keeps the LR schedule the checkpoint trained on: the saved DeepSpeed config's scheduler section
+    replaces ``ds_cfg``'s when they differ (another --max_steps under ``"auto"``, another warm-up), since DeepSpeed
+    restores only the schedule's position and would otherwise put it on the new config's curve. Nothing changes with
+    ``new_schedule`` (--new_schedule), or when a growth placed the schedule (``state.schedule``: restored from the
+    checkpoint itself, trainer.checkpointing.restore) or the checkpoint holds no config.
+    """
+    if new_schedule or state.schedule is not None or not isinstance(state.ds_config, dict):
+        return
+    saved = state.ds_config.get("scheduler")
+    if saved == ds_cfg.get("scheduler"):
+        return
+    if saved is None:
+        ds_cfg.pop("scheduler", None)
+    else:
+        ds_cfg["scheduler"] = copy.deepcopy(saved)
+
+
 def check_data_order(state: RunState, seq_len: int, seed: int) -> None:
     """Refuse a resume that would read other samples: the data order is a function of (seed, seq_len, token file).
 
@@ -476,8 +500,10 @@ def check_ds_config(ds_cfg: dict[str, Any], path: str, world_size: int) -> None:
 def resolve(args: argparse.Namespace) -> RunConfig:
     """Validate the command line against the files it names and return the run's configuration.
 
-    Checks, in this order: the numeric flags' ranges, --out_dir, the DeepSpeed config (ZeRO stage, batch sizes
-    against the launched world size, scheduler), the --resume checkpoint, the model shape, the growth plan, the data
+    Checks, in this order: the numeric flags' ranges, --out_dir, the DeepSpeed config (``check_ds_config``: keys,
+    DeepSpeed's parser, batch sizes against the launched world size, optimizer, numbers, offload, scheduler), the
+    --resume checkpoint (whose LR schedule replaces the config's unless --new_schedule: ``keep_saved_scheduler``),
+    the model shape, the growth plan, the data
     order (--seq_len/--seed against the checkpoint), --seq_len against n_positions, the checkpoint against the
     launched world size and ZeRO stage (and its per-rank RNG files), the token folder and its token files, the save
     steps against existing tags, and fp16 support.
@@ -496,6 +522,12 @@ def resolve(args: argparse.Namespace) -> RunConfig:
     init = init_from.open_init_from(args)  # None without --init_from; refuses --resume and other shapes
     resume = open_resume(args.resume, ds_cfg)
     state = resume.state if resume is not None else None
+    new_schedule = getattr(args, "new_schedule", False)
+    if new_schedule and state is None:
+        raise UsageError("--new_schedule places a resumed run on this run's LR schedule; it needs --resume")
+    config_scheduler = copy.deepcopy(ds_cfg.get("scheduler"))
+    if state is not None:
+        keep_saved_scheduler(ds_cfg, state, new_schedule)
     cfg = model_config_from_args(args, state) if init is None else init.config
     stage_index = state.growth_stage if state else 0
     growth = None
@@ -562,4 +594,6 @@ def resolve(args: argparse.Namespace) -> RunConfig:
         stop_before_stage=stop,
         activation_checkpointing=args.activation_checkpointing,
         compile=args.compile,
+        new_schedule=new_schedule,
+        config_scheduler=config_scheduler,
     )

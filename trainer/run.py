@@ -28,7 +28,7 @@ from growlm.runtime.engine import build_engine, loss_scale_of, release_engine
 from growlm.runtime.lock import LockHeldError, hold_lock
 from growlm.runtime.processes import DRIVER_PID_ENV
 from growlm.runtime.schedule import start_schedule
-from growlm.trainer.checkpointing import restore, save
+from growlm.trainer.checkpointing import restore, save, schedule_note
 from growlm.trainer.config import RunConfig, resolve
 from growlm.trainer.errors import RankError, UsageError
 from growlm.trainer.evaluation import Evaluator, perplexity_after, perplexity_before, validate_periodically
@@ -312,6 +312,9 @@ def _train_locked(cfg: RunConfig, info: DistInfo, run_data: RunData) -> int:
         stop_stage=cfg.stop_before_stage,
     )
     announce(log, cfg, p, data, run_data)
+    note = schedule_note(p, cfg)
+    if note:
+        log.console(note)
     ev = Evaluator(run_data.val_tokens, cfg.seq_len, cfg.eval_batch_size, info)
     relaunched = cfg.resume_state is not None and os.environ.get(DRIVER_PID_ENV)  # growlm-run: measured by job 0
     before = None if relaunched else perplexity_before(ev, p.engine, cfg, log)
