@@ -557,9 +557,10 @@ def _is_optimizer_class(obj: Any) -> bool:
 
 
 def _check_optimizer_numbers(params: dict) -> None:
-    """lr a positive number, betas two numbers in [0, 1), eps > 0, weight_decay >= 0 (each where given)."""
+    """lr a number >= 0 (torch's optimizers accept 0, which trains nothing), betas two numbers in [0, 1), eps > 0,
+    weight_decay >= 0 (each where given)."""
     rules = (
-        ("lr", lambda v: _is_number(v) and v > 0, "a positive number, e.g. 0.001 (no quotes)"),
+        ("lr", lambda v: _is_number(v) and v >= 0, "a number >= 0, e.g. 0.001 (no quotes; 0 leaves the weights)"),
         ("eps", lambda v: _is_number(v) and v > 0, "a positive number, e.g. 1e-08"),
         ("weight_decay", lambda v: _is_number(v) and v >= 0, "a number >= 0, e.g. 0.1 (0: no decay)"),
         (
@@ -603,7 +604,7 @@ def check_ds_config_meaning(ds_cfg: dict, world_size: int = 1) -> None:
     suggested); DeepSpeed's own parser (``DeepSpeedConfig``, run here as rank 0 of ``world_size`` ranks) accepts
     it, with its pydantic sections (an unknown ``zero_optimization`` key gets the nearest field); the optimizer
     type is one DeepSpeed can build and every ``params`` key is a parameter of the class DeepSpeed would call
-    (``inspect.signature`` of torch.optim.AdamW, FusedAdam, DeepSpeedCPUAdam, ...); lr > 0, betas in [0, 1),
+    (``inspect.signature`` of torch.optim.AdamW, FusedAdam, DeepSpeedCPUAdam, ...); lr >= 0, betas in [0, 1),
     eps > 0, weight_decay >= 0, gradient_clipping >= 0 (numbers, not strings); offload of the optimizer at ZeRO
     stage 0, of parameters below stage 3, or to NVMe below stage 3.
 

@@ -93,9 +93,18 @@ CASES = {
         "bias_correction, betas, eps, adam_w_mode, weight_decay, amsgrad, set_grad_none, fp32_optimizer_states, "
         "torch_adam",
     ),
-    "lr a string": (params(lr="1e-3"), 'optimizer.params.lr "1e-3" must be a positive number, e.g. 0.001 (no quotes)'),
-    "lr negative": (params(lr=-0.001), "optimizer.params.lr -0.001 must be a positive number, e.g. 0.001 (no quotes)"),
-    "lr true": (params(lr=True), "optimizer.params.lr true must be a positive number, e.g. 0.001 (no quotes)"),
+    "lr a string": (
+        params(lr="1e-3"),
+        'optimizer.params.lr "1e-3" must be a number >= 0, e.g. 0.001 (no quotes; 0 leaves the weights)',
+    ),
+    "lr negative": (
+        params(lr=-0.001),
+        "optimizer.params.lr -0.001 must be a number >= 0, e.g. 0.001 (no quotes; 0 leaves the weights)",
+    ),
+    "lr true": (
+        params(lr=True),
+        "optimizer.params.lr true must be a number >= 0, e.g. 0.001 (no quotes; 0 leaves the weights)",
+    ),
     "beta of 1": (
         params(betas=[0.9, 1.0]),
         "optimizer.params.betas [0.9, 1.0] must be two numbers in [0, 1), e.g. [0.9, 0.95]",

@@ -90,7 +90,7 @@ def test_train_and_growlm_run_refuse_a_step_that_is_not_an_integer(capsys, tmp_p
 
 @pytest.mark.bad_input
 @pytest.mark.parametrize("step", [40, 41, 900])
-def test_train_refuses_a_stage_the_run_never_reaches(capsys, tmp_path, step):
+def test_train_and_growlm_run_refuse_a_stage_the_run_never_reaches(capsys, tmp_path, step):
     plan, out = plan_file(tmp_path, f"{{step: {step}}}"), tmp_path / "run"
     assert train.main([*TINY, "--growth_plan", str(plan), "--max_steps", "40", "--out_dir", str(out)]) == 2
     assert one_error_line(capsys.readouterr().err, "growlm-train") == (
@@ -98,6 +98,9 @@ def test_train_refuses_a_stage_the_run_never_reaches(capsys, tmp_path, step):
         f"at --max_steps 40; raise --max_steps above {step}, or move the stage earlier (to train in parts, give "
         "this run a plan without it)"
     )
+    assert not out.exists()
+    assert run_cli.main([str(plan), "--dry_run", "--", *TINY, "--max_steps", "40", "--out_dir", str(out)]) == 2
+    assert one_error_line(capsys.readouterr().err, "growlm-run").startswith(f"stage 'deeper' grows after step {step}")
     assert not out.exists()
 
 
