@@ -16,7 +16,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, KeysView
 from typing import Any
 
 import torch
@@ -324,14 +324,7 @@ class _KeyLog(dict):
         return super().__contains__(key)
 
     def keys(self) -> Any:
-        log, keys = self.looked_up, list(super().keys())
-
-        class _Keys(list):
-            def __contains__(self, key: object) -> bool:
-                log.add(key)
-                return list.__contains__(self, key)
-
-        return _Keys(keys)
+        return KeysView(self)  # ``in`` goes through __contains__; set operations work as on dict keys
 
     def pop(self, key: Any, *default: Any) -> Any:
         self.looked_up.add(key)
