@@ -446,7 +446,8 @@ def check_scheduler(ds_cfg: dict[str, Any], path: str) -> None:
     torch.optim.lr_scheduler), so they follow the installed version.
 
     Raises:
-        UsageError: names the scheduler, the unknown keys and the accepted ones.
+        UsageError: names the scheduler, the unknown keys and the accepted ones; or a value of the wrong type or
+            sign (from the constructor's annotations: total_num_steps "400" or -5, a string ratio).
     """
 
     from deepspeed.runtime import lr_schedules  # lazy: deepspeed picks its accelerator at import
@@ -474,6 +475,43 @@ def check_scheduler(ds_cfg: dict[str, Any], path: str) -> None:
         raise UsageError(
             f"--ds_config {path}: scheduler {kind} takes no {', '.join(unknown)}; its params are {', '.join(accepted)}"
         )
+    for key, value in params.items():
+        rule = _scheduler_value_rule(sig[key])
+        if rule is not None and not rule[0](value):
+            auto = ' (or "auto": --max_steps)' if key in ("total_num_steps", "warmup_num_steps") else ""
+            raise UsageError(
+                f"--ds_config {path}: scheduler.params.{key} {json.dumps(value)} must be {rule[1]}{auto}, as "
+                f"{kind} takes it"
+            )
+
+
+def _scheduler_value_rule(param: inspect.Parameter) -> tuple[Any, str] | None:
+    """(is the value valid, what it must be) for a scheduler parameter, from its annotation (else its default's
+    type): an integer or a number >= 0, a boolean, a string; None for anything else (and the start position
+    ``last_batch_iteration``, which may be -1)."""
+    kind = param.annotation if param.annotation is not inspect.Parameter.empty else None
+    kind = {"int": int, "float": float, "bool": bool, "str": str}.get(kind, kind) if isinstance(kind, str) else kind
+    if kind is None and param.default not in (inspect.Parameter.empty, None):
+        kind = type(param.default)
+    if param.name == "last_batch_iteration":
+        return None
+    rule = _value_rule(kind)
+    if rule is not None and param.default is None:  # None is the default itself: allowed
+        return (lambda v: v is None or rule[0](v)), rule[1]
+    return rule
+
+
+def _value_rule(kind: Any) -> tuple[Any, str] | None:
+    if kind is bool:
+        return (lambda v: isinstance(v, bool)), "true or false"
+    if kind is int:
+        return (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0), "an integer >= 0"
+    if kind is float:
+        ok = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0  # noqa: E731
+        return ok, "a number >= 0"
+    if kind is str:
+        return (lambda v: isinstance(v, str)), "a string"
+    return None
 
 
 def check_ds_config(ds_cfg: dict[str, Any], path: str, world_size: int) -> None:

@@ -149,6 +149,16 @@ CASES = {
         'zero_optimization.overlap_comm "maybe" is refused by DeepSpeed (Input should be a valid boolean, unable to '
         "interpret input); give a valid value",
     ),
+    "scheduler total of the wrong kind": (
+        lambda c: c["scheduler"]["params"].update(total_num_steps="Auto"),
+        'scheduler.params.total_num_steps "Auto" must be an integer >= 0 (or "auto": --max_steps), as WarmupCosineLR '
+        "takes it",
+    ),
+    "scheduler warm-up negative": (
+        lambda c: c["scheduler"]["params"].update(warmup_num_steps=-20),
+        'scheduler.params.warmup_num_steps -20 must be an integer >= 0 (or "auto": --max_steps), as WarmupCosineLR '
+        "takes it",
+    ),
     "fp16 key typo": (
         lambda c: c.update(fp16={"enabled": False, "loss_scale_windw": 100}),
         "unknown key fp16.loss_scale_windw: DeepSpeed's DeepSpeedFP16Config has no such field; did you mean "
