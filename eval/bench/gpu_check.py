@@ -10,7 +10,7 @@ Sections (``--sections``; the default set is ``DEFAULT_SECTIONS``):
   they equal.
 - offline: a ZeRO-2 checkpoint grown by growlm-grow (masked, one more layer; written universal, so resharded to
   any world size) and resumed by train.py for two steps (finite losses).
-- export: a ZeRO-2 checkpoint exported to transformers -> train.py ``--init_from`` for one step at LR 1e-30 -> exported
+- export: a ZeRO-2 checkpoint exported to transformers -> train.py ``--init_from`` for one step at LR 0 -> exported
   again, every tensor bit for bit equal.
 - throughput: growlm-bench on GPT-2 350M at T = 1024 (ZeRO-1, with and without activation checkpointing, the micro
   batch from ``fit_micro_batch``) and the plain PyTorch baseline: tokens/s, model TFLOP/s, MFU.
@@ -454,9 +454,8 @@ def section_offline(r: Runner) -> None:
 
 
 def section_export(r: Runner) -> None:
-    """export: export -> --init_from for one step at LR 1e-30 without weight decay -> export; the weights must come
-    back bit for bit. (train.py refuses LR 0; an Adam step is at most about LR in size, so 1e-30 moves no fp32 weight
-    larger than about 1e-23 in magnitude, and trained weights are far larger.)"""
+    """export: export -> --init_from for one step at LR 0 without weight decay -> export; the weights must come back
+    bit for bit."""
     src = source_checkpoint(r, "export-source")
     if src is None:
         return
@@ -466,7 +465,7 @@ def section_export(r: Runner) -> None:
     if not r.check("export to transformers", rc == 0, f"exit status {rc}"):
         return
     name = "init-from"
-    cfg = r.ds_config(name, 2, r.s.precision, lr=1e-30, weight_decay=0.0)
+    cfg = r.ds_config(name, 2, r.s.precision, lr=0.0, weight_decay=0.0)
     args = ["--init_from", str(a), "--max_steps", "1", "--ds_config", str(cfg)]
     rc, run, error, wall = r.train(name, args)
     rc2 = grow_main([str(run / "checkpoints"), "--export_hf", str(b)]) if rc == 0 else None
