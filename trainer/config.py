@@ -26,7 +26,8 @@ from growlm.data.prepare import default_data_dir, load_meta, open_tokens
 from growlm.growth.stages.plan import StageList
 from growlm.model.config import GPTConfig, from_preset
 from growlm.runtime import checkpoint
-from growlm.runtime.engine import DSConfigError, check_ds_config_meaning, check_ds_top_level_keys, precision_of
+from growlm.runtime.ds_config import DSConfigError, check_ds_config_meaning, check_ds_top_level_keys
+from growlm.runtime.engine import precision_of
 from growlm.runtime.run_state import RunState
 from growlm.trainer import init_from
 from growlm.trainer.errors import UsageError

@@ -1,5 +1,5 @@
 """DeepSpeed configs checked for meaning, by DeepSpeed's own rules, before any rank starts
-(runtime.engine.check_ds_config_meaning, through trainer.config.check_ds_config): a top-level key DeepSpeed would
+(runtime.ds_config.check_ds_config_meaning, through trainer.config.check_ds_config): a top-level key DeepSpeed would
 ignore, an optimizer DeepSpeed cannot build or a parameter its class does not take, numbers of the wrong kind or
 range, offload at a ZeRO stage that has none. Each is one ``growlm-train: error:`` line, exit status 2, no
 traceback, the config file and the run folder untouched; growlm-run's --dry_run refuses the same."""
@@ -14,8 +14,8 @@ import pytest
 from cli_utils import one_error_line
 
 from growlm import train
-from growlm.runtime import engine
-from growlm.runtime.engine import DSConfigError, check_ds_config_meaning, deepspeed_config_keys
+from growlm.runtime import ds_config
+from growlm.runtime.ds_config import DSConfigError, check_ds_config_meaning, deepspeed_config_keys
 from growlm.trainer.driver import cli as run_cli
 
 TINY = ["--preset", "tiny", "--seq_len", "32", "--no_final_eval", "--max_steps", "2"]
@@ -203,12 +203,12 @@ def test_the_known_top_level_keys_are_the_ones_the_installed_deepspeed_reads(mon
         return original(param_dict)
 
     monkeypatch.setattr(ds_config_module, "get_dump_state", reads_one_more)
-    engine.deepspeed_config_keys.cache_clear()
+    ds_config.deepspeed_config_keys.cache_clear()
     try:
         assert "a_key_of_a_newer_deepspeed" in deepspeed_config_keys()
         check_ds_config_meaning(edited(lambda c: c.update(a_key_of_a_newer_deepspeed=1)))
     finally:
-        engine.deepspeed_config_keys.cache_clear()
+        ds_config.deepspeed_config_keys.cache_clear()
 
 
 @pytest.mark.bad_input

@@ -1,0 +1,351 @@
+"""A DeepSpeed config checked for meaning before any rank starts, by DeepSpeed's own rules where it has them.
+
+DeepSpeed ignores an unknown top-level key (a typo such as ``zero_optimizaton`` trains at ZeRO stage 0) and refuses
+many mistakes only once the engine is being built, with a traceback on every rank. ``check_ds_top_level_keys`` and
+``check_ds_config_meaning`` refuse them first, in one line: the known keys are the ones the installed DeepSpeed's
+config parser reads, its own parser and pydantic models are run on the config, and the optimizer and scheduler
+parameters are checked against the classes DeepSpeed would build. deepspeed is imported lazily:
+runtime.dist.select_accelerator must run before its first import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import difflib
+import functools
+import inspect
+import json
+import logging
+import math
+from collections.abc import Iterator, KeysView
+from typing import Any
+
+import torch
+
+
+class DSConfigError(ValueError):
+    """A DeepSpeed config that DeepSpeed would silently misread (an unknown key is ignored) or refuse only once the
+    engine is being built (a traceback on every rank): one line naming the key, the value and the fix."""
+
+
+class _KeyLog(dict):
+    """A dict that records every key looked up in it: ``[]``, ``get``, ``in``, ``in .keys()``, ``pop``,
+    ``setdefault``. ``copy.copy`` returns the dict itself, so a copy's look-ups are recorded too."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.looked_up: set = set()
+
+    def __getitem__(self, key: Any) -> Any:
+        self.looked_up.add(key)
+        return super().__getitem__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self.looked_up.add(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self.looked_up.add(key)
+        return super().__contains__(key)
+
+    def keys(self) -> Any:
+        return KeysView(self)  # ``in`` goes through __contains__; set operations work as on dict keys
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        self.looked_up.add(key)
+        return super().pop(key, *default)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        self.looked_up.add(key)
+        return super().setdefault(key, default)
+
+    def __copy__(self) -> _KeyLog:
+        return self
+
+
+@contextlib.contextmanager
+def _deepspeed_config_probe(world_size: int) -> Iterator[None]:
+    """Let ``deepspeed.runtime.config.DeepSpeedConfig`` run without a process group (its rank 0 of ``world_size``
+    ranks) and without its log lines, for the block only."""
+    from deepspeed.runtime import config as ds_config_module  # lazy: deepspeed picks its accelerator at import
+
+    class _World:
+        @staticmethod
+        def get_rank() -> int:
+            return 0
+
+        @staticmethod
+        def get_world_size(*_args: Any, **_kwargs: Any) -> int:
+            return world_size
+
+    saved_dist, logger = ds_config_module.dist, logging.getLogger("DeepSpeed")
+    saved_level = logger.level
+    ds_config_module.dist = _World
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        ds_config_module.dist = saved_dist
+        logger.setLevel(saved_level)
+
+
+def _read_keys(ds_cfg: dict, world_size: int) -> tuple[set, Exception | None]:
+    """The top-level keys ``DeepSpeedConfig`` looks up while it parses ``ds_cfg`` (deep-copied), and the exception
+    it raised (None when it accepted the config)."""
+    from deepspeed.runtime.config import DeepSpeedConfig  # lazy: deepspeed picks its accelerator at import
+
+    probe = _KeyLog(copy.deepcopy(ds_cfg))
+    with _deepspeed_config_probe(world_size):
+        try:
+            DeepSpeedConfig(probe)
+        except Exception as e:  # noqa: BLE001 (any refusal of DeepSpeed's parser is reported, translated, below)
+            return probe.looked_up, e
+    return probe.looked_up, None
+
+
+@functools.lru_cache(maxsize=1)
+def deepspeed_config_keys() -> frozenset[str]:
+    """The top-level DeepSpeed config keys the installed DeepSpeed reads: the keys its ``DeepSpeedConfig`` looks up
+    while parsing a minimal config (``{"train_micro_batch_size_per_gpu": 1}``), so the set follows the installed
+    version (about 60 keys in 0.19). A key outside it is ignored by DeepSpeed without a word."""
+    keys, _ = _read_keys({"train_micro_batch_size_per_gpu": 1}, 1)
+    return frozenset(k for k in keys if isinstance(k, str))
+
+
+def _suggest(word: str, choices: Any) -> str | None:
+    """The choice closest to ``word`` (difflib, case-insensitive), or None when none is close."""
+    lowered = {str(c).lower(): str(c) for c in choices}
+    match = difflib.get_close_matches(str(word).lower(), list(lowered), n=1, cutoff=0.6)
+    return lowered[match[0]] if match else None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_ds_top_level_keys(ds_cfg: dict, read: set | None = None) -> None:
+    """Refuse a top-level key the installed DeepSpeed does not read (``deepspeed_config_keys``, plus any key its
+    parser looks up for this very config, ``read``; probed here when None), naming the nearest known key.
+
+    Raises:
+        DSConfigError: the first unknown key, with the fix (rename it to the suggestion, or remove it).
+    """
+    if read is None:
+        read, _ = _read_keys(ds_cfg, 1)
+    known = deepspeed_config_keys() | {k for k in read if isinstance(k, str)}
+    for key in ds_cfg:
+        if key in known:
+            continue
+        import deepspeed  # lazy: deepspeed picks its accelerator at import
+
+        near = _suggest(key, known)
+        fix = f"did you mean {near!r}? rename it" if near else "remove it"
+        raise DSConfigError(
+            f"unknown top-level key {key!r}: DeepSpeed {deepspeed.__version__} reads no such key and would train "
+            f"as if it were absent; {fix}"
+        )
+
+
+def _deepspeed_model(title: str) -> Any:
+    """DeepSpeed's pydantic config model named ``title`` (a subclass of ``DeepSpeedConfigModel``), or None."""
+    from deepspeed.runtime.config_utils import DeepSpeedConfigModel  # lazy: deepspeed picks its accelerator
+
+    todo = [DeepSpeedConfigModel]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ == title:
+            return cls
+        todo += cls.__subclasses__()
+    return None
+
+
+def _section_of(ds_cfg: dict, path: list[str]) -> str | None:
+    """The top-level key whose mapping holds ``path`` (the location inside a section pydantic reports)."""
+    for key, value in ds_cfg.items():
+        node = value
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and path and path[-1] in node:
+            return key
+    return None
+
+
+def _pydantic_error(e: Exception, ds_cfg: dict) -> DSConfigError | None:
+    """One line for a pydantic ValidationError of DeepSpeed's parser (None for another exception): the key as
+    written (``section.key``), and for an unknown key the nearest field of DeepSpeed's own model of that section."""
+    errors = getattr(e, "errors", None)
+    if not callable(errors) or not errors():
+        return None
+    err = errors()[0]
+    loc = [str(x) for x in err.get("loc", ())]
+    title = getattr(e, "title", "")
+    section = _section_of(ds_cfg, loc)
+    where = ".".join([section, *loc] if section else loc) or title
+    if err.get("type") != "extra_forbidden" or not loc:
+        return DSConfigError(
+            f"{where} {json.dumps(err.get('input'), default=str)} is refused by DeepSpeed ({err.get('msg')}); "
+            "give a valid value"
+        )
+    model = _deepspeed_model(title)
+    for part in loc[:-1]:  # down into a nested model (e.g. zero_optimization.offload_optimizer)
+        ann = model.model_fields.get(part) if model is not None else None
+        args = getattr(ann.annotation, "__args__", (ann.annotation,)) if ann is not None else ()
+        model = next((a for a in args if hasattr(a, "model_fields")), None)
+    names = {f.alias or n for n, f in model.model_fields.items()} if model is not None else set()
+    near = _suggest(loc[-1], names)
+    fix = f"did you mean {near!r}? rename it" if near else "remove it"
+    return DSConfigError(f"unknown key {where}: DeepSpeed's {title} has no such field; {fix}")
+
+
+def _optimizer_class(kind: str, params: dict, offloaded: bool) -> tuple[Any, str, set[str]]:
+    """The class DeepSpeed builds for optimizer ``kind`` (as ``DeepSpeedEngine._configure_basic_optimizer`` picks
+    it), its name for messages, and the params keys DeepSpeed itself takes out before calling it. The class is
+    None for a type whose class cannot be imported here (its params are not checked)."""
+    from deepspeed.runtime import config as ds_c  # lazy: deepspeed picks its accelerator at import
+
+    own = {ds_c.TORCH_ADAM_PARAM, ds_c.ADAM_W_MODE, "fp32_optimizer_states"}
+    name = kind.lower()
+    if name in (ds_c.ADAM_OPTIMIZER, ds_c.ADAMW_OPTIMIZER):
+        if params.get(ds_c.TORCH_ADAM_PARAM):
+            w_mode = name == ds_c.ADAMW_OPTIMIZER or params.get(ds_c.ADAM_W_MODE, ds_c.ADAM_W_MODE_DEFAULT)
+            cls = torch.optim.AdamW if w_mode else torch.optim.Adam
+            return cls, f"torch.optim.{cls.__name__} (torch_adam: true)", own
+        if offloaded:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam  # lazy: deepspeed picks its accelerator at import
+
+            return DeepSpeedCPUAdam, "DeepSpeedCPUAdam (optimizer offload)", own
+        from deepspeed.ops.adam import FusedAdam  # lazy: deepspeed picks its accelerator at import
+
+        return FusedAdam, "DeepSpeed's FusedAdam", own
+    if name == ds_c.ADAGRAD_OPTIMIZER and not offloaded:
+        return torch.optim.Adagrad, "torch.optim.Adagrad", set()
+    if name == ds_c.LAMB_OPTIMIZER:
+        from deepspeed.ops.lamb import FusedLamb  # lazy: deepspeed picks its accelerator at import
+
+        return FusedLamb, "DeepSpeed's FusedLamb", set()
+    if name in ds_c.DEEPSPEED_OPTIMIZERS:
+        return None, kind, set()  # CPU Adagrad/Lion, FusedLion, mup's, Muon: params not checked here
+    cls = getattr(torch.optim, kind, None)
+    return cls, f"torch.optim.{kind}", set()
+
+
+def _check_optimizer(ds_cfg: dict, stage: int) -> None:
+    from deepspeed.runtime import config as ds_c  # lazy: deepspeed picks its accelerator at import
+
+    opt = ds_cfg.get("optimizer")
+    if opt is None:
+        return
+    if not isinstance(opt, dict) or not isinstance(opt.get("type"), str):
+        raise DSConfigError(
+            f"optimizer {opt!r} must be a mapping with a type, e.g. "
+            '{"type": "AdamW", "params": {"lr": 0.001, "torch_adam": true}}'
+        )
+    kind, params = opt["type"], opt.get("params", {})
+    if not isinstance(params, dict):
+        raise DSConfigError(f'optimizer.params {params!r} must be a mapping, e.g. {{"lr": 0.001}}')
+    torch_names = [n for n in dir(torch.optim) if _is_optimizer_class(getattr(torch.optim, n))]
+    if kind.lower() not in ds_c.DEEPSPEED_OPTIMIZERS and kind not in torch_names:
+        shown = {n: n for n in ds_c.DEEPSPEED_OPTIMIZERS} | {n.lower(): n for n in torch_names}
+        display = sorted({shown.get(n.lower(), n) for n in [*ds_c.DEEPSPEED_OPTIMIZERS, *torch_names]})
+        near = _suggest(kind, display)
+        fix = f"did you mean {near!r}?" if near else f"use one of {', '.join(display)}"
+        raise DSConfigError(f"optimizer.type {kind!r} is not an optimizer DeepSpeed can build; {fix}")
+    zero = ds_cfg.get("zero_optimization") or {}
+    device = (zero.get("offload_optimizer") or {}).get("device", "none") if isinstance(zero, dict) else "none"
+    cls, cls_name, own = _optimizer_class(kind, params, device in ("cpu", "nvme") and stage > 0)
+    if "max_grad_norm" in params:
+        raise DSConfigError(
+            f"optimizer.params.max_grad_norm {params['max_grad_norm']!r}: DeepSpeed refuses it there; set the "
+            "top-level gradient_clipping instead"
+        )
+    if cls is not None:
+        sig = inspect.signature(cls.__init__).parameters
+        if not any(p.kind == p.VAR_KEYWORD for p in sig.values()):
+            accepted = [n for n in sig if n not in ("self", "params", "model_params")] + sorted(own - set(sig))
+            for key in params:
+                if key not in accepted:
+                    near = _suggest(key, accepted)
+                    fix = f"did you mean {near!r}?" if near else f"its parameters are {', '.join(accepted)}"
+                    raise DSConfigError(f"optimizer.params.{key} is not a parameter of {cls_name}; {fix}")
+    _check_optimizer_numbers(params)
+
+
+def _is_optimizer_class(obj: Any) -> bool:
+    return inspect.isclass(obj) and issubclass(obj, torch.optim.Optimizer) and obj is not torch.optim.Optimizer
+
+
+def _check_optimizer_numbers(params: dict) -> None:
+    """lr a number >= 0 (torch's optimizers accept 0, which trains nothing), betas two numbers in [0, 1), eps > 0,
+    weight_decay >= 0 (each where given)."""
+    rules = (
+        ("lr", lambda v: _is_number(v) and v >= 0, "a number >= 0, e.g. 0.001 (no quotes; 0 leaves the weights)"),
+        ("eps", lambda v: _is_number(v) and v > 0, "a positive number, e.g. 1e-08"),
+        ("weight_decay", lambda v: _is_number(v) and v >= 0, "a number >= 0, e.g. 0.1 (0: no decay)"),
+        (
+            "betas",
+            lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(_is_number(b) and 0 <= b < 1 for b in v),
+            "two numbers in [0, 1), e.g. [0.9, 0.95]",
+        ),
+    )
+    for key, ok, rule in rules:
+        if key in params and not ok(params[key]):
+            raise DSConfigError(f"optimizer.params.{key} {json.dumps(params[key])} must be {rule}")
+
+
+def _check_zero_offload(ds_cfg: dict, stage: int) -> None:
+    zero = ds_cfg.get("zero_optimization") or {}
+    if not isinstance(zero, dict):
+        return
+    for section, lowest, why in (
+        ("offload_optimizer", 1, "stage 0 has no ZeRO optimizer to offload"),
+        ("offload_param", 3, "only stage 3 partitions the parameters it would offload"),
+    ):
+        device = (zero.get(section) or {}).get("device", "none") if isinstance(zero.get(section), dict) else "none"
+        if device in (None, "none"):
+            continue
+        need = lowest if device == "cpu" else 3
+        if stage < need:
+            reason = why if device == "cpu" or section == "offload_param" else "NVMe offload is ZeRO-Infinity, stage 3"
+            raise DSConfigError(
+                f"zero_optimization.{section}.device {device!r} at ZeRO stage {stage}: DeepSpeed offloads it from "
+                f"stage {need} on ({reason}); set zero_optimization.stage to {'3' if need == 3 else '1, 2 or 3'}, or "
+                f"remove {section}"
+            )
+
+
+def check_ds_config_meaning(ds_cfg: dict, world_size: int = 1) -> None:
+    """Refuse a DeepSpeed config by DeepSpeed's own rules, before any rank starts: what DeepSpeed would ignore
+    silently or refuse only while the engine is built, after the ranks joined (imports deepspeed: call after the
+    accelerator is set).
+
+    Checks: every top-level key is one the installed DeepSpeed reads (``deepspeed_config_keys``; the nearest one
+    suggested); DeepSpeed's own parser (``DeepSpeedConfig``, run here as rank 0 of ``world_size`` ranks) accepts
+    it, with its pydantic sections (an unknown ``zero_optimization`` key gets the nearest field); the optimizer
+    type is one DeepSpeed can build and every ``params`` key is a parameter of the class DeepSpeed would call
+    (``inspect.signature`` of torch.optim.AdamW, FusedAdam, DeepSpeedCPUAdam, ...); lr >= 0, betas in [0, 1),
+    eps > 0, weight_decay >= 0, gradient_clipping >= 0 (numbers, not strings); offload of the optimizer at ZeRO
+    stage 0, of parameters below stage 3, or to NVMe below stage 3.
+
+    Args:
+        ds_cfg: the DeepSpeed config (not modified); the ZeRO stage must already be one of 0-3.
+        world_size: data-parallel ranks of the job (DeepSpeed checks the batch sizes against it).
+
+    Raises:
+        DSConfigError: the first problem found, as one line without the file's name.
+    """
+    read, error = _read_keys(ds_cfg, world_size)
+    check_ds_top_level_keys(ds_cfg, read)
+    zero = ds_cfg.get("zero_optimization") or {}
+    stage = int(zero.get("stage", 0)) if isinstance(zero, dict) else 0
+    clip = ds_cfg.get("gradient_clipping")
+    if clip is not None and not (_is_number(clip) and clip >= 0):
+        raise DSConfigError(f"gradient_clipping {json.dumps(clip)} must be a number >= 0 (0: no clipping)")
+    _check_zero_offload(ds_cfg, stage)
+    _check_optimizer(ds_cfg, stage)
+    if error is not None:
+        translated = _pydantic_error(error, ds_cfg)
+        if translated is not None:
+            raise translated from None
+        detail = " ".join(str(error).split()) or type(error).__name__
+        raise DSConfigError(f"DeepSpeed's config parser refuses it: {detail}") from None
