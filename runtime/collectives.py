@@ -117,7 +117,8 @@ def all_reduce(t: Tensor, op: str = "sum", group: Any = None, device: torch.devi
         device: where the result goes (default: ``t``'s device).
 
     Returns:
-        The reduced tensor, ``t``'s shape. ``t`` itself holds the result too when it lived on the group's device.
+        The reduced tensor, ``t``'s shape. ``t`` itself holds the result too when it was contiguous and on the
+        group's device (no staging copy was made).
 
     Raises:
         ValueError: an unknown ``op``.
@@ -139,7 +140,7 @@ def broadcast(t: Tensor, src: int, group: Any = None, device: torch.device | str
         device: where the result goes (default: ``t``'s device).
 
     Returns:
-        ``src``'s tensor. ``t`` itself holds it too when it lived on the group's device.
+        ``src``'s tensor. ``t`` itself holds it too when it was contiguous and on the group's device.
     """
     staged = _stage(t, group_device(group))
     dist.broadcast(staged, src=src, group=group)

@@ -132,7 +132,7 @@ def build_engine(
         activation_checkpointing: recompute each block's activations in backward (GPT's ``activation_checkpointing``;
             a grown model's engine is built with the same setting, so new blocks get it too).
         compile_model: compile the module with torch.compile (DeepSpeed's ``engine.compile``); a grown model's
-            engine is built, and so compiled, anew. CUDA only (train.py refuses it elsewhere).
+            engine is built, and so compiled, anew (on CUDA or the CPU; train.py refuses other accelerators).
 
     Returns:
         The ``deepspeed.DeepSpeedEngine`` (its ``lr_scheduler`` built from the config's scheduler section). Its

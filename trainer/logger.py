@@ -28,8 +28,10 @@ def max_rss_bytes() -> int:
 
 def cuda_max_allocated_bytes() -> int | None:
     """Peak CUDA memory allocated by tensors on this process's current device since the run started or since the last
-    growth reset the statistic (bytes); None without CUDA."""
-    return int(torch.cuda.max_memory_allocated()) if torch.cuda.is_available() else None
+    growth reset the statistic (bytes); None when the process has not initialised CUDA (a CPU run)."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    return int(torch.cuda.max_memory_allocated())
 
 
 class Throughput:

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     device = "cpu"
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() or os.environ.get("DS_ACCELERATOR") == "cpu":  # as the DeepSpeed runs beside it
         keep_freed_memory()  # as train.py's ranks do on a CPU (runtime.dist.init_distributed)
     else:
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"

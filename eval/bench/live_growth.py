@@ -86,6 +86,7 @@ def worker(case: str, stage: int, precision: str, out: str, seq_len: int, small:
     result = collect_old_engine(result)  # the replaced engine is freed here (growth.live.engine)
     rec["live_s"] = time.perf_counter() - t0
     rec.update(bytes_moved=result.bytes_moved, collectives=result.collectives, peak_rss_bytes=result.peak_rss_bytes)
+    rec["cuda_memory"] = result.cuda_memory  # this rank's CUDA bytes before / at the growth's peak / after (or None)
     rec["phase_s"], rec["phase_bytes"], rec["build_split_s"] = (
         result.phase_seconds,
         result.phase_bytes,

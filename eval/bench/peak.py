@@ -13,6 +13,7 @@ with the thread count one rank uses.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -154,13 +155,14 @@ def measure_matmul_peak(precision: str, threads: int, device: str = "cpu", n: in
 
 def device_peak(precision: str, threads: int, peak_tflops: float | None = None) -> Peak:
     """The peak of one rank's device at ``precision`` ('fp32', 'bf16', 'fp16'): ``peak_tflops`` (TFLOP/s) if given;
-    on CUDA the datasheet table's figure for device 0's exact name (gpu_table_peak), or a Peak whose
-    ``flops_per_s`` is None (no MFU, one warning) for a GPU the table does not know; on a CPU a measured matmul peak
-    with ``threads`` threads (measure_matmul_peak)."""
+    on CUDA the datasheet table's figure for the exact name of this process's current device (gpu_table_peak), or a
+    Peak whose ``flops_per_s`` is None (no MFU, one warning) for a GPU the table does not know; on a CPU (no CUDA, or
+    ``DS_ACCELERATOR=cpu``: a CPU run on a GPU node) a measured matmul peak with ``threads`` threads
+    (measure_matmul_peak)."""
     if peak_tflops is not None:
         return Peak(peak_tflops * 1e12, f"given: {peak_tflops:g} TFLOP/s")
-    if torch.cuda.is_available():
-        name = torch.cuda.get_device_name(0)
+    if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") != "cpu":
+        name = torch.cuda.get_device_name(torch.cuda.current_device())  # this rank's GPU
         table = gpu_table_peak(name, precision)
         if table is not None:
             return table

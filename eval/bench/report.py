@@ -58,7 +58,8 @@ def summarize_train(records: list[dict], *, warmup_steps: int, world_size: int) 
         "model_flops_per_s_per_rank": flops / seconds / world_size,
         "skipped_steps": train[-1]["skipped_steps"],
         "skipped_steps_measured": measured[-1]["skipped_steps"] - before["skipped_steps"],
-        "max_rss_bytes_rank0": max(r.get("max_rss_bytes", 0) for r in train),
+        "max_rss_bytes_rank0": max(r.get("max_rss_bytes", 0) for r in train),  # host
+        "cuda_max_allocated_bytes_rank0": max((r.get("cuda_max_allocated_bytes") or 0) for r in train) or None,
         "final_loss": train[-1]["loss"],
         "growth": growth_cost(records, median),
     }

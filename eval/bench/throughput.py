@@ -202,7 +202,7 @@ def bench_deepspeed(
         "mfu": peak.mfu(s["model_flops_per_s_per_rank"]),  # None: no known peak (an unknown GPU)
         "activation_recomputation": recompute,
         "peak_rss_bytes_per_rank": rss,
-        "peak_device_bytes_rank0": s["max_rss_bytes_rank0"] if base["device_type"] == "cuda" else None,
+        "peak_device_bytes_rank0": s["cuda_max_allocated_bytes_rank0"],  # None off CUDA
         "train_cmd": recorded_command(cmd, work),
     }
     return rec

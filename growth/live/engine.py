@@ -148,8 +148,9 @@ CUDA_MEMORY_KEYS = (
 
 def cuda_memory_bytes() -> tuple[int, int] | None:
     """This process's CUDA memory on its current device now: (allocated by tensors, reserved by the caching
-    allocator), bytes; None without CUDA."""
-    if not torch.cuda.is_available():
+    allocator), bytes; None when the process has not initialised CUDA (a CPU run, on a GPU node too: reading the
+    counters must not create a CUDA context)."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return None
     return int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())
 
@@ -252,13 +253,13 @@ def grow_engine(
         GrowthError: before any new engine is built: no optimizer step yet, or a mask ramp still running.
     """
     t0 = time.perf_counter()
-    cuda_memory = start_cuda_peak()
     step = old.global_steps
     if step < 1 or adam_step_of(old) < 1:
         raise GrowthError(
             f"growth at global step {step} with {adam_step_of(old)} Adam steps: DeepSpeed creates Adam's state in the "
             "first optimizer step that is not skipped (fp16 overflows skip steps); grow later"
         )
+    cuda_memory = start_cuda_peak()  # after the refusal above: a refused growth leaves the statistic alone
     module = old.module
     current = engine_schedule(old, rewarm.rewarm_start, rewarm.rewarm_steps) if rewarm else engine_schedule(old)
     prep = prepare_growth(
@@ -320,7 +321,7 @@ def collect_old_engine(result: GrowthResult) -> GrowthResult:
     t, rss = time.perf_counter(), rss_bytes()
     gc.collect()
     release_heap()
-    if torch.cuda.is_available():
+    if cuda_memory_bytes() is not None:
         torch.cuda.empty_cache()  # the old engine's blocks, cached by the allocator, go back to the driver
     dt = time.perf_counter() - t
     secs = {**result.phase_seconds, "teardown": result.phase_seconds.get("teardown", 0.0) + dt}

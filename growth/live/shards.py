@@ -117,9 +117,8 @@ def layout_of(engine: Any, params: dict[str, torch.nn.Parameter]) -> Layout | No
 
 def _pack(layout: Layout, names: list[str]) -> Tensor:
     """This rank's fragments of ``names`` (weight, exp_avg, exp_avg_sq of each in turn) in one flat fp32 buffer on
-    the group's device (runtime.collectives.group_device): fragments offloaded to the CPU are copied there piece by
-    piece, so no CPU-sized staging copy of the whole buffer is made."""
-    device = collectives.group_device(layout.group)
+    the group's device (runtime.collectives.group_device), each fragment copied into place (offloaded ones from the
+    CPU), so the buffer is the only copy made."""
     parts: list[Tensor] = []
     for n in names:
         f = layout.local[n]
@@ -127,33 +126,63 @@ def _pack(layout: Layout, names: list[str]) -> Tensor:
             parts.extend(f.views)  # the padded shard: every rank sends the same size
         elif f.valid:
             parts.extend(v[: f.valid] for v in f.views)
-    return torch.cat([p.to(device, torch.float32) for p in parts]) if parts else torch.empty(0, device=device)
+    buf = torch.empty(sum(p.numel() for p in parts), device=collectives.group_device(layout.group))
+    o = 0
+    for p in parts:
+        buf[o : o + p.numel()].copy_(p.reshape(-1))
+        o += p.numel()
+    return buf
+
+
+# at most this many bytes of a gathered bucket are on the group's device at once (a parameter larger than the bucket
+# size is gathered alone, and its world-size-fold gather output would otherwise sit on the GPU whole, beside the old
+# and the new engine)
+CHUNK_BYTES = 64 * 2**20
+
+
+def _chunks(n: int, per: int) -> list[tuple[int, int]]:
+    """[a, b) slices of ``range(n)`` of at most ``per`` (>= 1) elements each; none when ``n`` is 0."""
+    per = max(1, per)
+    return [(a, min(n, a + per)) for a in range(0, n, per)]
 
 
 @torch.no_grad()
-def gather_bucket(layout: Layout, names: list[str], shapes: dict[str, torch.Size]) -> tuple[dict[str, ParamState], int]:
+def gather_bucket(
+    layout: Layout, names: list[str], shapes: dict[str, torch.Size], chunk_bytes: int = CHUNK_BYTES
+) -> tuple[dict[str, ParamState], int]:
     """Full fp32 (weight, exp_avg, exp_avg_sq) of every parameter in ``names``, of shape ``shapes[name]``, on every
-    rank; a collective. ZeRO-3: one all_gather of each rank's packed shards; ZeRO-1/2: one broadcast from each rank
+    rank; a collective. ZeRO-3: an all_gather of each rank's packed shards; ZeRO-1/2: a broadcast from each rank
     owning part of the bucket. The collectives run on the group's device (the GPU under NCCL, offloaded fragments
-    included); the full tensors come back on the CPU, where the rules expand them. Returns the states and the number
-    of collectives made."""
+    included), in slices of at most ``chunk_bytes`` of gathered data each; the full tensors come back on the CPU,
+    where the rules expand them. Returns the states and the number of collectives made."""
     out: dict[str, ParamState] = {}
+    calls = 0
     if layout.kind == "zero3":
-        recv = collectives.all_gather(_pack(layout, names), group=layout.group, device="cpu")
-        rows, o = recv.view(layout.world, -1), 0
+        send = _pack(layout, names)
+        rows = torch.empty(layout.world, send.numel())  # rank r's packed shards in row r, on the CPU
+        for a, b in _chunks(send.numel(), chunk_bytes // (4 * layout.world)):
+            got = collectives.all_gather(send[a:b], group=layout.group, device="cpu")
+            rows[:, a:b] = got.view(layout.world, b - a)
+            calls += 1
+        o = 0
         for n in names:
             f = layout.local[n]
             cols = [rows[:, o + i * f.size : o + (i + 1) * f.size] for i in range(3)]
             out[n] = ParamState(*(c.reshape(-1)[: f.numel].view(shapes[n]) for c in cols))
             o += 3 * f.size
-        return out, 1
+        return out, calls
     bufs: dict[int, Tensor] = {}
     for r in range(layout.world):
         count = 3 * sum(layout.spans[n][r][1] for n in names)
-        if count:
-            buf = _pack(layout, names) if r == layout.rank else collectives.empty_for(count, group=layout.group)
-            src = collectives.global_rank(layout.group, r)
-            bufs[r] = collectives.broadcast(buf, src=src, group=layout.group, device="cpu")
+        if not count:
+            continue
+        send = _pack(layout, names) if r == layout.rank else None
+        src = collectives.global_rank(layout.group, r)
+        bufs[r] = torch.empty(count)
+        for a, b in _chunks(count, chunk_bytes // 4):
+            piece = send[a:b] if send is not None else collectives.empty_for(b - a, group=layout.group)
+            bufs[r][a:b] = collectives.broadcast(piece, src=src, group=layout.group, device="cpu")
+            calls += 1
     offsets = dict.fromkeys(bufs, 0)
     for n in names:
         full = [torch.empty(layout.local[n].numel) for _ in range(3)]
@@ -165,7 +194,7 @@ def gather_bucket(layout: Layout, names: list[str], shapes: dict[str, torch.Size
                     full[i][start : start + valid] = buf[o + i * valid : o + (i + 1) * valid]
                 offsets[r] += 3 * valid
         out[n] = ParamState(*(t.view(shapes[n]) for t in full))
-    return out, len(bufs)
+    return out, calls
 
 
 def write_fragment(f: Fragment, state: ParamState) -> None:

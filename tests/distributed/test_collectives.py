@@ -53,3 +53,19 @@ def test_live_growth_and_saves_stage_every_collective(tmp_path, template):
     assert sorted(p.name for p in (out / "checkpoints").glob("global_step*")) == ["global_step2", "global_step4"]
     state = json.loads((out / "checkpoints" / "global_step4" / "growlm_state.json").read_text())
     assert state["model_config"]["n_embd"] == 64 and state["global_step"] == 4
+
+
+def test_a_bucket_gathered_in_slices_equals_the_whole():
+    r = run_ranks([], script="tests/gather_probe.py", env=STRICT, timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:]
+    lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith('{"rank"')]
+    assert sorted(d["rank"] for d in lines) == [0, 1]
+    for d in lines:
+        for kind in ("zero3", "flat"):
+            whole, sliced = d[f"{kind}_whole"], d[f"{kind}_sliced"]
+            assert whole["max_diff"] == sliced["max_diff"] == 0.0, d  # every element of all three tensors
+            assert sliced["collectives"] > whole["collectives"] >= 1, d
+        # ZeRO-3: 30 elements -> shards of 8 + 4 + 4 per rank, x 3 tensors = 48 packed, 1 per rank per slice
+        assert d["zero3_whole"]["collectives"] == 1 and d["zero3_sliced"]["collectives"] == 48
+        # ZeRO-1/2: both ranks own part of the flat partition: one broadcast each whole, 15 x 3 / 3 each sliced
+        assert d["flat_whole"]["collectives"] == 2 and d["flat_sliced"]["collectives"] == 30

@@ -35,6 +35,7 @@ class FakeCuda:
 def fake_cuda(monkeypatch):
     f = FakeCuda()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: f.allocated)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: f.reserved)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: f.peak)
@@ -70,6 +71,18 @@ def test_the_old_engines_cached_blocks_are_released(fake_cuda, monkeypatch):
 
 def test_without_cuda_every_number_is_none_and_rss_is_the_hosts(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert finish_cuda_peak(start_cuda_peak()) == dict.fromkeys(CUDA_MEMORY_KEYS)
+    assert cuda_max_allocated_bytes() is None
+
+
+def test_a_cpu_run_on_a_gpu_node_creates_no_cuda_context(monkeypatch):
+    def no_context(*args):
+        raise AssertionError("a CUDA counter was read in a process that never initialised CUDA")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    for name in ("memory_allocated", "memory_reserved", "max_memory_allocated", "reset_peak_memory_stats"):
+        monkeypatch.setattr(torch.cuda, name, no_context)
     assert finish_cuda_peak(start_cuda_peak()) == dict.fromkeys(CUDA_MEMORY_KEYS)
     assert cuda_max_allocated_bytes() is None
     assert max_rss_bytes() > 2**20  # this interpreter's resident memory, in bytes (Linux reports KiB)

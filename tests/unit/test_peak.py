@@ -71,6 +71,8 @@ def test_an_unknown_name_gets_no_peak_and_one_warning(capsys):
 
 def test_device_peak_on_an_unknown_gpu_gives_no_mfu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA B200")
     peaks = [device_peak(p, threads=1) for p in ("bf16", "fp16")]
     assert [p.flops_per_s for p in peaks] == [None, None]
@@ -81,6 +83,9 @@ def test_device_peak_on_an_unknown_gpu_gives_no_mfu(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=0: "NVIDIA H100 PCIe")
     assert device_peak("bf16", 1).mfu(75.65e12) == pytest.approx(0.1)
     assert capsys.readouterr().err == ""
+    # a CPU run on a GPU node (DS_ACCELERATOR=cpu) is measured against the CPU, not the GPU's datasheet
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    assert device_peak("fp32", 1).source.startswith("measured:")
 
 
 def test_mfu_and_its_format():
