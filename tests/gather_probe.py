@@ -1,4 +1,4 @@
-"""One rank of the chunked-gather check (tests/distributed/test_collectives.py): hand-made layouts of three
+"""One rank of the chunked-gather check (tests/distributed/test_strict_collectives.py): hand-made layouts of three
 parameters split across the ranks as ZeRO-3 (equal padded shards) and as ZeRO-1/2 (contiguous slices of one flat
 partition, some ranks holding nothing of a parameter), gathered by growth.live.shards.gather_bucket whole and in
 slices of a few bytes. Prints one JSON line: the largest difference from the known full tensors, and the number of

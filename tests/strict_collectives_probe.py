@@ -1,4 +1,4 @@
-"""One rank of the strict-collectives check (tests/distributed/test_collectives.py): start the group through
+"""One rank of the strict-collectives check (tests/distributed/test_strict_collectives.py): start the group through
 runtime.dist (which reads GROWLM_STRICT_COLLECTIVES), then try a collective from a module named like one of growlm's
 that calls torch.distributed directly, and one through runtime.collectives. Prints one JSON line."""
 

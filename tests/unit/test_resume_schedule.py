@@ -1,7 +1,7 @@
 """A resume keeps the checkpoint's LR schedule (trainer.config.keep_saved_scheduler) and says so, with the LR of the
 next step on both schedules (trainer.checkpointing.schedule_note); --new_schedule takes the config's and says that;
 a run shorter than its warm-up is told that growlm-grow will need --total_num_steps. The real runs are in
-tests/distributed/test_resume_schedule.py."""
+tests/distributed/test_resume_schedule_runs.py."""
 
 from __future__ import annotations
 
