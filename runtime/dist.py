@@ -23,8 +23,9 @@ import torch
 # Imported here, before any group exists, the defaults hold None (the default group at call time).
 import torch.distributed.nn  # noqa: F401, E402  (isort: keep this after torch)
 
-from growlm.runtime import collectives
+from growlm.runtime import collectives, stop
 from growlm.runtime.launch import free_port
+from growlm.runtime.processes import watch_launchers
 from growlm.runtime.quiet import quiet_known_noise
 
 
@@ -197,7 +198,8 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
     Works without a launcher too (a single process, world size 1, on 127.0.0.1). With ``GROWLM_STRICT_COLLECTIVES=1``
     in the environment it turns on ``runtime.collectives``' strict mode (for tests). On a CPU, torch threads are set to
     cores / ranks-on-this-node unless OMP_NUM_THREADS is set (oversubscribed threads make CPU steps erratic), and
-    malloc keeps freed memory (``keep_freed_memory``).
+    malloc keeps freed memory (``keep_freed_memory``). A rank started by a launcher watches it from then on and is
+    told when it is gone (``runtime.processes.watch_launchers``, ``runtime.stop.launcher_gone``).
 
     Args:
         timeout_s: seconds to wait for the other ranks (rendezvous and every collective).
@@ -208,6 +210,7 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
             unreachable or wrong master is obvious.
     """
     accelerator = select_accelerator()
+    watch_launchers(stop.launcher_gone)  # a rank whose launcher is gone stops (runtime.processes, runtime.stop)
     _ENV_BEFORE.clear()
     _ENV_BEFORE.update({k: os.environ.get(k) for k in _RENDEZVOUS_ENV})
     discover_mpi()

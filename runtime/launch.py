@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from growlm.runtime.processes import kill_group, wait_procs
+from growlm.runtime.processes import LAUNCHER_PID_ENV, kill_group, wait_procs
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -32,7 +32,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def rank_env(rank: int, world_size: int, port: int, base: Mapping[str, str] | None = None, **extra: str) -> dict:
     """The environment of rank ``rank`` of ``world_size`` on this machine: ``base`` (default ``os.environ``) plus
-    RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=``port``; ``extra`` last."""
+    RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=``port``, and
+    ``GROWLM_LAUNCHER_PID`` naming this process (the rank stops once it is gone: ``runtime.processes.watch_launchers``);
+    ``extra`` last."""
     env = dict(os.environ if base is None else base)
     env.update(
         RANK=str(rank),
@@ -42,6 +44,7 @@ def rank_env(rank: int, world_size: int, port: int, base: Mapping[str, str] | No
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
+    env[LAUNCHER_PID_ENV] = f"{socket.gethostname()}:{os.getpid()}"
     env.update(extra)
     return env
 

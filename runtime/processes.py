@@ -9,7 +9,14 @@ growlm-run's children never outlive it: a stage's job is a launcher (``deepspeed
 launcher dies with the driver. The ranks are grandchildren, which a parent-death signal does not reach, so each rank
 started under the driver (``GROWLM_DRIVER_PID`` in its environment) runs a watchdog thread (``watch_driver``) that
 kills its whole process group once the driver is gone. A restarted driver also kills the process groups its
-progress file still lists (``kill_stale``) before it starts anything. Process tables are read with psutil.
+progress file still lists (``kill_stale``) before it starts anything.
+
+Ranks of other launchers watch their launchers too (``watch_launchers``, started by ``runtime.dist.init_distributed``):
+DeepSpeed's ``deepspeed`` runner ends on SIGTERM without passing it on to its per-node ``launch.py`` and the ranks
+(it does so only for pdsh), and no launcher's ranks get a signal when the launcher is SIGKILLed. A rank's launchers
+are its ancestors whose command lines are launchers (``is_launcher``) and the rank launcher of ``runtime.launch``
+(named in ``LAUNCHER_PID_ENV``); once one is gone the rank is told (``runtime.stop.launcher_gone``) and stops.
+Process tables are read with psutil.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -163,3 +171,115 @@ def watch_driver(poll_s: float = 0.5) -> None:
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="growlm-driver-watchdog", daemon=True).start()
+
+
+LAUNCHER_PID_ENV = "GROWLM_LAUNCHER_PID"  # <host>:<pid> of runtime.launch's launcher, in every rank it starts
+# launchers whose ranks would outlive them: DeepSpeed's runner (which passes SIGTERM on only to pdsh) and its
+# per-node launch.py, torchrun; matched on the module run with -m or the script's file name
+_LAUNCHER_MODULES = ("deepspeed.launcher.runner", "deepspeed.launcher.launch", "torch.distributed.run")
+_LAUNCHER_SCRIPTS = ("deepspeed", "ds", "deepspeed.pt", "torchrun")
+_WATCH: dict = {"pid": None, "command": None}
+
+
+def is_launcher(cmdline: Sequence[str]) -> bool:
+    """Whether a command line (psutil's ``cmdline()``) runs a launcher of ranks: DeepSpeed's ``deepspeed`` runner or
+    its per-node ``deepspeed.launcher.launch``, or torchrun (script or ``-m`` module)."""
+    return any(m in cmdline[:4] for m in _LAUNCHER_MODULES) or any(
+        Path(a).name in _LAUNCHER_SCRIPTS for a in cmdline[:2]
+    )
+
+
+def _launcher_name(cmdline: Sequence[str]) -> str:
+    """A short name for a launcher's command line: the module or script ``is_launcher`` knows, else its program."""
+    for arg in cmdline[:4]:
+        if arg in _LAUNCHER_MODULES or Path(arg).name in _LAUNCHER_SCRIPTS:
+            return Path(arg).name if Path(arg).name in _LAUNCHER_SCRIPTS else arg
+    return Path(cmdline[0]).name if cmdline else "launcher"
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Whether ``proc`` still runs: the same process (psutil compares its start time, so a reused PID is not it)
+    and not a zombie."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """A launcher a rank runs under: its PID, its command line, and the process (None: gone when first looked at)."""
+
+    pid: int
+    cmdline: list[str]
+    proc: psutil.Process | None
+
+    def running(self) -> bool:
+        """Whether the launcher still runs (the same process: a reused PID is not it; a zombie is gone)."""
+        return self.proc is not None and _running(self.proc)
+
+
+def job_launchers() -> list[Launcher]:
+    """The launchers this process's job runs under: the rank launcher named by ``LAUNCHER_PID_ENV``
+    (``runtime.launch``; on this machine only), then the chain of ancestors from the parent up whose command lines
+    are launchers (``is_launcher``: a bare ``deepspeed train.py`` gives launch.py, then the runner). [] for a
+    process started without one. A named launcher that is already gone is listed too (not running)."""
+    found: list[Launcher] = []
+    host, _, pid = os.environ.get(LAUNCHER_PID_ENV, "").rpartition(":")
+    if pid.isdigit() and host == socket.gethostname():
+        try:
+            proc = psutil.Process(int(pid))
+            found.append(Launcher(proc.pid, proc.cmdline(), proc))
+        except psutil.NoSuchProcess:
+            found.append(Launcher(int(pid), [], None))
+        except psutil.AccessDenied:
+            pass
+    try:
+        proc = psutil.Process().parent()
+        while proc is not None:
+            cmdline = proc.cmdline()
+            if not is_launcher(cmdline):
+                break
+            found.append(Launcher(proc.pid, cmdline, proc))
+            proc = proc.parent()
+    except psutil.Error:  # an ancestor ended or is hidden meanwhile: watch what was found
+        pass
+    return found
+
+
+def launch_command() -> list[str] | None:
+    """The command line of the outermost launcher ``watch_launchers`` found for this process's job (the
+    ``deepspeed ...`` the user typed), the interpreter left out when it runs a launcher script; None when it found
+    none, or ran under growlm-run or growlm's own rank launcher (whose command is not the job's)."""
+    return _WATCH["command"]
+
+
+def watch_launchers(on_gone: Callable[[str], None], poll_s: float = 0.5) -> bool:
+    """Start a daemon thread that calls ``on_gone(why)`` once any of this process's launchers (``job_launchers``)
+    is gone, polling every ``poll_s`` seconds: ranks whose launcher ended without passing a signal on (DeepSpeed's
+    runner on SIGTERM, any launcher on SIGKILL) learn that their job is gone. Not under growlm-run, whose ranks
+    ``watch_driver`` ends. Once per process. Returns whether a thread watches.
+    """
+    if os.environ.get(DRIVER_PID_ENV) or _WATCH["pid"] == os.getpid():
+        return False
+    _WATCH["pid"] = os.getpid()
+    launchers = job_launchers()
+    outer = launchers[-1].cmdline if launchers and launchers[-1].cmdline and is_launcher(launchers[-1].cmdline) else []
+    if len(outer) > 1 and Path(outer[1]).name in _LAUNCHER_SCRIPTS:
+        outer = outer[1:]  # python .../bin/deepspeed ARGS -> .../bin/deepspeed ARGS
+    _WATCH["command"] = outer or None
+    if not launchers:
+        return False
+
+    def watch() -> None:
+        while True:
+            for launcher in launchers:
+                if not launcher.running():
+                    on_gone(f"the job's launcher ({_launcher_name(launcher.cmdline)}, pid {launcher.pid}) is gone")
+                    return
+            time.sleep(poll_s)
+
+    threading.Thread(target=watch, name="growlm-launcher-watchdog", daemon=True).start()
+    return True

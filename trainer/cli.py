@@ -6,11 +6,13 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from growlm import DS_CONFIG_DIR
 from growlm.growth.errors import GrowthError
 from growlm.model.config import PRESETS
+from growlm.runtime import stop
 from growlm.runtime.checkpoint import CheckpointError
 from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import close_distributed, launch_rank
@@ -166,15 +168,28 @@ def _evaluation_flags(e: argparse._ArgumentGroup) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """growlm-train: run ``run`` and turn bad input into one message and exit status 2."""
+    """growlm-train: run ``run`` and turn bad input into one message and exit status 2. SIGTERM and SIGINT stop the
+    run after the current step on every rank (``runtime.stop``, ``trainer.stopping``): exit status 128 + the
+    signal's number (143, 130); a second SIGINT stops it at once (130, no checkpoint of that step)."""
     args = parse_args(argv)
     watch_driver()  # under growlm-run: die with the driver (no-op otherwise)
     rank_env = launch_rank()
+    stop.reset()
+    restore_handlers = stop.install()
     try:
         return run(args)
     except (UsageError, CheckpointError, GrowthError) as e:
         if rank_env == 0 or isinstance(e, RankError):
             print(f"growlm-train: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a second SIGINT: at once, mid-step
+        if rank_env == 0:
+            print(
+                "growlm-train: interrupted again: stopped at once, without saving; resume from the last checkpoint "
+                f"in {args.out_dir}/checkpoints with --resume",
+                file=sys.stderr,
+            )
+        return stop.exit_status(signal.SIGINT)
     finally:  # success, refusal or exception: leave no process group, TCP store or rendezvous variables behind
         close_distributed()
+        restore_handlers()

@@ -60,6 +60,7 @@ class RunConfig:
         out_dir, save_dir: the run folder and its ``checkpoints/``.
         start_step: the global step the run starts at (the checkpoint's, or 0).
         save_steps: global steps at which this run saves.
+        final_save: the run saves at its end (not --no_final_save), and so also where a signal stops it.
         max_steps, log_interval, eval_interval, eval_tokens, final_eval_tokens, eval_stride, eval_batch_size,
             no_final_eval, dist_timeout_s, activation_checkpointing, compile: the flags of the same names
             (``python train.py --help``).
@@ -101,6 +102,7 @@ class RunConfig:
     compile: bool = False
     new_schedule: bool = False
     config_scheduler: Any = None
+    final_save: bool = True
 
     @property
     def resume_state(self) -> RunState | None:
@@ -635,4 +637,5 @@ def resolve(args: argparse.Namespace) -> RunConfig:
         compile=args.compile,
         new_schedule=new_schedule,
         config_scheduler=config_scheduler,
+        final_save=not args.no_final_save,
     )

@@ -15,7 +15,7 @@ import torch
 
 from growlm.data.sampler import ResumableSampler, TokenWindows, micro_batch_start
 from growlm.model.config import GPTConfig, flops_per_token
-from growlm.runtime import collectives
+from growlm.runtime import collectives, stop
 from growlm.runtime.dist import DistInfo
 from growlm.runtime.schedule import ScheduleState, apply_rewarm
 
@@ -89,17 +89,26 @@ class Batches:
 @dataclass(frozen=True)
 class StepResult:
     """One optimizer step: mean loss over ranks and micro batches, the LR it used, the gradient norm (nan when
-    DeepSpeed reports none), and when it started (``time.perf_counter``)."""
+    DeepSpeed reports none), when it started (``time.perf_counter``), and the signal every rank agreed at this step
+    to stop for (``runtime.stop.agreed``; 0: none)."""
 
     loss: float
     lr: float
     grad_norm: float
     started: float
+    stop_signal: int = 0
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """Sum of ``t`` over all ranks (a collective), returned on the CPU."""
     return collectives.all_reduce(t, device="cpu")
+
+
+def agree_stop() -> int:
+    """The signal the ranks stop for, from every rank's requests (``runtime.stop.votes``; a collective), 0 when no
+    rank has one. The step loop gets the same answer with its loss (``train_step``); this is for the moments
+    between: before the first step, before the evaluation after training."""
+    return stop.agreed(all_reduce_sum(torch.tensor(stop.votes(), dtype=torch.float64)).tolist())
 
 
 def fixed_batch_loss(engine: Any, x: torch.Tensor, y: torch.Tensor, info: DistInfo) -> float:
@@ -146,6 +155,16 @@ def train_step(p: Progress, data: Batches, *, own_grad_norm: bool) -> StepResult
     engine.module.set_growth_step(p.step)  # mask ramp (no-op without masks; removes them at 1)
     if p.schedule is not None:
         apply_rewarm(engine, p.schedule, p.step)
-    mean_loss = float(all_reduce_sum(loss_sum / data.gas)) / data.info.world_size
+    # the stop requests ride with the loss in the one all-reduce of the step: every rank learns of a request on any
+    # rank here, at the same step (runtime.stop); built on the device, copied there only when there is a request
+    packed = torch.zeros(1 + len(stop.STOP_SIGNALS), dtype=torch.float64, device=loss_sum.device)
+    packed[0] = loss_sum / data.gas
+    votes = stop.votes()
+    if any(votes):
+        packed[1:] = torch.tensor(votes, dtype=torch.float64)
+    summed = all_reduce_sum(packed).tolist()
+    mean_loss = summed[0] / data.info.world_size
     grad_norm = engine.get_global_grad_norm()
-    return StepResult(mean_loss, lr, float(grad_norm) if grad_norm is not None else stage0_norm, started)
+    return StepResult(
+        mean_loss, lr, float(grad_norm) if grad_norm is not None else stage0_norm, started, stop.agreed(summed[1:])
+    )

@@ -21,7 +21,7 @@ from growlm.data.prepare import ensure_builtin_prepared, load_meta, open_tokens
 from growlm.data.sampler import ResumableSampler, TokenWindows
 from growlm.model.config import param_count
 from growlm.model.gpt import attention_kernel
-from growlm.runtime import checkpoint, collectives
+from growlm.runtime import checkpoint, collectives, stop
 from growlm.runtime.crash_points import hold_point
 from growlm.runtime.dist import DistInfo, init_distributed
 from growlm.runtime.engine import build_engine, loss_scale_of, release_engine
@@ -35,7 +35,8 @@ from growlm.trainer.evaluation import Evaluator, perplexity_after, perplexity_be
 from growlm.trainer.growth_events import maybe_grow, next_stage
 from growlm.trainer.init_from import load_weights
 from growlm.trainer.logger import MetricsLogger, Throughput, cuda_max_allocated_bytes, max_rss_bytes
-from growlm.trainer.loop import Batches, Progress, StepResult, flops_per_step, train_step
+from growlm.trainer.loop import Batches, Progress, StepResult, agree_stop, flops_per_step, train_step
+from growlm.trainer.stopping import stop_before_training, stop_on_signal
 
 RUN_LOCK = "train.lock"  # <out_dir>/train.lock: one train.py per run folder (growlm-run's is <out_dir>/driver/lock)
 
@@ -226,20 +227,34 @@ def stop_before_stage(p: Progress, run: RunConfig, info: DistInfo, log: MetricsL
     return True
 
 
+@dataclass(frozen=True)
+class TrainEnd:
+    """How ``train`` ended: ``stage``: stopped before --stop_before_stage's stage; ``status``: the exit status of a
+    run a signal stopped (128 + its number; 0: not stopped by one)."""
+
+    stage: bool = False
+    status: int = 0
+
+
 def train(
     p: Progress, run: RunConfig, data: Batches, ev: Evaluator, log: MetricsLogger, sha: str | None
-) -> tuple[Throughput, bool]:
-    """Train until --max_steps (or until --stop_before_stage's stage is due): before each step a due growth, then
-    the step, its record, periodic validation and the planned saves. Returns the throughput meter (its last
-    measurement is the run's tokens/s) and whether the run stopped before a stage."""
+) -> tuple[Throughput, TrainEnd]:
+    """Train until --max_steps (or until --stop_before_stage's stage is due, or a signal stops every rank): before
+    each step a due growth, then the step, its record, periodic validation and the planned saves. A stop requested
+    before training (``runtime.stop``) ends it before the first step; one agreed with a step's loss ends it after
+    that step's validation and save (``trainer.stopping``). Returns the throughput meter (its last measurement is
+    the run's tokens/s) and how the run ended."""
     own_grad_norm = run.zero_stage == 0 and run.precision == "fp32"  # DeepSpeed reports no norm there
+    meter = Throughput(data.global_batch * run.seq_len)
+    signum = agree_stop()  # a signal during the start or the evaluation before training
+    if signum:
+        return meter, TrainEnd(status=stop_before_training(p, run, log, signum))
     log.start_bar(p.step)
     p.engine.train()
-    meter = Throughput(data.global_batch * run.seq_len)
     try:
         while p.step < run.max_steps:
             if stop_before_stage(p, run, data.info, log, sha):
-                return meter, True
+                return meter, TrainEnd(stage=True)
             maybe_grow(p, run, data, log)
             result = train_step(p, data, own_grad_norm=own_grad_norm)
             meter.step()
@@ -247,10 +262,14 @@ def train(
                 log.train(step_record(p, result, run.seq_len), meter, flops_per_step(p.model, data))
             hold_point(f"train.step:{p.step}")  # test-only (runtime.crash_points): killed while training
             validate_periodically(ev, p, run, log, meter)
+            path = None
             if p.step in run.save_steps:
                 path = save(p, run, data.info, sha)
                 log.console(f"growlm: saved checkpoint {path}")
-        return meter, False
+            if result.stop_signal:
+                log.close_bar()
+                return meter, TrainEnd(status=stop_on_signal(p, run, data.info, log, sha, result.stop_signal, path))
+        return meter, TrainEnd()
     finally:  # also on an error: its message then starts a line of its own, not the bar's
         log.close_bar()
 
@@ -318,9 +337,15 @@ def _train_locked(cfg: RunConfig, info: DistInfo, run_data: RunData) -> int:
     ev = Evaluator(run_data.val_tokens, cfg.seq_len, cfg.eval_batch_size, info)
     relaunched = cfg.resume_state is not None and os.environ.get(DRIVER_PID_ENV)  # growlm-run: measured by job 0
     before = None if relaunched else perplexity_before(ev, p.engine, cfg, log)
-    meter, stopped = train(p, cfg, data, ev, log, run_data.train_sha256)
-    if not stopped:
-        perplexity_after(ev, p, cfg, log, before)
+    meter, end = train(p, cfg, data, ev, log, run_data.train_sha256)
+    status = end.status
+    if not end.stage and not status:
+        signum = agree_stop()  # a signal during the last steps' saves: no evaluation after
+        if signum:
+            log.console(f"growlm: {stop.reason(signum)}: training finished; skipping the evaluation after it")
+            status = stop.exit_status(signum)
+        else:
+            perplexity_after(ev, p, cfg, log, before)
     log.console(f"growlm: training tokens/s (last interval, all ranks): {meter.tokens_per_s:,.0f}")
     log.console(f"growlm: TensorBoard logs: {cfg.out_dir / 'tb'}  (tensorboard --logdir {cfg.out_dir / 'tb'})")
     if log.enabled and (cfg.save_dir / checkpoint.LATEST).exists():
@@ -328,4 +353,4 @@ def _train_locked(cfg: RunConfig, info: DistInfo, run_data: RunData) -> int:
     log.close()
     release_engine(p.engine)  # its memory returns (a ZeRO-3 engine is otherwise never freed)
     collectives.barrier()
-    return 0
+    return status

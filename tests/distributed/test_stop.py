@@ -1,0 +1,152 @@
+"""A stop that stops: SIGTERM to the ``deepspeed`` command of a job, SIGINT to one rank under the rank launcher.
+
+Real jobs of a tiny model with a --max_steps they would not reach for minutes: the test waits until a few steps
+are logged, sends the signal, and requires every process of the job to be gone, one checkpoint at the step where
+the ranks stopped (no tag after it), metrics.jsonl ending in a complete "interrupt" record, and (for the
+``deepspeed`` job) that checkpoint resuming. DeepSpeed's runner ends on SIGTERM without passing it on (it forwards
+signals only on its pdsh path), so there the ranks stop because their launcher is gone
+(``runtime.processes.watch_launchers``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from dist_utils import REPO, SMALL_VOCAB, base_env, free_port, read_metrics, run_ranks, tiny_ds_config
+
+from growlm.runtime import checkpoint, launch
+from growlm.runtime.metrics_file import metrics_path, read_records
+from growlm.runtime.processes import wait_procs
+
+LONG = "100000"  # --max_steps: the job would run on for many minutes
+GONE_WITHIN_S = 60.0  # generous: the ranks finish a step of a tiny model and save it
+
+
+def _args(tmp_path: Path, data: Path, out: Path) -> list[str]:
+    ds = tiny_ds_config(tmp_path, "zero1_fp32")
+    return ["--preset", "tiny", "--seq_len", "32", "--data", str(data), "--vocab_size", str(SMALL_VOCAB),
+            "--no_final_eval", "--log_interval", "1", "--ds_config", str(ds), "--max_steps", LONG,
+            "--out_dir", str(out)]  # fmt: skip
+
+
+def _wait_for_steps(out: Path, n: int, alive, log: Path, deadline_s: float = 180.0) -> None:
+    """Wait until ``out``'s metrics.jsonl holds ``n`` train records; fail (with the log's tail) if ``alive()``
+    turns false first or the deadline passes."""
+    deadline = time.monotonic() + deadline_s
+    while len(read_metrics(out)) < n:
+        assert alive(), f"the job ended before {n} steps:\n{log.read_text(errors='replace')[-3000:]}"
+        assert time.monotonic() < deadline, (
+            f"no {n} steps in {deadline_s} s:\n{log.read_text(errors='replace')[-3000:]}"
+        )
+        time.sleep(0.2)
+
+
+def _session_members(sid: int) -> list[int]:
+    """PIDs of the live (non-zombie) processes of session ``sid``."""
+    members = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getsid(p.pid) == sid:
+                members.append(p.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return members
+
+
+def _wait_gone(sid: int, timeout_s: float) -> list[int]:
+    """Poll until session ``sid`` has no live process or ``timeout_s`` passes; returns those left."""
+    deadline = time.monotonic() + timeout_s
+    left = _session_members(sid)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = _session_members(sid)
+    return left
+
+
+def _check_stopped_run(out: Path, signame: str) -> int:
+    """The run folder of a run a signal stopped: one checkpoint, at the last step, named by ``latest`` and by the
+    "interrupt" record that ends metrics.jsonl (a complete line). Returns that step."""
+    records = read_records(out)
+    steps = [r["step"] for r in records if r["event"] == "train"]
+    last = steps[-1]
+    assert steps == list(range(1, last + 1))
+    assert records[-1] == {
+        "event": "interrupt",
+        "step": last,
+        "signal": signame,
+        "checkpoint": str(out / "checkpoints" / f"global_step{last}"),
+        "tokens": last * 4 * 2 * 32,
+        "flops": records[-2]["flops"],
+    }
+    assert metrics_path(out).read_text().endswith("}\n")
+    save_dir = out / "checkpoints"
+    assert checkpoint.existing_tags(save_dir) == [f"global_step{last}"]  # no tag after the stop, none before
+    assert (save_dir / "latest").read_text() == f"global_step{last}"
+    assert not list(save_dir.glob(".tmp-*"))
+    return last
+
+
+def test_sigterm_to_the_deepspeed_command_stops_every_rank_after_a_step_and_saves(tmp_path, small_vocab_data):
+    if shutil.which("numactl") is None:
+        pytest.skip("the deepspeed launcher needs numactl on CPU (apt-get install numactl; make setup does)")
+    deepspeed = REPO / ".venv" / "bin" / "deepspeed"
+    out, log = tmp_path / "ds", tmp_path / "ds.log"
+    cmd = [str(deepspeed) if deepspeed.exists() else "deepspeed", "--num_gpus", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(free_port()), "train.py", *_args(tmp_path, small_vocab_data, out)]  # fmt: skip
+    with open(log, "w") as f:
+        job = subprocess.Popen(
+            cmd, cwd=REPO, env=base_env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        _wait_for_steps(out, 3, lambda: job.poll() is None, log)
+        tree = psutil.Process(job.pid).children(recursive=True)
+        assert len([p for p in tree if "train.py" in " ".join(p.cmdline())]) >= 3  # launch.py and the two ranks
+        os.kill(job.pid, signal.SIGTERM)
+        assert job.wait(timeout=30) == -signal.SIGTERM  # DeepSpeed's runner dies and passes nothing on
+        left = _wait_gone(job.pid, GONE_WITHIN_S)
+        assert left == [], f"still running {GONE_WITHIN_S} s after SIGTERM: {left}\n{log.read_text()[-3000:]}"
+    finally:
+        for pid in _session_members(job.pid):
+            os.kill(pid, signal.SIGKILL)
+    text = log.read_text(errors="replace")
+    last = _check_stopped_run(out, "SIGTERM")
+    assert f"stopped after step {last} of {LONG}, checkpoint {out / 'checkpoints' / f'global_step{last}'}" in text
+    assert f"--out_dir {out} --resume {out / 'checkpoints'}" in text  # the resume command, launcher and all
+    assert "deepspeed --num_gpus 2" in text.split("resume: ")[-1]
+
+    r = run_ranks([*_args(tmp_path, small_vocab_data, out)[:-4], "--max_steps", str(last + 2), "--out_dir", str(out),
+                   "--resume", str(out / "checkpoints")])  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert [m["step"] for m in read_metrics(out)] == list(range(1, last + 3))
+    assert checkpoint.existing_tags(out / "checkpoints") == [f"global_step{last}", f"global_step{last + 2}"]
+
+
+def test_sigint_to_one_rank_stops_both_at_the_same_step(tmp_path, small_vocab_data):
+    out, port = tmp_path / "rl", free_port()
+    argv = [sys.executable, str(REPO / "train.py"), *_args(tmp_path, small_vocab_data, out)]
+    procs = [
+        launch.start_rank(argv, launch.rank_env(r, 2, port, base_env()), REPO, tmp_path / f"rank{r}.log")
+        for r in range(2)
+    ]
+    try:
+        _wait_for_steps(out, 2, lambda: all(p.returncode is None for p in procs), tmp_path / "rank0.log")
+        os.kill(procs[1].pid, signal.SIGINT)  # rank 1 only: rank 0 learns of it with the step's loss
+        codes, _, timed_out = wait_procs(procs, GONE_WITHIN_S, GONE_WITHIN_S)
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    logs = [(tmp_path / f"rank{r}.log").read_text(errors="replace") for r in range(2)]
+    assert not timed_out and codes == [130, 130], (codes, logs[0][-2000:], logs[1][-2000:])
+    last = _check_stopped_run(out, "SIGINT")
+    assert f"growlm: SIGINT on another rank: stopped after step {last} of {LONG}" in logs[0]
+    assert "Traceback" not in logs[0] + logs[1]
