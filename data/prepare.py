@@ -253,7 +253,8 @@ def ensure_builtin_prepared(data_dir: Source | None = None, *, num_proc: int | N
     """
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
     data_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(data_dir.parent / f".{data_dir.name}.lock", "w") as lock:
+    # callers queue on this file (waiting); the one that prepares then takes the writer lock (runtime.lock) too
+    with open(data_dir.parent / f".{data_dir.name}.queue.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if _builtin_is_current(data_dir):
             return data_dir

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import shutil
+from contextlib import ExitStack
 from pathlib import Path
 from typing import BinaryIO
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from growlm.runtime import atomic
 from growlm.runtime.atomic import commit_dir, fresh_dir
+from growlm.runtime.lock import LockHeldError, output_held_message, output_lock
 
 CACHE_ENV = "GROWLM_CACHE"
 
@@ -114,19 +116,42 @@ class TokenFolderWriter:
 
     def __init__(self, out_dir: str | os.PathLike, overwrite: bool = False, scratch: tuple[str, ...] = ()):
         self.out_dir = Path(out_dir).expanduser().resolve()
-        if os.path.lexists(self.out_dir) and not overwrite:
+        self.overwrite = overwrite
+        self._check()
+        self.scratch = scratch
+        self.staging: Path | None = None
+        self._done = False
+        self._splits: list[SplitWriter] = []
+        self._lock: ExitStack | None = None
+
+    def _check(self) -> None:
+        if os.path.lexists(self.out_dir) and not self.overwrite:
             raise FileExistsError(
                 f"{self.out_dir} already exists; pass overwrite=True (CLI: --overwrite) to replace it, "
                 "or choose another --out"
             )
         check_replaceable(self.out_dir)
-        self.scratch = scratch
-        self.staging: Path | None = None
-        self._done = False
-        self._splits: list[SplitWriter] = []
 
     def __enter__(self) -> TokenFolderWriter:
-        self.staging = fresh_dir(self.out_dir, unique=True)  # .tmp-<name>.<random>, the umask's mode
+        """Take out_dir's writer lock (runtime.lock.output_lock), check out_dir again under it, make the staging
+        folder.
+
+        Raises:
+            FileExistsError: another process is writing out_dir (its holder named; nothing touched), or out_dir
+                appeared meanwhile and may not be replaced.
+        """
+        self._lock = ExitStack()
+        try:
+            self._lock.enter_context(output_lock(self.out_dir))
+        except LockHeldError as e:
+            self._lock = None
+            raise FileExistsError(output_held_message("--out", self.out_dir, e)) from None
+        try:
+            self._check()  # under the lock: no other writer changes out_dir until this one is done
+            self.staging = fresh_dir(self.out_dir, unique=True)  # .tmp-<name>.<random>, the umask's mode
+        except BaseException:
+            self._lock.close()
+            raise
         return self
 
     def split(self, name: str) -> SplitWriter:
@@ -153,6 +178,9 @@ class TokenFolderWriter:
             sw.close()
         if not self._done and self.staging is not None:
             shutil.rmtree(self.staging, ignore_errors=True)
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
 
 def _fix(data_dir: Path) -> str:

@@ -7,6 +7,9 @@ This is the only module of model/ that imports ``transformers`` (lazily, inside 
 
 from __future__ import annotations
 
+import json
+import os
+import struct
 from typing import TYPE_CHECKING
 
 import torch
@@ -119,3 +122,36 @@ def from_hf(hf_model: GPT2LMHeadModel) -> GPT:
     if missing or unexpected:
         raise ValueError(f"state dict mismatch converting from HF: missing {missing}, unexpected {unexpected}")
     return model
+
+
+def safetensors_problem(path: str | os.PathLike) -> str | None:
+    """What is wrong with the safetensors file ``path``, as the middle of a one-line refusal ("is truncated: ..."),
+    or None for a whole file. Reads the 8-byte header length and the JSON header only (no tensor data) and checks
+    that the file is exactly as long as the header says: a copy cut short, an empty file, or another format fails
+    here rather than deep inside a loader. Bytes changed inside the tensor data are not detected.
+
+    Raises:
+        OSError: the file cannot be opened or read (missing, permissions).
+    """
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"is {size} bytes, too short for a safetensors file (empty or truncated)"
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            return (
+                f"is {size:,} bytes, shorter than its own {n:,}-byte header says (truncated, or not a safetensors file)"
+            )
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError, KeyError, IndexError, TypeError, ValueError):
+        return "has a damaged header (not the JSON table of a safetensors file)"
+    want = 8 + n + max(ends, default=0)
+    if size < want:
+        return f"is truncated: {size:,} bytes, its header describes {want:,}"
+    if size > want:
+        return f"is {size:,} bytes, {size - want:,} more than its header describes (damaged, or two files joined)"
+    return None

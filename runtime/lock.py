@@ -2,8 +2,10 @@
 
 The lock is released when its file is closed or the process ends, however it ends (a SIGKILL included), so a
 crashed holder never leaves a stale lock behind. The holder writes who it is (pid, host, start time, command) into
-the file, so a refused second writer can name it. The file itself is left in place: deleting a lock file another
-process may just have opened would let two processes hold "the" lock at once.
+the file, so a refused second writer can name it. A run folder's lock file is left in place. An
+output's writer lock (``output_lock``: one writer of a folder or file set a command builds beside it) is removed by
+its holder when the write ends, still holding it; a process that took the lock of a file removed meanwhile sees that
+the path no longer names the file it locked and takes the new one, so two writers never hold "the" lock at once.
 
 On a network filesystem flock works across hosts where the filesystem supports it (NFS maps it to a byte-range
 lock), so one process of a multi-node run (global rank 0) takes the lock, not one per node. Standard library only.
@@ -16,6 +18,8 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
@@ -66,3 +70,58 @@ def hold_lock(path: str | os.PathLike) -> IO[str]:
     f.write(describe_self() + "\n")
     f.flush()
     return f
+
+
+def output_lock_path(target: str | os.PathLike) -> Path:
+    """The writer lock of the output ``target``: the hidden file ``.<name>.lock`` beside it, e.g.
+    ``runs/g/.ckpt.lock`` for ``runs/g/ckpt`` (outside the output, so it never mixes into what is written)."""
+    target = Path(os.path.abspath(target))
+    return target.with_name(f".{target.name}.lock")
+
+
+def _same_file(f: IO[str], path: Path) -> bool:
+    """Whether the open file ``f`` is still the file named ``path`` (not removed or replaced since it was opened)."""
+    try:
+        return os.path.samestat(os.fstat(f.fileno()), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
+@contextmanager
+def output_lock(target: str | os.PathLike) -> Iterator[Path]:
+    """Hold the writer lock of the output ``target`` (``output_lock_path``, through ``hold_lock``: not waiting) for
+    the block: one writer of an output at a time, so a second writer is refused before it reads, deletes or writes
+    anything of the output. The parent folder is created if missing. When the block ends, however it ends, the lock
+    file is removed and released; a SIGKILLed holder leaves the file, which the next writer takes over.
+
+    Yields:
+        the lock file's path.
+
+    Raises:
+        LockHeldError: another process (or another block of this one) holds the lock; names the holder.
+        OSError: the parent folder cannot be created, or the lock file created or opened there.
+    """
+    path = output_lock_path(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        f = hold_lock(path)
+        if _same_file(f, path):
+            break
+        f.close()  # the previous holder removed this file after we opened it: take the new one
+    try:
+        yield path
+    finally:
+        try:
+            os.unlink(path)  # still held: a process waiting on this file finds it gone and retries
+        except FileNotFoundError:
+            pass
+        f.close()
+
+
+def output_held_message(what: str, target: str | os.PathLike, err: LockHeldError) -> str:
+    """The one-line refusal of a second writer of ``target`` (``what``: how the command names it, e.g.
+    "output" or "--export_hf"): who holds it, its lock file, that nothing was changed, and the fix."""
+    return (
+        f"{what} {target} is being written by another process ({err.holder}; lock {err.path}); nothing was changed: "
+        "wait for it to end, or choose another output"
+    )

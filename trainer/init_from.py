@@ -34,7 +34,7 @@ from growlm.growth.live.engine import refresh_working_copies
 from growlm.growth.ops.rules import param_shapes
 from growlm.growth.stages.plan import StageList
 from growlm.model.config import GPTConfig, from_preset
-from growlm.model.hf import from_hf_config
+from growlm.model.hf import from_hf_config, safetensors_problem
 from growlm.runtime import run_state
 from growlm.trainer.errors import UsageError
 from growlm.trainer.plan_checks import SHAPE_FLAGS, shape_of
@@ -110,10 +110,17 @@ def map_tensors(path: Path, weights: Path, cfg: GPTConfig) -> dict[str, str]:
         growlm parameter name -> tensor name in the file.
 
     Raises:
-        UsageError: the file is not safetensors, a parameter is missing or has another shape, or the file holds
+        UsageError: the file is not safetensors, is truncated or damaged (``model.hf.safetensors_problem``), a
+            parameter is missing or has another shape, or the file holds
             tensors GPT-2 does not have.
     """
 
+    try:
+        problem = safetensors_problem(weights)
+    except OSError as e:
+        problem = f"cannot be read ({e.strerror or e})"
+    if problem is not None:
+        raise _fail(path, f"{WEIGHTS_FILE} {problem}; export the model again or copy the whole file again")
     try:
         with safe_open(str(weights), framework="pt") as f:
             shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 (not a dict)

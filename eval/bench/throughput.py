@@ -45,6 +45,7 @@ from growlm.runtime.atomic import write_json
 from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import select_accelerator
 from growlm.runtime.launch import launch_ranks
+from growlm.runtime.lock import LockHeldError, output_held_message, output_lock
 from growlm.runtime.machine import device_description
 from growlm.runtime.metrics_file import read_records
 
@@ -448,7 +449,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     that failed or timed out has a failed record (``failed_record``: its error line) instead.
 
     Raises:
-        BenchError: bad flags for this device (before anything runs).
+        BenchError: bad flags for this device (before anything runs), or another process is writing ``--out``
+            (``runtime.lock.output_lock``; its holder named, nothing run or touched).
     """
 
     device_type, precisions, stages, cfg, fpt = _resolve(args)
@@ -456,6 +458,15 @@ def run(args: argparse.Namespace) -> list[dict]:
     for p in precisions:  # the baseline runs the same ranks x threads as train.py
         base["peaks"][(p, args.threads_per_rank)] = device_peak(p, args.threads_per_rank, args.peak_tflops)
     out = Path(args.out)
+    try:
+        with output_lock(out):  # one growlm-bench per --out: two would interleave their records and reports
+            return _run_into(args, out, precisions, stages, base, cfg)
+    except LockHeldError as e:
+        raise BenchError(output_held_message("--out", out, e)) from None
+
+
+def _run_into(args: argparse.Namespace, out: Path, precisions, stages, base: dict, cfg) -> list[dict]:
+    """``run``'s measurements and reports, with ``out``'s writer lock held."""
     out.mkdir(parents=True, exist_ok=True)
     if args.keep_runs:  # kept where the user looks: OUT/runs (train.py run folders, configs, logs)
         work = out / "runs"

@@ -10,18 +10,20 @@ scratch model at the same FLOPs.
     growlm-experiment --profile gpu         # the GPU profile (16 seeds, larger budgets), results in
                                             # eval/results/isoflop_gpu/
 
-Exit status: 0 done; 1 a run failed (the others finish; a rerun retries it); 2 bad flags, or curves in --out made
-with other settings.
+Exit status: 0 done; 1 a run failed (the others finish; a rerun retries it); 2 bad flags, curves in --out made
+with other settings or damaged, or another growlm-experiment writing --out (refused before anything is touched).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
 from growlm.runtime.commands import HelpFormatter, add_version
+from growlm.runtime.lock import LockHeldError, output_held_message, output_lock
 
 DEFAULT_OUT = {"cpu": "eval/results/isoflop", "gpu": "eval/results/isoflop_gpu"}
 
@@ -60,7 +62,7 @@ def fail(msg: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     """growlm-experiment (see the module docstring)."""
     args = build_parser().parse_args(argv)
-    from growlm.eval.experiments import plan, protocol, report, runner  # lazy: --help and --version stay fast
+    from growlm.eval.experiments import protocol  # lazy: --help and --version stay fast
 
     s = protocol.PROFILES[args.profile]
     if args.quick:
@@ -80,12 +82,36 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path("runs/isoflop_quick" if args.quick else DEFAULT_OUT[args.profile])
     if out.exists() and not out.is_dir():
         return fail(f"--out {out} is a file; give a folder")
+    if args.dry_run and not args.report_only:  # writes nothing under --out
+        return _checked(args, s, out, parallel)
+    lock = ExitStack()  # one growlm-experiment per --out: two would train the same runs and race on its files
+    try:
+        lock.enter_context(output_lock(out))
+    except LockHeldError as e:
+        return fail(output_held_message("--out", out, e))
+    except OSError as e:
+        return fail(f"--out {out} cannot be used ({e.strerror or e}); choose a folder you can write")
+    with lock:
+        return _checked(args, s, out, parallel)
+
+
+def _checked(args, s, out: Path, parallel: int) -> int:
+    """``_main_out``, with a curve file that is damaged or made with other settings reported as bad input (2)."""
+    from growlm.eval.experiments import runner  # lazy: as in main
+
+    try:
+        return _main_out(args, s, out, parallel)
+    except (runner.SettingsMismatch, runner.CurveFileError) as e:
+        return fail(str(e))
+
+
+def _main_out(args, s, out: Path, parallel: int) -> int:
+    """The report (--report_only), or the data check, the runs and the report, with --out held by this process."""
+    from growlm.eval.experiments import plan, report, runner  # lazy: as in main
+
     settings = s.as_dict()
     if args.report_only:
-        try:
-            done = runner.load_curves(out, settings, with_data=False)
-        except runner.SettingsMismatch as e:
-            return fail(str(e))
+        done = runner.load_curves(out, settings, with_data=False)
         if not done:
             return fail(f"no curves under {out / 'curves'}; run the experiment first (or give its --out)")
         return report.write(s, done, out)
@@ -115,10 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"--data {data} holds {have:,} training windows of {s.seq_len} tokens; the longest run of the "
                     f"{s.profile} profile reads {need:,}, more than twice over: give a token folder of at least "
                     f"{(need + 1) // 2 * s.seq_len + 1:,} training tokens (--data)")  # fmt: skip
-    try:
-        done = runner.load_curves(out, settings)
-    except runner.SettingsMismatch as e:
-        return fail(str(e))
+    done = runner.load_curves(out, settings)
     try:
         return _run(s, args, done, data, out, settings, parallel)
     except plan.CurveMismatch as e:

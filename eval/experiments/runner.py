@@ -27,6 +27,40 @@ class SettingsMismatch(Exception):
     """Curves in the output folder were made with other settings than the current ones."""
 
 
+class CurveFileError(Exception):
+    """A curve file under OUT/curves cannot be read: not UTF-8 JSON (truncated, damaged), or not a curve record."""
+
+
+def read_curve(f: Path) -> dict[str, Any]:
+    """One curve file: {"settings": {...}, "spec": RunSpec, "curve": {...}} (``spec`` turned into a RunSpec).
+
+    Raises:
+        CurveFileError: one line naming the file, what is wrong with it and the fix (a truncated or damaged file,
+            a record without one of those keys).
+    """
+    fix = "delete it (a rerun of growlm-experiment trains that run again) or restore it from where it came"
+    try:
+        rec = json.loads(f.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise CurveFileError(f"{f} is not UTF-8 text (byte {e.start}); {fix}") from None
+    except json.JSONDecodeError as e:
+        where = f"{e.msg} at line {e.lineno} column {e.colno}"
+        raise CurveFileError(f"{f} is not valid JSON ({where}: truncated or damaged); {fix}") from None
+    except OSError as e:
+        raise CurveFileError(f"{f} cannot be read ({e.strerror or e}); {fix}") from None
+    problem = None
+    if not isinstance(rec, dict) or not all(isinstance(rec.get(k), dict) for k in ("settings", "spec", "curve")):
+        problem = "not a curve record (a JSON object with the objects settings, spec and curve)"
+    else:
+        try:
+            rec["spec"] = spec_from_dict(rec["spec"])
+        except (TypeError, ValueError) as e:
+            problem = f"its spec is not a run of this experiment ({e})"
+    if problem:
+        raise CurveFileError(f"{f}: {problem}; {fix}")
+    return rec
+
+
 def data_fingerprint(folder: Path) -> dict[str, Any]:
     """The token folder's identity: its vocabulary size and the checksums of its splits (from meta.json)."""
     meta = json.loads((folder / "meta.json").read_text())
@@ -54,12 +88,13 @@ def load_curves(out: Path, settings: dict[str, Any], with_data: bool = True) -> 
     Raises:
         SettingsMismatch: a curve's settings differ from ``settings`` (the message names the file and the keys),
             or, with ``with_data`` False, the curves come from different token folders.
+        CurveFileError: a curve file is truncated, damaged or not a curve record (``read_curve``).
     """
     want = compared(settings, with_data)
     done: dict[str, dict] = {}
     datas = set()
     for f in sorted((out / "curves").glob("*/*.json")):
-        rec = json.loads(f.read_text())
+        rec = read_curve(f)
         got = compared(rec["settings"], with_data)
         if got != want:
             keys = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
@@ -68,7 +103,6 @@ def load_curves(out: Path, settings: dict[str, Any], with_data: bool = True) -> 
                 "settings it was made with"
             )
         datas.add(json.dumps(rec["settings"].get("data"), sort_keys=True))
-        rec["spec"] = spec_from_dict(rec["spec"])
         done[rec["spec"].name] = rec
     if len(datas) > 1:
         raise SettingsMismatch(f"the curves under {out / 'curves'} come from {len(datas)} different token folders")

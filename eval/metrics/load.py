@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import Tensor
 
 from growlm.data import tokenizer as tok
@@ -29,7 +30,7 @@ from growlm.data.tokenizer import Tokenizer, TokenizerError
 from growlm.eval.metrics.errors import EvalInputError
 from growlm.growth.offline.weights import fp32_model
 from growlm.model.config import GPTConfig
-from growlm.model.hf import from_hf_config
+from growlm.model.hf import from_hf_config, safetensors_problem
 from growlm.runtime.checkpoint import STATE_FILE, CheckpointError, OpenCheckpoint, open_checkpoint
 
 
@@ -113,13 +114,16 @@ def not_gpt2(config: Any) -> str | None:
     return f"{what}, which growlm does not load yet; growlm loads GPT-2 models (model_type 'gpt2', GPT2LMHeadModel)"
 
 
+WEIGHTS_FIX = "export the model again (growlm-grow CKPT --export_hf DIR) or copy the whole file again"
+
+
 def load_transformers(path: str | Path, tokenizer: str | None = None) -> LoadedModel:
     """An exported ``transformers`` GPT-2 folder (config.json + model.safetensors, tokenizer.json when it has one),
     scored by HF's own forward pass.
 
     Raises:
         EvalInputError: not a loadable GPT-2 folder (another model type, e.g. a Llama, named as such; weights only as a
-            pickle), a config growlm's GPT does not
+            pickle; a truncated or damaged model.safetensors, named with what is wrong), a config growlm's GPT does not
             implement, or no usable tokenizer (see ``choose_tokenizer``).
     """
     from transformers import GPT2LMHeadModel  # lazy: heavy (about 2 s), only for the transformers GPT-2
@@ -133,9 +137,19 @@ def load_transformers(path: str | Path, tokenizer: str | None = None) -> LoadedM
         ) from e
     if foreign is not None:
         raise EvalInputError(f"{path}: config.json describes {foreign}")
+    weights = path / "model.safetensors"
+    if weights.is_file():
+        try:
+            problem = safetensors_problem(weights)
+        except OSError as e:
+            problem = f"cannot be read ({e.strerror or e})"
+        if problem is not None:
+            raise EvalInputError(f"{weights} {problem}; {WEIGHTS_FIX}")
     try:
         # safetensors only: a pytorch_model.bin is a pickle, which growlm never unpickles from a foreign folder
         hf = GPT2LMHeadModel.from_pretrained(str(path), use_safetensors=True).float().eval()
+    except SafetensorError as e:
+        raise EvalInputError(f"{weights} is not a readable safetensors file ({e}); {WEIGHTS_FIX}") from None
     except (OSError, ValueError) as e:
         raise EvalInputError(f"{path}: cannot load it as a transformers GPT-2 folder ({e})") from e
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from growlm.data import tokenizer as tok
-from growlm.growth.offline.pipeline import Source, check_output
+from growlm.growth.offline.pipeline import Source, check_output, check_overlap, one_writer
 from growlm.growth.offline.weights import fp32_model
 from growlm.model.hf import to_hf
 from growlm.runtime import atomic
@@ -91,7 +91,20 @@ def export_hf(
             f"{masks.end_step()}); a masked model is not a GPT-2: export a checkpoint from step >= {masks.end_step()}"
         )
     t = model_tokenizer(src, tokenizer)  # before any work: an unknown tokenizer is refused at once
-    check_output(out, src, overwrite, replaceable=check_replaceable)  # an export's own marker, not growlm-grow's
+    check_overlap(out, src)  # before the lock: its file goes beside out
+    with one_writer(out, "--export_hf"):  # a second export of the same folder is refused, nothing touched
+        check_output(out, src, overwrite, replaceable=check_replaceable)  # an export's own marker, not growlm-grow's
+        _write(src, out, t, overwrite)
+    log(
+        f"growlm-grow: exported {src.tag_dir} ({src.config.shape_str()}) to {out} (transformers GPT2LMHeadModel, "
+        f"tokenizer {t.name})"
+    )
+    return out
+
+
+def _write(src: Source, out: Path, t: tok.Tokenizer, overwrite: bool) -> None:
+    """Build the export of ``src`` with tokenizer ``t`` in a temporary folder and rename it to ``out``."""
+    step = src.state.global_step
     with atomic_dir(out, overwrite=overwrite) as tmp:
         model = fp32_model(src)  # masks done ramping (checked above): a plain GPT-2
         hf = to_hf(model, t.eot_token_id)
@@ -100,8 +113,3 @@ def export_hf(
         marker = {"format": EXPORT_FORMAT, "source": src.tag_dir.name, "step": step, "shape": src.config.shape_str(),
                   "tokenizer": t.name}  # fmt: skip
         (tmp / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-    log(
-        f"growlm-grow: exported {src.tag_dir} ({src.config.shape_str()}) to {out} (transformers GPT2LMHeadModel, "
-        f"tokenizer {t.name})"
-    )
-    return out

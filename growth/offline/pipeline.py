@@ -52,6 +52,7 @@ from growlm.runtime import atomic, checkpoint
 from growlm.runtime.atomic import atomic_dir
 from growlm.runtime.checkpoint import CheckpointError
 from growlm.runtime.crash_points import hold_point
+from growlm.runtime.lock import LockHeldError, output_held_message, output_lock
 from growlm.runtime.manifest import write_manifest
 from growlm.runtime.run_state import RunState, RunStateError
 from growlm.runtime.schedule import checkpoint_schedule
@@ -122,6 +123,35 @@ def open_source(path: str | os.PathLike) -> Source:
     return src
 
 
+def check_overlap(out: Path, src: Source) -> None:
+    """Refuse an output that is the input, an ancestor of it, or lies inside its tag folder (replacing it, or the
+    writer lock beside it, would touch the input).
+
+    Raises:
+        CheckpointError: names both folders.
+    """
+    out_r, tag_r, ck_r = out.resolve(), src.tag_dir.resolve(), src.ckpt_dir.resolve()
+    for inp in (tag_r, ck_r):  # replacing out must not touch the input: not the input, an ancestor, or inside a tag
+        if out_r == inp or out_r in inp.parents or tag_r in out_r.parents:
+            raise CheckpointError(f"output {out} overlaps the input checkpoint {inp}; choose a folder outside it")
+
+
+@contextmanager
+def one_writer(out: Path, what: str) -> Iterator[None]:
+    """Hold ``out``'s writer lock (runtime.lock.output_lock) for the block: a second growlm-grow or export of the same
+    output is refused before it reads, deletes or writes anything there.
+
+    Raises:
+        CheckpointError: another process holds the lock (``output_held_message``: pid, host, start time), or the
+            lock file cannot be created beside ``out``.
+    """
+    try:
+        with output_lock(out):
+            yield
+    except LockHeldError as e:
+        raise CheckpointError(output_held_message(what, out, e)) from None
+
+
 def check_output(out: Path, src: Source, overwrite: bool, replaceable: Callable[[Path], None] | None = None) -> None:
     """Refuse an output that exists (unless ``overwrite``, and then only one growlm-grow wrote: ``replaceable(out)``,
     by default ``check_replaceable`` for a grown checkpoint) or that overlaps the input.
@@ -129,10 +159,7 @@ def check_output(out: Path, src: Source, overwrite: bool, replaceable: Callable[
     Raises:
         CheckpointError: names the folder and the fix.
     """
-    out_r, tag_r, ck_r = out.resolve(), src.tag_dir.resolve(), src.ckpt_dir.resolve()
-    for inp in (tag_r, ck_r):  # replacing out must not touch the input: not the input, an ancestor, or inside a tag
-        if out_r == inp or out_r in inp.parents or tag_r in out_r.parents:
-            raise CheckpointError(f"output {out} overlaps the input checkpoint {inp}; choose a folder outside it")
+    check_overlap(out, src)
     if out.exists() and not overwrite:
         raise CheckpointError(f"output {out} already exists; choose another folder or pass --overwrite to replace it")
     if overwrite:
@@ -380,17 +407,19 @@ def grow_checkpoint(
     t0 = time.perf_counter()
     check_target_stage(src, target_zero_stage)
     prep = prepare_offline(src, stage, seed) if stage is not None else None
-    check_output(out, src, overwrite)
-    with atomic_dir(out, overwrite=overwrite) as tmp:
-        new_tag = tmp / src.tag
-        if prep is None and src.universal:  # reshard of a universal checkpoint: a copy
-            shutil.copytree(src.tag_dir, new_tag, ignore=shutil.ignore_patterns("growlm_manifest.json", ".tmp-*"))
-            hold_point("grow.commit")  # test-only (runtime.crash_points): killed here, no output may appear
-            write_manifest(new_tag)
-        else:
-            write_tag(src, new_tag, stage, prep, log, stages_done)
-        (tmp / LATEST_UNIVERSAL).write_text(src.tag)
-        (tmp / checkpoint.LATEST).write_text(src.tag)  # the pointer, last
+    check_overlap(out, src)  # before the lock: its file goes beside out
+    with one_writer(out, "output"):
+        check_output(out, src, overwrite)  # under the lock: no other writer changes out until we are done
+        with atomic_dir(out, overwrite=overwrite) as tmp:
+            new_tag = tmp / src.tag
+            if prep is None and src.universal:  # reshard of a universal checkpoint: a copy
+                shutil.copytree(src.tag_dir, new_tag, ignore=shutil.ignore_patterns("growlm_manifest.json", ".tmp-*"))
+                hold_point("grow.commit")  # test-only (runtime.crash_points): killed here, no output may appear
+                write_manifest(new_tag)
+            else:
+                write_tag(src, new_tag, stage, prep, log, stages_done)
+            (tmp / LATEST_UNIVERSAL).write_text(src.tag)
+            (tmp / checkpoint.LATEST).write_text(src.tag)  # the pointer, last
     what = f"grown to {prep.plan.new.shape_str()}" if prep is not None else "resharded"
     log(
         f"growlm-grow: wrote {out / src.tag} ({what}; {time.perf_counter() - t0:.1f} s); resume it with "
