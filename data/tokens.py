@@ -195,7 +195,8 @@ def load_meta(data_dir: str | os.PathLike) -> dict:
 
     Raises:
         FileNotFoundError: data_dir or its meta.json is missing (the message says which growlm-prepare to run).
-        ValueError: meta.json is not valid JSON or not format growlm-tokens-v1 with uint16 train/val splits.
+        ValueError: meta.json is not UTF-8, not valid JSON (truncated, damaged) or not format growlm-tokens-v1 with
+            uint16 train/val splits.
     """
     data_dir = Path(data_dir)
     fix = _fix(data_dir)
@@ -206,6 +207,9 @@ def load_meta(data_dir: str | os.PathLike) -> dict:
         raise FileNotFoundError(f"{path} is missing, so {data_dir} is not a prepared dataset; {fix}")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as err:
+        damaged = f"{path} is not UTF-8 text (byte {err.start}: damaged)"
+        raise ValueError(f"{damaged}; re-run with --overwrite: {fix}") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not valid JSON ({err}); re-run with --overwrite: {fix}") from err
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:

@@ -222,3 +222,21 @@ def test_report_only_over_a_damaged_curve_names_it(tmp_path, capsys, kind, damag
     assert one_error_line(capsys.readouterr().err, "growlm-experiment") == f"{bad}{sep}{problem}; {FIX_CURVE}"
     assert snapshot(out) == before  # no report.md, no results.json, every curve as it was
     assert sorted(p.name for p in tmp_path.iterdir()) == ["res"]  # no lock file left
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a damaged token folder (truncated .bin files and a meta.json that is not JSON are refused already)
+
+
+@pytest.mark.bad_input
+def test_a_token_folder_whose_meta_json_is_not_text_is_named(tmp_path, capsys):
+    data = tmp_path / "tok"
+    data.mkdir()
+    (data / "meta.json").write_bytes(b'\xff\xfe{"format": "growlm-tokens-v1"}')
+    line = train_fails(capsys, ["--data", str(data), "--seq_len", "32", "--max_steps", "1", "--out_dir",
+                                str(tmp_path / "run")])  # fmt: skip
+    assert line.endswith(
+        f"{data / 'meta.json'} is not UTF-8 text (byte 0: damaged); re-run with --overwrite: run `growlm-prepare "
+        f"--train ... --val ... --out {data}` (or plain `growlm-prepare` for the built-in corpus)"
+    ), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tok"]  # no run folder
