@@ -130,6 +130,13 @@ def from_preset(name: str, **overrides: Any) -> GPTConfig:
     return replace(PRESETS[name], **overrides)
 
 
+def largest_param_numel(cfg: GPTConfig) -> int:
+    """Elements of the model's largest parameter: the token embedding V*d, the position embedding P*d, a block's
+    c_attn d*3d or its c_fc / mlp c_proj d*F (F: the FFN width)."""
+    d = cfg.n_embd
+    return max(cfg.vocab_size * d, cfg.n_positions * d, 3 * d * d, d * cfg.ffn_dim)
+
+
 def param_count(cfg: GPTConfig, *, include_position_embeddings: bool = True) -> int:
     """Number of trainable parameters (the tied LM head counted once, as in ``GPT2LMHeadModel``).
 

@@ -6,14 +6,18 @@ model being built or resumed, and every stage fits the DeepSpeed config, the ste
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from typing import Any
+
+import torch
 
 from growlm.growth.errors import GrowthError
 from growlm.growth.stages.plan import StageList, load_stages
 from growlm.growth.stages.trigger import SLOPE_WINDOW
-from growlm.model.config import GPTConfig
+from growlm.model.config import GPTConfig, largest_param_numel, param_count
 from growlm.runtime.engine import precision_of
+from growlm.runtime.memory import growth_working_set_bytes, model_state_split, shortfall
 from growlm.runtime.metrics_file import MetricsFileError, read_val_curve
 from growlm.runtime.run_state import RunState
 from growlm.trainer.errors import UsageError
@@ -90,8 +94,11 @@ def check_stage_schedules(growth: StageList, stage_index: int, ds_cfg: dict, sav
             )
 
 
-def check_plan_fits_run(growth: StageList, stage_index: int, args, ds_cfg: dict, saved_schedule: Any = None) -> None:
-    """Refuse, before any rank starts, a plan this run cannot carry out.
+def check_plan_fits_run(
+    growth: StageList, stage_index: int, args, ds_cfg: dict, saved_schedule: Any = None, memory: bool = True
+) -> None:
+    """Refuse, before any rank starts, a plan this run cannot carry out (``memory``: also a stage that cannot fit
+    this rank's memory, ``check_stages_fit_memory``; growlm-run, which plans for other nodes, passes False).
 
     Raises:
         UsageError: fp16 at ZeRO stage 0, a scheduler other than WarmupCosineLR, a growth before step 1 or at a
@@ -140,6 +147,51 @@ def check_plan_fits_run(growth: StageList, stage_index: int, args, ds_cfg: dict,
                 f"this ds_config's stage3_max_live_parameters={max_live:,.0f}; raise it"
             )
     check_stage_schedules(growth, stage_index, ds_cfg, saved_schedule)
+    if memory:
+        check_stages_fit_memory(growth, stage_index, ds_cfg)
+
+
+# the gather's bucket (growth.live.transfer.BUCKET_BYTES, which this layer may not import; a test keeps them equal)
+GROWTH_BUCKET_BYTES = 64 * 2**20
+
+
+def run_device() -> torch.device:
+    """The device this rank will train on: the CPU when DS_ACCELERATOR is cpu or there is no CUDA, else the GPU
+    numbered LOCAL_RANK."""
+    if os.environ.get("DS_ACCELERATOR") == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", "0") or 0)
+    return torch.device("cuda", min(local, torch.cuda.device_count() - 1))
+
+
+def check_stages_fit_memory(growth: StageList, stage_index: int, ds_cfg: dict) -> None:
+    """Refuse a stage whose growth cannot fit this rank's memory even on an empty machine: the old and the grown
+    model's parameters, gradients and Adam state (runtime.memory, ZeRO paper Fig. 1, by the config's ZeRO stage,
+    precision and WORLD_SIZE; the Adam part on the host when the optimizer is offloaded) and the growth's working set,
+    against the device's total memory (the host's divided by the ranks on this node). The growth itself checks free
+    memory again when it happens (growth.live.engine.check_growth_fits).
+
+    Raises:
+        UsageError: the first stage that cannot fit, with its figures.
+    """
+    zero = ds_cfg.get("zero_optimization", {})
+    stage, precision = int(zero.get("stage", 0)), precision_of(ds_cfg)
+    offloaded = (zero.get("offload_optimizer") or {}).get("device") in ("cpu", "nvme")
+    world, device = int(os.environ.get("WORLD_SIZE", "1") or 1), run_device()
+    old = growth.stages[stage_index - 1].target if stage_index else growth.start
+    for s in growth.stages[stage_index:]:
+        parts = [model_state_split(param_count(c), stage, precision, world) for c in (old, s.target)]
+        pg, opt = sum(p for p, _ in parts), sum(o for _, o in parts)
+        work = growth_working_set_bytes(largest_param_numel(old), largest_param_numel(s.target), GROWTH_BUCKET_BYTES)
+        what = f"stage {s.name!r} (growing {old.shape_str()} into {s.target.shape_str()}, ZeRO-{stage}, {precision})"
+        if device.type == "cuda":
+            gpu, host = pg + (0 if offloaded else opt), work + (opt if offloaded else 0)
+            msg = shortfall(gpu, device, False, what) or shortfall(host, torch.device("cpu"), False, what)
+        else:
+            msg = shortfall(pg + opt + work, device, False, what)
+        if msg:
+            raise UsageError(msg)
+        old = s.target
 
 
 def check_stop_stage(name: str | None, growth: StageList | None, stage_index: int) -> str | None:

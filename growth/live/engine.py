@@ -44,16 +44,18 @@ from typing import Any
 import torch
 
 from growlm.growth.errors import GrowthError
-from growlm.growth.live.transfer import EngineStore, link_optimizer_state, transfer
+from growlm.growth.live.transfer import BUCKET_BYTES, EngineStore, link_optimizer_state, transfer
 from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.preparation import prepare_growth
 from growlm.growth.ops.rules import RuleSet
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.ops.stores import adam_step_tensor
+from growlm.model.config import largest_param_numel, param_count
 from growlm.model.masks import MaskSpec
 from growlm.runtime import collectives
 from growlm.runtime.crash_points import hold_point
 from growlm.runtime.engine import inner_optimizer, release_engine, repair_adam_steps, weights_uninitialised
+from growlm.runtime.memory import growth_working_set_bytes, model_state_split, shortfall
 from growlm.runtime.schedule import ScheduleState, apply_schedule, engine_schedule
 
 __all__ = ["EngineStore", "GrowthResult", "collect_old_engine", "ensure_adam_state", "grow_engine"]
@@ -259,7 +261,8 @@ def grow_engine(
             f"growth at global step {step} with {adam_step_of(old)} Adam steps: DeepSpeed creates Adam's state in the "
             "first optimizer step that is not skipped (fp16 overflows skip steps); grow later"
         )
-    cuda_memory = start_cuda_peak()  # after the refusal above: a refused growth leaves the statistic alone
+    check_growth_fits(old, plan)
+    cuda_memory = start_cuda_peak()  # after the refusals above: a refused growth leaves the statistic alone
     module = old.module
     current = engine_schedule(old, rewarm.rewarm_start, rewarm.rewarm_steps) if rewarm else engine_schedule(old)
     prep = prepare_growth(
@@ -309,6 +312,34 @@ def grow_engine(
         collectives=moved.collectives,
         cuda_memory=finish_cuda_peak(cuda_memory),
     )
+
+
+def check_growth_fits(old: Any, plan: RuleSet) -> None:
+    """Refuse, before anything is allocated, a growth whose new engine and working set do not fit this rank's free
+    memory (runtime.memory: the grown model's parameters, gradients and Adam state by ZeRO stage, on the engine's
+    device, the optimizer part on the host when it is offloaded; the gather's working set on the host). A collective:
+    every rank learns every rank's verdict and all refuse alike, so none waits in a growth another abandoned.
+
+    Raises:
+        GrowthError: on every rank, with the first rank's figures that do not fit.
+    """
+    stage = old.zero_optimization_stage()
+    precision = "bf16" if old.bfloat16_enabled() else "fp16" if old.fp16_enabled() else "fp32"
+    device = next(old.module.parameters()).device
+    pg, opt = model_state_split(param_count(plan.new), stage, precision, collectives.world_size())
+    work = growth_working_set_bytes(largest_param_numel(plan.old), largest_param_numel(plan.new), BUCKET_BYTES)
+    what = f"growing {plan.old.shape_str()} into {plan.new.shape_str()} (ZeRO-{stage}, {precision})"
+    if device.type == "cuda":
+        offloaded = bool(old.zero_offload_optimizer())  # the Adam state (and its fp32 master) lives on the host
+        gpu, host = pg + (0 if offloaded else opt), work + (opt if offloaded else 0)
+        msg = shortfall(gpu, device, True, what) or shortfall(host, torch.device("cpu"), True, what)
+    else:
+        msg = shortfall(pg + opt + work, device, True, what)
+    verdicts = collectives.all_gather_object(msg)
+    refused = [(r, m) for r, m in enumerate(verdicts) if m]
+    if refused:
+        rank, msg = refused[0]
+        raise GrowthError(f"rank {rank}: {msg}")
 
 
 def collect_old_engine(result: GrowthResult) -> GrowthResult:

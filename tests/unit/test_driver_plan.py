@@ -1,7 +1,7 @@
 """growlm-run without processes: stage resources parsed and checked at load (trainer/driver/resources.py), the plan cut
 into
 jobs with their DeepSpeed configs and launcher commands (trainer/driver/segments.py), the model-state memory per
-rank (trainer/driver/memory.py, ZeRO paper Fig. 1) and the metrics trimming of a restarted driver."""
+rank (runtime/memory.py, ZeRO paper Fig. 1) and the metrics trimming of a restarted driver."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from growlm.growth.errors import GrowthError
 from growlm.growth.stages.plan import parse_stages
-from growlm.trainer.driver.memory import model_state_bytes
+from growlm.runtime.memory import model_state_bytes
 from growlm.trainer.driver.phases import trim_metrics
 from growlm.trainer.driver.resources import Resources, stage_resources
 from growlm.trainer.driver.segments import (

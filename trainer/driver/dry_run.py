@@ -1,19 +1,22 @@
 """growlm-run --dry_run: per stage the model shape, parameters, where and how it is reached, the launcher command of
-its job and the expected model-state memory per rank (trainer.driver.memory), with a warning where it exceeds
+its job and the expected model-state memory per rank (runtime.memory), with a warning where it exceeds
 --mem_per_rank_gib. Starts nothing and writes nothing."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from growlm import TRAIN_SCRIPT
 from growlm.growth.stages.plan import StageList
 from growlm.model.config import GPTConfig, param_count
 from growlm.runtime.engine import precision_of
-from growlm.trainer.driver.memory import GIB, model_state_bytes
+from growlm.runtime.memory import GIB, model_state_bytes
 from growlm.trainer.driver.segments import (
     Segment,
     deepspeed_path,
@@ -38,6 +41,13 @@ def stage_rows(plan: StageList, segments: list[Segment]) -> list[tuple[str, GPTC
         seg, how = by_stage[s.name]
         rows.append((s.name, s.target, f"{how} at {s.when.describe()}", seg))
     return rows
+
+
+def slots_here() -> int:
+    """Ranks this machine can hold one per device: its GPUs (DS_ACCELERATOR unset or cuda), else its CPU cores."""
+    if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") != "cpu":
+        return torch.cuda.device_count()
+    return os.cpu_count() or 1
 
 
 def print_dry_run(
@@ -70,6 +80,13 @@ def print_dry_run(
             f"{r.micro_batch} x accumulation {r.grad_accum} x {r.world_size} ranks = {r.global_batch} sequences"
         )
         print(f"  model states per rank: {mem / GIB:.3f} GiB")
+        if seg.index not in shown and r.ranks_per_node > slots_here():
+            warnings += 1
+            print(
+                f"  WARNING: {r.ranks_per_node} ranks per node, and this machine has {slots_here()} "
+                f"{'GPU(s)' if torch.cuda.is_available() else 'CPU core(s)'}: ranks beyond that share a device (GPU: "
+                "the launch fails; CPU: the steps crawl); lower ranks_per_node unless the job's nodes are larger"
+            )
         if args.mem_per_rank_gib is not None and mem > args.mem_per_rank_gib * GIB:
             warnings += 1
             print(

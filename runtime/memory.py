@@ -1,0 +1,120 @@
+"""Memory a training job or a growth needs per rank, and what the machine has: the check that refuses a model that
+cannot fit before anything is allocated (growlm-grow, a live growth, train.py with a growth plan, growlm-run).
+
+Model states per rank (``model_state_bytes``): parameters, gradients and Adam state, by ZeRO stage and precision.
+Activations, buffers and fragmentation are not counted, so a model that passes may still not fit; one that fails
+cannot.
+
+Source: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models" (arXiv
+1910.02054), Sec. 3.1 and Fig. 1. With Psi parameters and N_d data-parallel ranks, mixed-precision Adam keeps
+2 Psi bytes of fp16/bf16 parameters, 2 Psi of gradients and K Psi = 12 Psi of optimizer state (fp32 master
+parameters, exp_avg, exp_avg_sq), 16 Psi in all; the stages partition them (Fig. 1):
+
+    ZeRO-0: (2 + 2 + K) Psi     ZeRO-1 (P_os): (2 + 2) Psi + K Psi / N_d
+    ZeRO-2 (P_os+g): 2 Psi + (2 + K) Psi / N_d     ZeRO-3 (P_os+g+p): (2 + 2 + K) Psi / N_d
+
+In fp32 there is no separate master copy: 4 Psi parameters, 4 Psi gradients and K = 8 (exp_avg, exp_avg_sq),
+16 bytes per parameter at ZeRO-0 as well, partitioned the same way.
+"""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+import torch
+
+# bytes per parameter: (parameters, gradients, optimizer state K)
+BYTES_PER_PARAM = {"fp32": (4, 4, 8), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}
+GIB = 1024**3
+
+
+def model_state_split(n_params: int, zero_stage: int, precision: str, world_size: int) -> tuple[float, float]:
+    """``model_state_bytes`` in two parts: (parameters + gradients, Adam state K Psi with the fp32 master), bytes per
+    rank; the second part is what an optimizer offload moves to the host.
+
+    Raises:
+        ValueError: as ``model_state_bytes``.
+    """
+    check_state_args(zero_stage, precision, world_size)
+    p, g, k = BYTES_PER_PARAM[precision]
+    pg = (p + g) / world_size if zero_stage == 3 else p + (g / world_size if zero_stage == 2 else g)
+    opt = k / world_size if zero_stage >= 1 else k
+    return n_params * pg, n_params * opt
+
+
+def check_state_args(zero_stage: int, precision: str, world_size: int) -> None:
+    """Raise ValueError naming what is wrong: an unknown precision or ZeRO stage, or world_size < 1."""
+    if precision not in BYTES_PER_PARAM or zero_stage not in (0, 1, 2, 3) or world_size < 1:
+        raise ValueError(
+            f"precision {precision!r} (one of {list(BYTES_PER_PARAM)}), zero_stage {zero_stage} (0-3), "
+            f"world_size {world_size} (>= 1)"
+        )
+
+
+def model_state_bytes(n_params: int, zero_stage: int, precision: str, world_size: int) -> float:
+    """Bytes of parameters + gradients + Adam state one rank holds (module docstring: ZeRO paper Sec. 3.1, Fig. 1).
+
+    Args:
+        n_params: parameters of the model (Psi).
+        zero_stage: 0-3.
+        precision: "fp32", "bf16" or "fp16".
+        world_size: data-parallel ranks (N_d).
+
+    Raises:
+        ValueError: an unknown precision or ZeRO stage, or world_size < 1.
+    """
+    check_state_args(zero_stage, precision, world_size)
+    p, g, k = BYTES_PER_PARAM[precision]
+    replicated, partitioned = {0: (p + g + k, 0), 1: (p + g, k), 2: (p, g + k), 3: (0, p + g + k)}[zero_stage]
+    return n_params * (replicated + partitioned / world_size)
+
+
+def growth_working_set_bytes(largest_old: int, largest_new: int, bucket_bytes: int) -> int:
+    """Host bytes a rank's live growth holds besides the two engines (growth.live.transfer, "Working set"): the
+    bucket's packed shards received and its assembled full fp32 tensors, each about max(bucket_bytes, 12 x the largest
+    old parameter's numel), and one grown parameter's weight and both moments in fp32 (12 x its numel).
+
+    Args:
+        largest_old: numel of the old model's largest parameter.
+        largest_new: numel of the grown model's largest parameter.
+        bucket_bytes: the gather's bucket size (growth.live.transfer.BUCKET_BYTES).
+    """
+    return 2 * max(bucket_bytes, 12 * largest_old) + 12 * largest_new
+
+
+def ranks_on_this_node() -> int:
+    """How many ranks share this node's memory (LOCAL_WORLD_SIZE, else WORLD_SIZE, else 1)."""
+    for key in ("LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        try:
+            return max(1, int(os.environ[key]))
+        except (KeyError, ValueError):
+            continue
+    return 1
+
+
+def rank_memory_bytes(device: torch.device, free: bool) -> int:
+    """This rank's share of ``device``'s memory: on CUDA the device's own (free: ``torch.cuda.mem_get_info`` plus what
+    torch's allocator holds unused; else its total), on the CPU the node's (free: ``psutil`` available; else total)
+    divided by the ranks on this node."""
+    if device.type == "cuda":
+        if free:
+            unused = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+            return int(torch.cuda.mem_get_info(device)[0] + unused)
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    vm = psutil.virtual_memory()
+    return int((vm.available if free else vm.total) // ranks_on_this_node())
+
+
+def shortfall(need: float, device: torch.device, free: bool, what: str) -> str:
+    """The one-line refusal when ``need`` bytes per rank exceed ``rank_memory_bytes(device, free)``, naming both
+    figures in GiB and ``what`` needs them; '' when it fits."""
+    have = rank_memory_bytes(device, free)
+    if need <= have:
+        return ""
+    where = "GPU" if device.type == "cuda" else f"host memory ({ranks_on_this_node()} rank(s) on this node)"
+    kind = "free" if free else "in all"
+    return (
+        f"{what} needs about {need / GIB:,.1f} GiB per rank, and this rank's {where} has {have / GIB:,.1f} GiB "
+        f"{kind}: choose a smaller target, more ranks or a higher ZeRO stage"
+    )

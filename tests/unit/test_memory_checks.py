@@ -1,0 +1,118 @@
+"""A growth is refused before anything is allocated when it cannot fit (runtime.memory): train.py refuses a plan
+stage that cannot fit the machine at all, a live growth one that does not fit the memory free now (every rank
+alike), and growlm-run's dry run warns where a node is given more ranks than it has cores or GPUs."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import psutil
+import pytest
+import torch
+from cli_utils import train_fails
+
+from growlm.growth.errors import GrowthError
+from growlm.growth.live import engine as live
+from growlm.growth.live.transfer import BUCKET_BYTES
+from growlm.growth.ops import make_rules
+from growlm.model.config import GPTConfig, largest_param_numel, param_count
+from growlm.runtime import collectives, memory
+from growlm.trainer import plan_checks
+from growlm.trainer.driver import cli as run_cli
+
+HUGE_PLAN = """
+start: {preset: tiny, n_layer: 1, n_embd: 32, n_head: 2}
+stages:
+  - {name: huge, target: {n_layer: 100000, n_embd: 65536, n_head: 512}, family: masked, when: {step: 2}}
+"""
+
+
+def test_the_working_set_and_the_split_follow_the_formulas():
+    assert plan_checks.GROWTH_BUCKET_BYTES == BUCKET_BYTES  # the trainer's copy of the gather's bucket
+    cfg = GPTConfig(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128)
+    assert largest_param_numel(cfg) == 1000 * 64  # the token embedding beats c_fc (64 x 256) and c_attn
+    assert memory.growth_working_set_bytes(10, 10**8, 2**20) == 2 * 2**20 + 12 * 10**8  # bucket x 2 + a grown one
+    assert memory.growth_working_set_bytes(10**6, 10, 2**20) == 2 * 12 * 10**6 + 12 * 10  # a parameter above it
+    n = 10**6
+    for stage in range(4):
+        for precision in ("fp32", "bf16"):
+            pg, opt = memory.model_state_split(n, stage, precision, 4)
+            assert pg + opt == pytest.approx(memory.model_state_bytes(n, stage, precision, 4))
+    assert memory.model_state_split(n, 1, "bf16", 4) == (4 * n, 3 * n)  # 2 + 2 replicated, 12 / 4 partitioned
+    assert memory.model_state_split(n, 3, "bf16", 4) == (1 * n, 3 * n)  # everything / 4
+
+
+@pytest.mark.bad_input
+def test_train_refuses_a_stage_that_cannot_fit_the_machine(tmp_path, capsys):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(HUGE_PLAN)
+    out = tmp_path / "run"
+    line = train_fails(
+        capsys,
+        ["--growth_plan", str(plan), "--max_steps", "40", "--out_dir", str(out)],
+        "stage 'huge' (growing L=1 d=32 H=2",
+        "GiB per rank, and this rank's host memory",
+        "choose a smaller target, more ranks or a higher ZeRO stage",
+    )
+    need = float(line.split("needs about ")[1].split(" GiB")[0].replace(",", ""))
+    assert need > 1e6  # 5e15 parameters: petabytes, not a rounding artefact
+    assert not out.exists()
+
+
+def fake_engine(cfg: GPTConfig) -> SimpleNamespace:
+    module = torch.nn.Linear(2, 2)
+    return SimpleNamespace(
+        zero_optimization_stage=lambda: 2,
+        bfloat16_enabled=lambda: False,
+        fp16_enabled=lambda: False,
+        zero_offload_optimizer=lambda: None,
+        module=module,
+    )
+
+
+def test_a_live_growth_that_does_not_fit_the_free_memory_is_refused_on_every_rank(monkeypatch):
+    old, new = GPTConfig(n_layer=1, n_embd=32, n_head=2), GPTConfig(n_layer=2, n_embd=64, n_head=4)
+    plan = make_rules(old, new, "masked")
+    monkeypatch.setattr(collectives, "world_size", lambda group=None: 2)
+    verdicts = {}
+
+    def gather(msg, group=None):  # rank 0 is this process; rank 1 fits
+        verdicts["mine"] = msg
+        return [msg, ""]
+
+    monkeypatch.setattr(collectives, "all_gather_object", gather)
+    live.check_growth_fits(fake_engine(old), plan)  # the machine has room: nothing raised
+    assert verdicts["mine"] == ""
+    free = SimpleNamespace(available=100 * 2**20, total=2**40)  # 100 MiB free, shared by 2 ranks on this node
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: free)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(GrowthError) as e:
+        live.check_growth_fits(fake_engine(old), plan)
+    need = memory.model_state_bytes(param_count(new), 2, "fp32", 2) + memory.growth_working_set_bytes(
+        largest_param_numel(old), largest_param_numel(new), BUCKET_BYTES
+    )
+    assert str(e.value) == (
+        f"rank 0: growing {old.shape_str()} into {new.shape_str()} (ZeRO-2, fp32) needs about {need / 2**30:,.1f} "
+        "GiB per rank, and "
+        "this rank's host memory (2 rank(s) on this node) has 0.0 GiB free: choose a smaller target, more ranks or a "
+        "higher ZeRO stage"
+    )
+    # another rank's refusal is every rank's
+    monkeypatch.setattr(collectives, "all_gather_object", lambda msg, group=None: ["", "rank one's figures"])
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=2**40, total=2**40))
+    with pytest.raises(GrowthError, match="^rank 1: rank one's figures$"):
+        live.check_growth_fits(fake_engine(old), plan)
+
+
+def test_dry_run_warns_of_more_ranks_per_node_than_the_machine_has(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    (tmp_path / "plan.yaml").write_text(
+        "start: {preset: tiny, resources: {ranks_per_node: 64, zero_stage: 2, micro_batch: 1}}\n"
+        "stages:\n  - {name: deeper, target: {n_layer: 3}, family: masked, when: {step: 2}}\n"
+    )
+    assert run_cli.main(["plan.yaml", "--dry_run", "--", "--seq_len", "32", "--out_dir", "runs/x"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("WARNING: 64 ranks per node, and this machine has 2 CPU core(s)") == 1  # once per job
+    assert "growlm-run dry run: 1 warning(s)" in out
