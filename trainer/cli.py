@@ -129,7 +129,11 @@ def _training_flags(t: argparse._ArgumentGroup) -> None:
         "by default; the LR of the next step before and after is printed",
     )
     t.add_argument("--save_interval", type=int, default=0, help="also save every N steps (0: only at the end)")
-    t.add_argument("--no_final_save", action="store_true", help="do not save a checkpoint at the end")
+    t.add_argument(
+        "--no_final_save",
+        action="store_true",
+        help="do not save a checkpoint at the end, nor where a signal stops the run",
+    )
     t.add_argument(
         "--activation_checkpointing",
         action="store_true",

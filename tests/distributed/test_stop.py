@@ -1,4 +1,5 @@
-"""A stop that stops: SIGTERM to the ``deepspeed`` command of a job, SIGINT to one rank under the rank launcher.
+"""A stop that stops: SIGTERM to the ``deepspeed`` command of a job, SIGINT to one rank under the rank launcher,
+SIGTERM to a single process with --no_final_save.
 
 Real jobs of a tiny model with a --max_steps they would not reach for minutes: the test waits until a few steps
 are logged, sends the signal, and requires every process of the job to be gone, one checkpoint at the step where
@@ -150,3 +151,25 @@ def test_sigint_to_one_rank_stops_both_at_the_same_step(tmp_path, small_vocab_da
     last = _check_stopped_run(out, "SIGINT")
     assert f"growlm: SIGINT on another rank: stopped after step {last} of {LONG}" in logs[0]
     assert "Traceback" not in logs[0] + logs[1]
+
+
+def test_sigterm_with_no_final_save_stops_without_a_checkpoint(tmp_path, small_vocab_data):
+    out = tmp_path / "one"
+    argv = [sys.executable, str(REPO / "train.py"), *_args(tmp_path, small_vocab_data, out), "--no_final_save"]
+    rank = launch.start_rank(argv, launch.rank_env(0, 1, free_port(), base_env()), REPO, tmp_path / "rank0.log")
+    try:
+        _wait_for_steps(out, 2, lambda: rank.returncode is None, tmp_path / "rank0.log")
+        os.kill(rank.pid, signal.SIGTERM)
+        codes, _, timed_out = wait_procs([rank], GONE_WITHIN_S, GONE_WITHIN_S)
+    finally:
+        if rank.returncode is None:
+            os.killpg(rank.pid, signal.SIGKILL)
+            rank.wait()
+    log = (tmp_path / "rank0.log").read_text(errors="replace")
+    assert not timed_out and codes == [143], log[-2000:]
+    records = read_records(out)
+    last = records[-2]["step"]
+    assert records[-1] == {"event": "interrupt", "step": last, "signal": "SIGTERM", "checkpoint": None,
+                           "tokens": last * 4 * 32, "flops": records[-2]["flops"]}  # fmt: skip
+    assert checkpoint.existing_tags(out / "checkpoints") == []
+    assert f"growlm: SIGTERM received: stopped after step {last} of {LONG}; no checkpoint of this step" in log
