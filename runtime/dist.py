@@ -260,7 +260,8 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
 def start_plain_group(device: str | torch.device) -> None:
     """Start the default process group for plain PyTorch, no DeepSpeed (the benchmark's DDP baseline), from the
     launcher's RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT: NCCL for a CUDA ``device``, gloo for the CPU. End it with
-    ``end_plain_group``."""
+    ``end_plain_group``. Like ``init_distributed``, the rank watches its launcher and ends once it is gone."""
+    watch_launchers(stop.launcher_gone)
     torch.distributed.init_process_group("nccl" if torch.device(device).type == "cuda" else "gloo")
 
 
