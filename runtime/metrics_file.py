@@ -2,14 +2,14 @@
 
 One JSON object per line, appended as it happens: ``{"event": "train", "step", "loss", "lr", "grad_norm",
 "loss_scale", "consumed_samples", "tokens", "skipped_steps", "flops", "step_time_s", "max_rss_bytes" (host),
-"cuda_max_allocated_bytes" (null without CUDA)}`` per step,
-``{"event": "val", "step", "val_loss", "val_perplexity", "val_tokens", "tokens", "flops"}`` per validation,
-``{"event": "growth", ...}`` per growth (trainer.growth_events; ``"driver": true`` for growlm-run's offline growth),
-``{"event": "stop", ...}`` when a job stops before a stage (train.py --stop_before_stage). Writers: the training loop
-(trainer.logger.MetricsLogger, rank 0) and growlm-run. Readers: the trigger reference curve, growlm-run, growlm-bench,
-the experiments and the tests. A line a killed writer left half-written is skipped by the reader and dropped by the
-next rewrite. A resumed run first drops what an interrupted job wrote after its checkpoint (``purge_after``), so each
-step appears once.
+"cuda_max_allocated_bytes" (null without CUDA)}`` per step, ``{"event": "val", "step", "val_loss", "val_perplexity",
+"val_tokens", "tokens", "flops"}`` per validation, ``{"event": "growth", ...}`` per growth (trainer.growth_events;
+``"driver": true`` for growlm-run's offline growth), ``{"event": "stop", ...}`` when a job stops before a stage
+(train.py --stop_before_stage), ``{"event": "interrupt", "step", "signal", "checkpoint", "tokens", "flops"}`` when a
+signal stops it (trainer.stopping). Writers: the training loop (trainer.logger.MetricsLogger, rank 0) and growlm-run.
+Readers: the trigger reference curve, growlm-run, growlm-bench, the experiments and the tests. A line a killed writer
+left half-written is skipped by the reader and dropped by the next rewrite. A resumed run first drops what an
+interrupted job wrote after its checkpoint (``purge_after``), so each step appears once.
 """
 
 from __future__ import annotations
