@@ -44,6 +44,19 @@ def describe_self() -> str:
     return f"pid {os.getpid()} on host {socket.gethostname()} since {since} ({prog})"
 
 
+def _holder(f: IO[str], tries: int = 50, pause_s: float = 0.01) -> str:
+    """The first line of the held lock file ``f`` (its holder's ``describe_self``). A holder writes it right after it
+    takes the lock, so an empty file is read again, ``tries`` times ``pause_s`` seconds apart; "unknown" after."""
+    for i in range(tries):
+        f.seek(0)
+        lines = f.read().strip().splitlines()
+        if lines:
+            return lines[0]
+        if i + 1 < tries:
+            time.sleep(pause_s)
+    return "unknown"
+
+
 def hold_lock(path: str | os.PathLike) -> IO[str]:
     """Take the lock file ``path`` (created if missing; fcntl.flock, exclusive, not waiting) and write
     ``describe_self()`` into it. Returns the open file, which must stay referenced for as long as the lock is to be
@@ -58,10 +71,9 @@ def hold_lock(path: str | os.PathLike) -> IO[str]:
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip().splitlines()
+        holder = _holder(f)
         f.close()
-        raise LockHeldError(path, holder[0] if holder else "unknown") from None
+        raise LockHeldError(path, holder) from None
     except BaseException:
         f.close()
         raise
@@ -74,9 +86,10 @@ def hold_lock(path: str | os.PathLike) -> IO[str]:
 
 def output_lock_path(target: str | os.PathLike) -> Path:
     """The writer lock of the output ``target``: the hidden file ``.<name>.lock`` beside it, e.g.
-    ``runs/g/.ckpt.lock`` for ``runs/g/ckpt`` (outside the output, so it never mixes into what is written)."""
+    ``runs/g/.ckpt.lock`` for ``runs/g/ckpt`` (outside the output, so it never mixes into what is written). The
+    parent folder is resolved (links followed), so every spelling of one output names the same lock file."""
     target = Path(os.path.abspath(target))
-    return target.with_name(f".{target.name}.lock")
+    return target.parent.resolve() / f".{target.name}.lock"
 
 
 def _same_file(f: IO[str], path: Path) -> bool:

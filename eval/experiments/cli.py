@@ -131,7 +131,10 @@ def _main_out(args, s, out: Path, parallel: int) -> int:
         from growlm.data.small_vocab import prepare_small_vocab  # lazy: HF tokenizers, only when preparing
 
         print(f"growlm-experiment: training a {s.vocab_size}-token BPE into {data}", flush=True)
-        prepare_small_vocab(data, s.vocab_size)
+        try:
+            prepare_small_vocab(data, s.vocab_size)
+        except FileExistsError as e:  # another growlm-experiment prepares it right now (its writer lock)
+            return fail(f"preparing the {s.vocab_size}-token BPE into {data}: {e}")
     settings["data"] = runner.data_fingerprint(data)
     if settings["data"]["vocab_size"] != s.vocab_size:
         return fail(f"--data {data} has a {settings['data']['vocab_size']}-token vocabulary; the protocol needs "

@@ -240,3 +240,29 @@ def test_a_token_folder_whose_meta_json_is_not_text_is_named(tmp_path, capsys):
         f"--train ... --val ... --out {data}` (or plain `growlm-prepare` for the built-in corpus)"
     ), line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tok"]  # no run folder
+
+
+def test_every_spelling_of_one_output_names_one_lock(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    lock = tmp_path / "real" / ".out.lock"
+    spellings = [tmp_path / "link" / "out", f"{tmp_path / 'real' / 'out'}/", tmp_path / "real" / "x" / ".." / "out"]
+    assert [output_lock_path(s) for s in spellings] == [lock] * 3
+    with output_lock(tmp_path / "real" / "out"):
+        for s in spellings:
+            with pytest.raises(LockHeldError), output_lock(s):
+                pass
+
+
+@pytest.mark.bad_input
+def test_growlm_experiment_preparing_a_vocabulary_another_process_prepares_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GROWLM_CACHE", str(tmp_path / "cache"))
+    s = protocol.quick(protocol.PROFILES["cpu"])
+    data = tmp_path / "cache" / f"bpe{s.vocab_size}"
+    with output_lock(data):
+        assert experiment.main(["--quick", "--out", str(tmp_path / "res"), "--parallel", "1"]) == 2
+        line = one_error_line(capsys.readouterr().err, "growlm-experiment")
+        prefix = f"preparing the {s.vocab_size}-token BPE into {data}: "
+        assert line.startswith(prefix) and held("--out", data).fullmatch(line.removeprefix(prefix)), line
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == []  # nothing of the token folder
+    assert not (tmp_path / "res" / "curves").exists()
