@@ -111,7 +111,9 @@ class TokenFolderWriter:
 
     Raises:
         FileExistsError: out_dir exists and overwrite is False, or it is not a folder a token-folder writer made
-            (``check_replaceable``; raised by the constructor, before any work).
+            (``check_replaceable``; raised by the constructor, before any work); another process is writing out_dir
+            (its writer lock, runtime.lock.output_lock, taken on entering the block and held until it ends; the
+            message names the holder, and nothing of out_dir is touched).
     """
 
     def __init__(self, out_dir: str | os.PathLike, overwrite: bool = False, scratch: tuple[str, ...] = ()):

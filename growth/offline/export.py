@@ -81,7 +81,8 @@ def export_hf(
     Raises:
         CheckpointError: the output exists (without ``overwrite``; with it, unless growlm wrote it:
             ``check_replaceable``) or overlaps the input; the checkpoint's growth
-            masks are still ramping (a masked model is not GPT-2); its tokenizer is unknown or does not fit.
+            masks are still ramping (a masked model is not GPT-2); its tokenizer is unknown or does not fit; another
+            process is writing ``out`` (its writer lock: refused before ``out`` is looked at, nothing touched).
     """
 
     step, masks = src.state.global_step, src.state.growth_masks

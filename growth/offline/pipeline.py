@@ -402,7 +402,8 @@ def grow_checkpoint(
         growlm_state.json records it as ``growth_stage``, so ``train.py --growth_plan`` resumes at the next stage.
 
     Raises:
-        CheckpointError, GrowthError, ManifestError: bad input, found before anything is written to ``out``.
+        CheckpointError, GrowthError, ManifestError: bad input, found before anything is written to ``out``; or
+            another process is writing ``out`` (its writer lock, ``one_writer``: refused before ``out`` is looked at).
     """
     t0 = time.perf_counter()
     check_target_stage(src, target_zero_stage)
