@@ -40,7 +40,7 @@ from growlm.data.sources import (
 from growlm.data.text import InputError, read_json_rows
 from growlm.data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer
 from growlm.data.tokens import DTYPE, FORMAT, SPLITS, TokenFolderWriter, cache_dir, load_meta, open_tokens
-from growlm.runtime.commands import HelpFormatter, add_version
+from growlm.runtime.commands import HelpFormatter, add_version, interruptible
 
 __all__ = ["FORMAT", "DTYPE", "SPLITS", "prepare_dataset", "ensure_builtin_prepared", "load_meta", "open_tokens"]
 
@@ -325,6 +325,7 @@ def _run(args: argparse.Namespace) -> Path:
     )
 
 
+@interruptible("growlm-prepare")
 def main(argv: list[str] | None = None) -> int:
     """growlm-prepare: see the module docstring. Returns the exit status: 0, or 2 for bad input (one line on
     stderr, ``growlm-prepare: error: ...``; a bad line of a user file is named ``FILE:LINE``; nothing is written)."""

@@ -29,7 +29,7 @@ from growlm.eval.metrics.errors import EvalInputError, check_token_ids
 from growlm.eval.metrics.load import LoadedModel, load
 from growlm.eval.metrics.perplexity import document_nll, word_count, word_perplexity
 from growlm.eval.metrics.textsets import cloze_source, heldout_documents, read_text_file, wikipedia_documents
-from growlm.runtime.commands import HelpFormatter, add_version
+from growlm.runtime.commands import HelpFormatter, add_version, interruptible
 
 SETS = ("heldout", "cloze", "wikipedia")
 DEFAULT_SETS = ",".join(SETS)
@@ -233,6 +233,7 @@ def check_flags(args: argparse.Namespace) -> None:
             raise EvalInputError(f"--{name} {value} must be >= {low}{default}")
 
 
+@interruptible("growlm-eval")
 def main(argv: list[str] | None = None) -> int:
     """growlm-eval: 0 after printing the JSON results, 2 on bad input (one ``growlm-eval: error:`` line)."""
     args = parse_args(argv)

@@ -31,7 +31,7 @@ from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.stages.plan import Stage, StageList, Trigger, load_stages
 from growlm.model.config import GPTConfig
 from growlm.runtime.checkpoint import CheckpointError
-from growlm.runtime.commands import HelpFormatter, add_version
+from growlm.runtime.commands import HelpFormatter, add_version, interruptible
 from growlm.runtime.manifest import ManifestError
 
 _SHAPE_FLAGS = ("n_layer", "n_embd", "n_head", "n_inner")
@@ -212,6 +212,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
+@interruptible("growlm-grow")
 def main(argv: list[str] | None = None) -> int:
     """growlm-grow: returns 0 on success, 2 on bad input (one line on stderr naming the problem)."""
     args = parse_args(argv)

@@ -152,3 +152,30 @@ def test_an_export_into_a_folder_being_written_is_refused(ckpt, tmp_path, capsys
             assert digest(hf) == before
     assert grow_main([str(ckpt), "--export_hf", str(hf), "--overwrite"]) == 0  # free again: replaced
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+@pytest.mark.bad_input
+def test_ctrl_c_inside_a_write_ends_in_one_line_and_keeps_the_old_output(ckpt, tmp_path):
+    out = tmp_path / "grown"
+    assert grow_main([str(ckpt), str(out)]) == 0
+    before = digest(out)
+    hold = tmp_path / "hold"
+    env = base_env(**{HOLD_AT_ENV: "grow.commit", HOLD_DIR_ENV: str(hold)})
+    holder = subprocess.Popen(grow_cmd(ckpt, out, "--overwrite"), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (hold.is_dir() and any(hold.iterdir())):
+        assert holder.poll() is None and time.monotonic() < deadline, holder.stderr.read()
+        time.sleep(0.1)
+    os.kill(holder.pid, signal.SIGINT)
+    _, err = holder.communicate(timeout=60)
+    assert holder.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert lines == [
+        "growlm-grow: interrupted (SIGINT) before it finished; no finished output was changed (outputs are put in "
+        "place only when complete; an unfinished .tmp- folder is replaced by the next run)"
+    ], err
+    assert digest(out) == before
+    assert grow_main([str(ckpt), str(out), "--overwrite"]) == 0  # the lock went with the interrupted writer
+    assert_whole(out)
