@@ -23,7 +23,7 @@ from growlm.trainer.driver import cli as run_cli
 HUGE_PLAN = """
 start: {preset: tiny, n_layer: 1, n_embd: 32, n_head: 2}
 stages:
-  - {name: huge, target: {n_layer: 100000, n_embd: 65536, n_head: 512}, family: masked, when: {step: 2}}
+  - {name: huge, target: {n_layer: 1000, n_embd: 65536, n_head: 512}, family: masked, when: {step: 2}}
 """
 
 
@@ -55,7 +55,7 @@ def test_train_refuses_a_stage_that_cannot_fit_the_machine(tmp_path, capsys):
         "choose a smaller target, more ranks or a higher ZeRO stage",
     )
     need = float(line.split("needs about ")[1].split(" GiB")[0].replace(",", ""))
-    assert need > 1e6  # 5e15 parameters: petabytes, not a rounding artefact
+    assert need > 1e5  # 5e13 parameters: hundreds of TiB, not a rounding artefact
     assert not out.exists()
 
 

@@ -17,11 +17,16 @@ from growlm.trainer.stopping import resume_command
 
 @pytest.fixture
 def handlers():
+    # the default actions first: a harness may have set SIGINT to SIG_IGN (pytest-xdist's workers do), which
+    # install() rightly leaves alone, as a shell's background job expects
+    harness = {s: signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)}
     stop.reset()
     restore = stop.install()
     yield
     restore()
     stop.reset()
+    for s, h in harness.items():
+        signal.signal(s, h)
 
 
 def test_a_signal_is_recorded_not_obeyed_and_the_handlers_are_put_back(handlers):
@@ -81,3 +86,14 @@ def test_the_resume_command_points_at_the_checkpoints_and_drops_init_from_and_lo
     assert resume_command(cmd, Path("runs/my run/checkpoints")) == (
         "/v/bin/deepspeed --num_gpus 2 train.py --out_dir 'runs/my run' --resume 'runs/my run/checkpoints'"
     )
+
+
+def test_an_ignored_signal_stays_ignored():
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # e.g. a shell's background job
+    try:
+        restore = stop.install()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # still handled
+        restore()
+    finally:
+        signal.signal(signal.SIGINT, before)
