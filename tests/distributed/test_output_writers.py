@@ -108,19 +108,25 @@ def test_two_growlm_grow_overwrite_one_output(ckpt, tmp_path):
     assert all(o in ([0, 0], [0, 2]) for o in outcomes), outcomes
 
 
+def held_writer(ckpt: Path, out: Path, hold: Path) -> subprocess.Popen:
+    """A growlm-grow --overwrite of ``ckpt`` into ``out``, started and waited for until it is held inside its write,
+    at the hold point before its output is put in place (runtime.crash_points; ``hold``: the hold folder)."""
+    env = base_env(**{HOLD_AT_ENV: "grow.commit", HOLD_DIR_ENV: str(hold)})
+    holder = subprocess.Popen(grow_cmd(ckpt, out, "--overwrite"), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (hold.is_dir() and any(hold.iterdir())):
+        assert holder.poll() is None and time.monotonic() < deadline, holder.stderr.read()
+        time.sleep(0.1)
+    return holder
+
+
 def test_a_writer_inside_its_write_refuses_a_second_and_killed_leaves_the_old_output(ckpt, tmp_path):
     out = tmp_path / "grown"
     assert grow_main([str(ckpt), str(out)]) == 0
     before = digest(out)
-    hold = tmp_path / "hold"
-    env = base_env(**{HOLD_AT_ENV: "grow.commit", HOLD_DIR_ENV: str(hold)})
-    holder = subprocess.Popen(grow_cmd(ckpt, out, "--overwrite"), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    holder = held_writer(ckpt, out, tmp_path / "hold")
     try:
-        deadline = time.monotonic() + 120
-        while not (hold.is_dir() and any(hold.iterdir())):
-            assert holder.poll() is None and time.monotonic() < deadline, holder.stderr.read()
-            time.sleep(0.1)
         for extra in (["--overwrite"], []):  # with --overwrite, and without it (the output exists)
             r = subprocess.run(grow_cmd(ckpt, out, *extra), cwd=REPO, env=base_env(), capture_output=True, text=True)
             assert r.returncode == 2, r.stderr
@@ -159,14 +165,7 @@ def test_ctrl_c_inside_a_write_ends_in_one_line_and_keeps_the_old_output(ckpt, t
     out = tmp_path / "grown"
     assert grow_main([str(ckpt), str(out)]) == 0
     before = digest(out)
-    hold = tmp_path / "hold"
-    env = base_env(**{HOLD_AT_ENV: "grow.commit", HOLD_DIR_ENV: str(hold)})
-    holder = subprocess.Popen(grow_cmd(ckpt, out, "--overwrite"), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 120
-    while not (hold.is_dir() and any(hold.iterdir())):
-        assert holder.poll() is None and time.monotonic() < deadline, holder.stderr.read()
-        time.sleep(0.1)
+    holder = held_writer(ckpt, out, tmp_path / "hold")
     os.kill(holder.pid, signal.SIGINT)
     _, err = holder.communicate(timeout=60)
     assert holder.returncode == 130, err

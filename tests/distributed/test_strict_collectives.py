@@ -22,11 +22,17 @@ stages:
 """
 
 
-def test_the_environment_turns_strict_mode_on_in_every_rank():
-    r = run_ranks([], script="tests/strict_collectives_probe.py", env=STRICT, timeout=120)
+def rank_records(r) -> list[dict]:
+    """The JSON line each of a probe's 2 ranks printed (the run must have succeeded)."""
     assert r.returncode == 0, r.stdout[-3000:]
     lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith('{"rank"')]
     assert sorted(d["rank"] for d in lines) == [0, 1]
+    return lines
+
+
+def test_the_environment_turns_strict_mode_on_in_every_rank():
+    r = run_ranks([], script="tests/strict_collectives_probe.py", env=STRICT, timeout=120)
+    lines = rank_records(r)
     for d in lines:
         assert "growlm.probe_module called torch.distributed.all_reduce directly" in d["refused"], d
         assert d["sum"] == 3.0  # 1 + 2, through runtime.collectives
@@ -57,9 +63,7 @@ def test_live_growth_and_saves_stage_every_collective(tmp_path, template):
 
 def test_a_bucket_gathered_in_slices_equals_the_whole():
     r = run_ranks([], script="tests/gather_probe.py", env=STRICT, timeout=120)
-    assert r.returncode == 0, r.stdout[-3000:]
-    lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith('{"rank"')]
-    assert sorted(d["rank"] for d in lines) == [0, 1]
+    lines = rank_records(r)
     for d in lines:
         for kind in ("zero3", "flat"):
             whole, sliced = d[f"{kind}_whole"], d[f"{kind}_sliced"]
