@@ -108,12 +108,18 @@ def test_two_growlm_grow_overwrite_one_output(ckpt, tmp_path):
     assert all(o in ([0, 0], [0, 2]) for o in outcomes), outcomes
 
 
+def default_sigint() -> None:
+    """In a child before exec: SIGINT's default action back, so the new interpreter turns it into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def held_writer(ckpt: Path, out: Path, hold: Path) -> subprocess.Popen:
     """A growlm-grow --overwrite of ``ckpt`` into ``out``, started and waited for until it is held inside its write,
     at the hold point before its output is put in place (runtime.crash_points; ``hold``: the hold folder)."""
     env = base_env(**{HOLD_AT_ENV: "grow.commit", HOLD_DIR_ENV: str(hold)})
+    # SIGINT as a terminal delivers it: pytest-xdist's workers ignore it, and an ignored signal is inherited
     holder = subprocess.Popen(grow_cmd(ckpt, out, "--overwrite"), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+                              stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)  # fmt: skip
     deadline = time.monotonic() + 120
     while not (hold.is_dir() and any(hold.iterdir())):
         assert holder.poll() is None and time.monotonic() < deadline, holder.stderr.read()
