@@ -84,6 +84,7 @@ def forked_grow(argv: list[str], err: Path) -> int:
     return pid
 
 
+@pytest.mark.bad_input
 def test_two_growlm_grow_overwrite_one_output(ckpt, tmp_path):
     out = tmp_path / "grown"
     assert grow_main([str(ckpt), str(out)]) == 0  # the earlier output
@@ -127,6 +128,7 @@ def held_writer(ckpt: Path, out: Path, hold: Path) -> subprocess.Popen:
     return holder
 
 
+@pytest.mark.bad_input
 def test_a_writer_inside_its_write_refuses_a_second_and_killed_leaves_the_old_output(ckpt, tmp_path):
     out = tmp_path / "grown"
     assert grow_main([str(ckpt), str(out)]) == 0
@@ -150,6 +152,7 @@ def test_a_writer_inside_its_write_refuses_a_second_and_killed_leaves_the_old_ou
     assert_whole(out)
 
 
+@pytest.mark.bad_input
 def test_an_export_into_a_folder_being_written_is_refused(ckpt, tmp_path, capsys):
     hf = tmp_path / "hf"
     assert grow_main([str(ckpt), "--export_hf", str(hf)]) == 0

@@ -15,6 +15,7 @@ from growlm.runtime.schedule import warmup_cosine_ratio
 TINY = ["--preset", "tiny", "--seq_len", "32", "--no_final_eval", "--log_interval", "1"]
 
 
+@pytest.mark.bad_input
 def test_resume_keeps_the_saved_schedule_and_new_schedule_takes_the_configs(tmp_path):
     auto = tiny_ds_config(tmp_path)  # total_num_steps "auto", linear warm-up over 2 steps
     cfg = json.loads(auto.read_text())

@@ -95,6 +95,7 @@ def _check_stopped_run(out: Path, signame: str) -> int:
     return last
 
 
+@pytest.mark.bad_input
 def test_sigterm_to_the_deepspeed_command_stops_every_rank_after_a_step_and_saves(tmp_path, small_vocab_data):
     if shutil.which("numactl") is None:
         pytest.skip("the deepspeed launcher needs numactl on CPU (apt-get install numactl; make setup does)")
@@ -130,6 +131,7 @@ def test_sigterm_to_the_deepspeed_command_stops_every_rank_after_a_step_and_save
     assert checkpoint.existing_tags(out / "checkpoints") == [f"global_step{last}", f"global_step{last + 2}"]
 
 
+@pytest.mark.bad_input
 def test_sigint_to_one_rank_stops_both_at_the_same_step(tmp_path, small_vocab_data):
     out, port = tmp_path / "rl", free_port()
     argv = [sys.executable, str(REPO / "train.py"), *_args(tmp_path, small_vocab_data, out)]
@@ -153,6 +155,7 @@ def test_sigint_to_one_rank_stops_both_at_the_same_step(tmp_path, small_vocab_da
     assert "Traceback" not in logs[0] + logs[1]
 
 
+@pytest.mark.bad_input
 def test_sigterm_with_no_final_save_stops_without_a_checkpoint(tmp_path, small_vocab_data):
     out = tmp_path / "one"
     argv = [sys.executable, str(REPO / "train.py"), *_args(tmp_path, small_vocab_data, out), "--no_final_save"]

@@ -8,6 +8,7 @@ import json
 import shlex
 from pathlib import Path
 
+import pytest
 from cli_utils import one_error_line, train_fails
 
 from growlm.eval.metrics import cli as eval_cli
@@ -28,6 +29,7 @@ def llama_folder(path: Path) -> Path:
     return path
 
 
+@pytest.mark.bad_input
 def test_growlm_eval_names_a_llama_folder(capsys, tmp_path):
     folder = llama_folder(tmp_path / "my llama")
     assert eval_cli.main([str(folder), "--sets", "heldout"]) == 2
@@ -35,6 +37,7 @@ def test_growlm_eval_names_a_llama_folder(capsys, tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
 
 
+@pytest.mark.bad_input
 def test_init_from_names_a_llama_folder(capsys, tmp_path):
     folder = llama_folder(tmp_path / "llama")
     line = train_fails(capsys, ["--init_from", str(folder), "--out_dir", str(tmp_path / "run")])

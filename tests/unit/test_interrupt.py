@@ -14,6 +14,7 @@ from growlm.runtime.commands import INTERRUPTED, interruptible
 @pytest.mark.parametrize(
     "module, prog", [(grow_cli, "growlm-grow"), (eval_cli, "growlm-eval"), (prepare, "growlm-prepare")]
 )
+@pytest.mark.bad_input
 def test_each_command_turns_ctrl_c_into_one_line(module, prog, capsys, monkeypatch):
     def stopped(*args, **kwargs):
         raise KeyboardInterrupt

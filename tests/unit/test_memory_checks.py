@@ -70,6 +70,7 @@ def fake_engine(cfg: GPTConfig) -> SimpleNamespace:
     )
 
 
+@pytest.mark.bad_input
 def test_a_live_growth_that_does_not_fit_the_free_memory_is_refused_on_every_rank(monkeypatch):
     old, new = GPTConfig(n_layer=1, n_embd=32, n_head=2), GPTConfig(n_layer=2, n_embd=64, n_head=4)
     plan = make_rules(old, new, "masked")
@@ -104,6 +105,7 @@ def test_a_live_growth_that_does_not_fit_the_free_memory_is_refused_on_every_ran
         live.check_growth_fits(fake_engine(old), plan)
 
 
+@pytest.mark.bad_input
 def test_dry_run_warns_of_more_ranks_per_node_than_the_machine_has(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

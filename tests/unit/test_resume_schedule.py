@@ -59,6 +59,7 @@ def run_at(step: int, lbi: int, saved: dict, given: dict, new_schedule: bool):
     return SimpleNamespace(engine=engine, step=step), run
 
 
+@pytest.mark.bad_input
 def test_the_resume_says_which_schedule_it_trains_on_with_both_lrs():
     saved, given = config(30), config(40)
     old, new = lr_at(saved, 31), lr_at(given, 31)

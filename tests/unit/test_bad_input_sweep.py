@@ -1,0 +1,94 @@
+"""The sweep of inputs that could lose a user's data or hang a job: each one a user reported, named here with the
+tests that try it and assert the refusal (or the clean stop) and that nothing the user had was lost. This file checks
+that every named test exists and is marked ``bad_input``, so the list cannot silently go stale;
+``pytest -m bad_input`` runs them all (together with every other refusal test of the suite)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+
+SWEEP: dict[str, list[str]] = {
+    "two growlm-grow --overwrite into one output at once": [
+        "distributed/test_output_writers.py::test_two_growlm_grow_overwrite_one_output",
+    ],
+    "a second writer of an output another growlm-grow is writing, with and without --overwrite": [
+        "distributed/test_output_writers.py::test_a_writer_inside_its_write_refuses_a_second_and_killed_leaves_the_old_output",
+    ],
+    "a second writer of --export_hf, growlm-prepare --out, growlm-experiment and growlm-bench outputs": [
+        "distributed/test_output_writers.py::test_an_export_into_a_folder_being_written_is_refused",
+        "unit/test_output_writers_unit.py::test_growlm_prepare_into_a_folder_being_written_is_refused",
+        "unit/test_output_writers_unit.py::test_growlm_experiment_into_a_folder_being_written_is_refused",
+        "unit/test_output_writers_unit.py::test_growlm_bench_into_a_folder_being_written_is_refused",
+    ],
+    "DeepSpeed config: zero_optimizaton, AdamWW, betaz, a string or negative lr, gradient_clipping -1, NVMe offload "
+    "at stage 0": [
+        "unit/test_ds_config_checks.py::test_train_refuses_a_deepspeed_config_by_its_meaning",
+        "unit/test_ds_config_checks.py::test_growlm_run_dry_run_refuses_the_same_config",
+    ],
+    "plan triggers of the wrong kind (step: true, step: 2.5) and a stage past --max_steps": [
+        "unit/test_plan_meaning.py::test_the_plan_loader_refuses_a_trigger_value_of_the_wrong_kind",
+        "unit/test_plan_meaning.py::test_train_and_growlm_run_refuse_a_step_that_is_not_an_integer",
+        "unit/test_plan_meaning.py::test_train_and_growlm_run_refuse_a_stage_the_run_never_reaches",
+    ],
+    "a target too large for the machine (train.py's plan, a live growth) and 64 ranks per node on a small machine": [
+        "unit/test_memory_checks.py::test_train_refuses_a_stage_that_cannot_fit_the_machine",
+        "unit/test_memory_checks.py::test_a_live_growth_that_does_not_fit_the_free_memory_is_refused_on_every_rank",
+        "unit/test_memory_checks.py::test_dry_run_warns_of_more_ranks_per_node_than_the_machine_has",
+    ],
+    "a truncated model.safetensors (growlm-eval, --init_from) and a corrupt curve JSON (--report_only)": [
+        "unit/test_output_writers_unit.py::test_growlm_eval_of_a_truncated_safetensors_names_it",
+        "unit/test_output_writers_unit.py::test_init_from_a_truncated_safetensors_names_it",
+        "unit/test_output_writers_unit.py::test_report_only_over_a_damaged_curve_names_it",
+    ],
+    "SIGTERM to the deepspeed command of a bare deepspeed train.py job; SIGINT to one rank": [
+        "distributed/test_stop.py::test_sigterm_to_the_deepspeed_command_stops_every_rank_after_a_step_and_saves",
+        "distributed/test_stop.py::test_sigint_to_one_rank_stops_both_at_the_same_step",
+    ],
+    "Ctrl-C inside growlm-grow, growlm-eval, growlm-prepare": [
+        "distributed/test_output_writers.py::test_ctrl_c_inside_a_write_ends_in_one_line_and_keeps_the_old_output",
+        "unit/test_interrupt.py::test_each_command_turns_ctrl_c_into_one_line",
+    ],
+    "--resume with another --max_steps under total_num_steps auto": [
+        "distributed/test_resume_schedule_runs.py::test_resume_keeps_the_saved_schedule_and_new_schedule_takes_the_configs",
+        "unit/test_resume_schedule.py::test_the_resume_says_which_schedule_it_trains_on_with_both_lrs",
+    ],
+    "--total_num_steps (and every other stage flag) with --growth_plan": [
+        "unit/test_plan_meaning.py::test_growlm_grow_refuses_stage_flags_that_a_plan_would_override",
+    ],
+    "growlm-grow on a run shorter than its warm-up (warmup_num_steps 20 > total 4)": [
+        "distributed/test_grow_checkpoint.py::test_bad_input_is_refused_before_writing",
+    ],
+    "a transformers Llama folder given to growlm-eval or --init_from": [
+        "unit/test_foreign_models_and_quoting.py::test_growlm_eval_names_a_llama_folder",
+        "unit/test_foreign_models_and_quoting.py::test_init_from_names_a_llama_folder",
+    ],
+}
+
+
+def marked_tests(path: Path) -> dict[str, bool]:
+    """Test function name -> whether it (or its module, through ``pytestmark``) carries ``pytest.mark.bad_input``."""
+    tree = ast.parse(path.read_text())
+    module_mark = any(
+        isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
+        and "bad_input" in ast.unparse(n.value)
+        for n in tree.body
+    )  # fmt: skip
+    return {
+        n.name: module_mark or any("bad_input" in ast.unparse(d) for d in n.decorator_list)
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
+    }
+
+
+@pytest.mark.parametrize("case", sorted(SWEEP))
+def test_each_reported_input_has_marked_tests(case):
+    for node in SWEEP[case]:
+        file, name = node.split("::")
+        tests = marked_tests(TESTS / file)
+        assert name in tests, f"{case}: {node} does not exist"
+        assert tests[name], f"{case}: {node} is not marked bad_input"
