@@ -20,6 +20,8 @@ In fp32 there is no separate master copy: 4 Psi parameters, 4 Psi gradients and 
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import psutil
 import torch
@@ -118,3 +120,47 @@ def shortfall(need: float, device: torch.device, free: bool, what: str) -> str:
         f"{what} needs about {need / GIB:,.1f} GiB per rank, and this rank's {where} has {have / GIB:,.1f} GiB "
         f"{kind}: choose a smaller target, more ranks or a higher ZeRO stage"
     )
+
+
+# bytes per parameter element of a universal checkpoint's per-parameter files (growth.offline.universal.UniversalStore):
+# zero/<name>/fp32.pt, exp_avg.pt and exp_avg_sq.pt, each fp32
+UNIVERSAL_BYTES_PER_PARAM = 12
+
+
+def offline_growth_host_bytes(largest_old: int, largest_new: int) -> int:
+    """Host bytes growlm-grow holds at once (growth.offline.pipeline: one pass, one parameter at a time,
+    growth.ops.apply.apply_rules): the largest old parameter read whole in fp32 with both Adam moments (12 x its
+    numel) and the largest grown one's three fp32 tensors, twice (12 x 2 x its numel: the expansion's result and the
+    temporaries it is built from). The old shards are memory-mapped and the model is never held whole.
+
+    Args:
+        largest_old: numel of the input model's largest parameter.
+        largest_new: numel of the output model's largest parameter.
+    """
+    return UNIVERSAL_BYTES_PER_PARAM * (largest_old + 2 * largest_new)
+
+
+def universal_checkpoint_bytes(n_params: int, tied_numel: int = 0) -> int:
+    """Bytes a universal checkpoint of ``n_params`` parameters takes on disk (growth.offline.universal): the fp32
+    weight, exp_avg and exp_avg_sq of every parameter (``UNIVERSAL_BYTES_PER_PARAM``) plus the fp32 weight of a tied
+    alias (``lm_head.weight``, ``tied_numel`` elements; ZeRO-1/2 only). The model-states files hold only the growth
+    masks (no weights), and the metadata, RNG and manifest files a few KiB each: not counted."""
+    return UNIVERSAL_BYTES_PER_PARAM * n_params + 4 * tied_numel
+
+
+def disk_free_bytes(path: Path) -> tuple[Path, int]:
+    """(the nearest existing folder at or above ``path``, the bytes free to this user on its filesystem:
+    ``shutil.disk_usage``)."""
+    where = Path(os.path.abspath(path))
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    return where, int(shutil.disk_usage(where).free)
+
+
+def disk_shortfall(need: float, path: Path, what: str, fix: str) -> str:
+    """The one-line refusal when ``need`` bytes exceed the free space of ``path``'s filesystem, naming both figures
+    in GiB, ``what`` needs them and the ``fix``; '' when it fits."""
+    where, have = disk_free_bytes(path)
+    if need <= have:
+        return ""
+    return f"{what} needs about {need / GIB:,.1f} GiB on disk, and {where} has {have / GIB:,.1f} GiB free: {fix}"

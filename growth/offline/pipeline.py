@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from growlm.growth.errors import GrowthError
 from growlm.growth.offline.shards import ZeroShardStore
 from growlm.growth.offline.universal import (
     LATEST_UNIVERSAL,
@@ -43,12 +44,12 @@ from growlm.growth.offline.universal import (
     write_optimizer_state,
 )
 from growlm.growth.ops.apply import apply_rules
-from growlm.growth.ops.preparation import GrowthPrep, prepare_growth
+from growlm.growth.ops.preparation import GrowthPrep, prepare_growth, same_shape
 from growlm.growth.ops.rules import param_shapes
 from growlm.growth.stages.plan import Stage
-from growlm.model.config import GPTConfig
+from growlm.model.config import GPTConfig, largest_param_numel, param_count
 from growlm.model.masks import MaskSpec, mask_values, new_unit_flags
-from growlm.runtime import atomic, checkpoint
+from growlm.runtime import atomic, checkpoint, memory
 from growlm.runtime.atomic import atomic_dir
 from growlm.runtime.checkpoint import CheckpointError
 from growlm.runtime.crash_points import hold_point
@@ -211,6 +212,38 @@ def check_target_stage(src: Source, target_zero_stage: int | None) -> None:
             f"{'3' if src.zero_stage == 3 else '1 or 2'} only, not {target_zero_stage} (DeepSpeed's universal "
             "loaders do not cross between stages 1/2 and 3, and stage 0 has none)"
         )
+
+
+def check_fits_machine(src: Source, target: GPTConfig, out: Path) -> None:
+    """Refuse, before any tensor is read or anything written, a growth (or reshard: ``target`` is ``src.config``) that
+    cannot fit this machine: its host working set (runtime.memory.offline_growth_host_bytes: the largest old and
+    grown parameters' fp32 state, as the one-parameter-at-a-time pass holds them) against the host memory free now,
+    and the output checkpoint's size (runtime.memory.universal_checkpoint_bytes; ZeRO-1/2 add the tied
+    ``lm_head.weight`` alias) against the free space of ``out``'s filesystem.
+
+    Raises:
+        GrowthError: names the figures in GiB and the fix.
+    """
+    what = f"growing {src.config.shape_str()} into {target.shape_str()} offline"
+    if same_shape(src.config, target):
+        what = f"resharding {src.config.shape_str()}"
+    need = memory.offline_growth_host_bytes(largest_param_numel(src.config), largest_param_numel(target))
+    have = memory.rank_memory_bytes(torch.device("cpu"), free=True)
+    if need > have:
+        raise GrowthError(
+            f"{what} needs about {need / memory.GIB:,.1f} GiB of host memory (the largest parameter's fp32 weight "
+            f"and Adam moments, old and grown), and this machine has {have / memory.GIB:,.1f} GiB free: choose a "
+            "smaller target, or free memory"
+        )
+    tied = target.vocab_size * target.n_embd if src.zero_stage != 3 else 0
+    msg = memory.disk_shortfall(
+        memory.universal_checkpoint_bytes(param_count(target), tied),
+        out,
+        f"{what} writes a checkpoint that",
+        "choose a smaller target, or an output folder on a disk with room",
+    )
+    if msg:
+        raise GrowthError(msg)
 
 
 def prepare_offline(src: Source, stage: Stage, seed: int) -> GrowthPrep:
@@ -407,6 +440,7 @@ def grow_checkpoint(
     """
     t0 = time.perf_counter()
     check_target_stage(src, target_zero_stage)
+    check_fits_machine(src, stage.target if stage is not None else src.config, out)
     prep = prepare_offline(src, stage, seed) if stage is not None else None
     check_overlap(out, src)  # before the lock: its file goes beside out
     with one_writer(out, "output"):

@@ -4,18 +4,23 @@ alike), and growlm-run's dry run warns where a node is given more ranks than it 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import psutil
 import pytest
 import torch
-from cli_utils import train_fails
+from cli_utils import one_error_line, train_fails
 
 from growlm.growth.errors import GrowthError
 from growlm.growth.live import engine as live
 from growlm.growth.live.transfer import BUCKET_BYTES
+from growlm.growth.offline import cli as grow_cli
+from growlm.growth.offline.universal import UniversalStore
 from growlm.growth.ops import make_rules
-from growlm.model.config import GPTConfig, largest_param_numel, param_count
+from growlm.growth.ops.rules import param_shapes
+from growlm.growth.ops.stores import ParamState
+from growlm.model.config import GPTConfig, from_preset, largest_param_numel, param_count
 from growlm.runtime import collectives, memory
 from growlm.trainer import plan_checks
 from growlm.trainer.driver import cli as run_cli
@@ -118,3 +123,71 @@ def test_dry_run_warns_of_more_ranks_per_node_than_the_machine_has(tmp_path, cap
     out = capsys.readouterr().out
     assert out.count("WARNING: 64 ranks per node, and this machine has 2 CPU core(s)") == 1  # once per job
     assert "growlm-run dry run: 1 warning(s)" in out
+
+
+def fake_source(tmp_path, zero_stage: int = 2) -> SimpleNamespace:
+    """What growlm-grow's checks read of a checkpoint (growth.offline.pipeline.Source), with no tensor files: a
+    refused growth must not need them."""
+    tag = tmp_path / "ckpt" / "global_step3"
+    tag.mkdir(parents=True)
+    state = SimpleNamespace(global_step=3, growth_masks=None, schedule=None, ds_config={}, zero_stage=zero_stage)
+    return SimpleNamespace(
+        state=state, config=from_preset("tiny"), tag=tag.name, tag_dir=tag, ckpt_dir=tag.parent,
+        universal=False, zero_stage=zero_stage,
+    )  # fmt: skip
+
+
+def grow_refused(tmp_path, capsys, monkeypatch, extra: list[str]) -> str:
+    src = fake_source(tmp_path)
+    monkeypatch.setattr(grow_cli, "open_source", lambda path: src)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    assert grow_cli.main([str(src.ckpt_dir), str(tmp_path / "out"), *extra]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written, no lock file
+    return one_error_line(captured.err, "growlm-grow")
+
+
+@pytest.mark.bad_input
+def test_grow_refuses_a_target_that_does_not_fit_the_free_host_memory(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=8 * 2**30, total=2**40))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    huge = ["--n_layer", "1000", "--n_embd", "65536", "--n_head", "512"]
+    line = grow_refused(tmp_path, capsys, monkeypatch, huge)
+    old = from_preset("tiny")
+    new = replace(old, n_layer=1000, n_embd=65536, n_head=512)
+    need = 12 * (largest_param_numel(old) + 2 * largest_param_numel(new))
+    assert need == memory.offline_growth_host_bytes(largest_param_numel(old), largest_param_numel(new))
+    assert line == (
+        f"growing {old.shape_str()} into {new.shape_str()} offline needs about {need / 2**30:,.1f} GiB of host "
+        "memory (the largest parameter's fp32 weight and Adam moments, old and grown), and this machine has 8.0 GiB "
+        "free: choose a smaller target, or free memory"
+    )
+
+
+@pytest.mark.bad_input
+def test_grow_refuses_an_output_that_does_not_fit_the_free_disk_space(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(memory.shutil, "disk_usage", lambda path: SimpleNamespace(free=2**20, total=2**30, used=0))
+    line = grow_refused(tmp_path, capsys, monkeypatch, ["--n_layer", "4"])
+    old = from_preset("tiny")
+    new = replace(old, n_layer=4)
+    need = 12 * param_count(new) + 4 * new.vocab_size * new.n_embd  # + the tied lm_head.weight (ZeRO-2)
+    assert line == (
+        f"growing {old.shape_str()} into {new.shape_str()} offline writes a checkpoint that needs about "
+        f"{need / 2**30:,.1f} GiB on disk, and {tmp_path} has 0.0 GiB free: choose a smaller target, or an output "
+        "folder on a disk with room"
+    )
+
+
+def test_the_disk_figure_matches_what_the_universal_writer_writes(tmp_path):
+    cfg = GPTConfig(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128)
+    shapes = param_shapes(cfg)
+    store = UniversalStore(tmp_path / "zero", shapes, flat=False, step=torch.tensor(3.0))
+    for name, shape in shapes.items():
+        store.write(name, ParamState(torch.zeros(shape), torch.zeros(shape), torch.zeros(shape)))
+    store.write_tied("lm_head.weight", torch.zeros(cfg.vocab_size, cfg.n_embd))
+    actual = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
+    predicted = memory.universal_checkpoint_bytes(param_count(cfg), cfg.vocab_size * cfg.n_embd)
+    files = sum(1 for p in tmp_path.rglob("*") if p.is_file())
+    assert predicted <= actual <= predicted + 2048 * files  # the tensors' bytes, plus each file's pickle framing
