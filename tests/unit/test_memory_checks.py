@@ -20,10 +20,13 @@ from growlm.growth.offline.universal import UniversalStore
 from growlm.growth.ops import make_rules
 from growlm.growth.ops.rules import param_shapes
 from growlm.growth.ops.stores import ParamState
+from growlm.growth.stages.plan import parse_stages
 from growlm.model.config import GPTConfig, from_preset, largest_param_numel, param_count
 from growlm.runtime import collectives, memory
 from growlm.trainer import plan_checks
 from growlm.trainer.driver import cli as run_cli
+from growlm.trainer.driver import machine
+from growlm.trainer.driver.segments import make_segments
 
 HUGE_PLAN = """
 start: {preset: tiny, n_layer: 1, n_embd: 32, n_head: 2}
@@ -191,3 +194,93 @@ def test_the_disk_figure_matches_what_the_universal_writer_writes(tmp_path):
     predicted = memory.universal_checkpoint_bytes(param_count(cfg), cfg.vocab_size * cfg.n_embd)
     files = sum(1 for p in tmp_path.rglob("*") if p.is_file())
     assert predicted <= actual <= predicted + 2048 * files  # the tensors' bytes, plus each file's pickle framing
+
+
+def run_plan(tmp_path, monkeypatch, text: str) -> list[str]:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plan.yaml").write_text(text)
+    return ["plan.yaml", "--", "--seq_len", "32", "--out_dir", "runs/x"]
+
+
+def cpu_machine(monkeypatch, cores: int, host_gib: int) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setattr("os.cpu_count", lambda: cores)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=0, total=host_gib * 2**30))
+
+
+@pytest.mark.bad_input
+def test_run_refuses_more_ranks_than_this_machines_gpus_before_launching(tmp_path, capsys, monkeypatch):
+    argv = run_plan(tmp_path, monkeypatch, "start: {preset: tiny, resources: {ranks_per_node: 8, micro_batch: 1}}\n"
+                    "stages:\n  - {name: deeper, target: {n_layer: 3}, family: masked, when: {step: 2}}\n")  # fmt: skip
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    assert run_cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert one_error_line(captured.err, "growlm-run") == (
+        "job 0: resources.ranks_per_node 8, and this machine has 2 GPU(s), one per rank; lower ranks_per_node, or run "
+        "the job on machines with more GPUs (resources.hosts or resources.hostfile)"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.yaml"]  # nothing launched or written
+
+
+@pytest.mark.bad_input
+def test_run_refuses_a_live_growth_that_cannot_fit_this_machines_memory_before_launching(tmp_path, capsys, monkeypatch):
+    argv = run_plan(
+        tmp_path,
+        monkeypatch,
+        "start: {preset: tiny, n_layer: 1, n_embd: 32, n_head: 2, resources: {ranks_per_node: 4, zero_stage: 2, "
+        "micro_batch: 1}}\nstages:\n  - {name: huge, target: {n_layer: 1000, n_embd: 65536, n_head: 512}, family: "
+        "masked, when: {step: 2}}\n",
+    )
+    cpu_machine(monkeypatch, cores=2, host_gib=64)
+    assert run_cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    old = from_preset("tiny", n_layer=1, n_embd=32, n_head=2)
+    new = replace(old, n_layer=1000, n_embd=65536, n_head=512)
+    need = (
+        memory.model_state_bytes(param_count(old), 2, "bf16", 4)
+        + memory.model_state_bytes(param_count(new), 2, "bf16", 4)
+        + memory.growth_working_set_bytes(largest_param_numel(old), largest_param_numel(new), BUCKET_BYTES)
+    )
+    assert one_error_line(captured.err, "growlm-run") == (  # one line: no warning with a refusal
+        f"job 0: stage 'huge' (growing {old.shape_str()} into {new.shape_str()} live), ZeRO-2, bf16, 4 rank(s) needs "
+        f"about {need / 2**30:,.1f} GiB per rank, and this machine's host memory is 16.0 GiB per rank (4 rank(s) on "
+        "it): choose a smaller target or a higher ZeRO stage, or run the job on larger machines (resources.hosts or "
+        "resources.hostfile)"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.yaml"]
+
+
+def test_jobs_on_other_machines_are_not_checked_here_and_a_small_job_fits(monkeypatch):
+    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 2}}
+    doc = {
+        "start": {"preset": "tiny", "resources": {"ranks_per_node": 2, "micro_batch": 1, "grad_accum": 64}},
+        "stages": [
+            {"name": "deeper", "target": {"n_layer": 3}, "family": "masked", "when": {"step": 2}},
+            {"name": "far", "target": {"n_layer": 4}, "family": "masked", "when": {"step": 4},
+             "resources": {"nodes": 2, "hosts": ["n0", "n1"], "ranks_per_node": 64, "micro_batch": 1, "grad_accum": 1}},
+        ],
+    }  # fmt: skip
+    plan = parse_stages(doc)
+    segments = make_segments(plan, ds)
+    assert [machine.runs_here(s) for s in segments] == [True, False]
+    assert [name for name, _, _ in machine.job_models(plan, segments[0])] == [
+        f"stage 'start' ({plan.start.shape_str()})",
+        f"stage 'deeper' (growing {plan.start.shape_str()} into {plan.stages[0].target.shape_str()} live)",
+    ]
+    cpu_machine(monkeypatch, cores=2, host_gib=64)
+    assert machine.check_jobs_fit_here(plan, segments, ds) == []  # 64 ranks on n0 and n1: not this machine's
+    monkeypatch.setattr("os.cpu_count", lambda: 1)  # 2 ranks on 1 core: legal, slow, said before the launch
+    assert machine.check_jobs_fit_here(plan, segments, ds) == [
+        "growlm-run: WARNING: job 0: 2 ranks per node, and this machine has 1 CPU core(s): the ranks share cores and "
+        "every step crawls; lower ranks_per_node to 1"
+    ]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=80 * 2**30))
+    monkeypatch.delenv("DS_ACCELERATOR")
+    assert machine.check_jobs_fit_here(plan, segments, ds) == []

@@ -33,6 +33,7 @@ from growlm.runtime.manifest import ManifestError
 from growlm.trainer import cli as train
 from growlm.trainer.config import check_ds_config, load_ds_config
 from growlm.trainer.driver.dry_run import print_dry_run
+from growlm.trainer.driver.machine import check_jobs_fit_here
 from growlm.trainer.driver.phases import PROGRESS_VERSION, Run, drive
 from growlm.trainer.driver.segments import (
     DriverError,
@@ -228,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = Path(ns.out_dir).resolve()  # absolute: the jobs' command lines name it (procs.kill_stale)
         if args.dry_run:
             return print_dry_run(plan, segments, base_cfg, ns, args, train_args)
+        for line in check_jobs_fit_here(plan, segments, base_cfg):  # before anything is launched or written
+            print(line, file=sys.stderr, flush=True)
         run = Run(plan, segments, out_dir, ns.max_steps)
         run.driver_dir.mkdir(parents=True, exist_ok=True)
         lock = hold_driver_lock(run.driver_dir)  # noqa: F841 (held until this process ends)

@@ -1,0 +1,111 @@
+"""growlm-run's check of the jobs that run on this machine, before the first is launched: a single-node job with no
+``hosts`` or ``hostfile`` (trainer/driver/resources.py) runs its ranks here, so its ranks per node must have a GPU
+each (on a CPU, ranks beyond the cores only crawl: a warning), and the model states of every model it holds, plus a
+live growth's need, must fit this machine's memory (runtime.memory; the same arithmetic as train.py's plan check,
+trainer.plan_checks.check_stages_fit_memory, at the job's ZeRO stage, precision and world size). A job on other
+machines is not checked here: the dry run prints its figures."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import psutil
+import torch
+
+from growlm.growth.stages.plan import StageList
+from growlm.model.config import GPTConfig, largest_param_numel, param_count
+from growlm.runtime.engine import precision_of
+from growlm.runtime.memory import GIB, growth_working_set_bytes, model_state_split
+from growlm.trainer.driver.segments import DriverError, Segment, segment_ds_config
+from growlm.trainer.plan_checks import GROWTH_BUCKET_BYTES
+
+
+def runs_here(seg: Segment) -> bool:
+    """Whether ``seg``'s job runs on this machine: one node, no ``hosts`` and no ``hostfile``."""
+    r = seg.resources
+    return r.nodes == 1 and not r.hosts and not r.hostfile
+
+
+def gpu_here() -> bool:
+    """Whether the jobs train on this machine's GPUs (CUDA present and DS_ACCELERATOR unset or not cpu)."""
+    return torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") != "cpu"
+
+
+def job_models(plan: StageList, seg: Segment) -> list[tuple[str, GPTConfig, GPTConfig | None]]:
+    """(what, the model, the model it is grown from live or None) of every model ``seg``'s job holds, in order: the
+    one it starts with (the plan's start, or the stage grown offline before it) and each stage grown inside it."""
+    first = plan.start if seg.first_stage is None else plan.stages[seg.first_stage].target
+    name = "start" if seg.first_stage is None else plan.stages[seg.first_stage].name
+    models: list[tuple[str, GPTConfig, GPTConfig | None]] = [(f"stage {name!r} ({first.shape_str()})", first, None)]
+    old = first
+    for s in plan.stages:
+        if s.name in seg.stages:
+            what = f"stage {s.name!r} (growing {old.shape_str()} into {s.target.shape_str()} live)"
+            models.append((what, s.target, old))
+            old = s.target
+    return models
+
+
+def check_jobs_fit_here(plan: StageList, segments: list[Segment], base_cfg: dict[str, Any]) -> list[str]:
+    """Refuse a job that runs here (``runs_here``) and cannot: more ranks per node than this machine's GPUs (on a
+    GPU machine), or a model whose parameters + gradients + Adam state per rank (runtime.memory.model_state_split, by
+    the job's ZeRO stage, precision and world size; a live growth: the old and the grown model's plus the growth's
+    working set, runtime.memory.growth_working_set_bytes) exceed this machine's memory per rank: a GPU's total (the
+    Adam part on the host when the optimizer is offloaded), or the host's total divided by the job's ranks per node.
+    Activations are not counted: a job that passes may still not fit; one that fails cannot.
+
+    Returns:
+        The warning lines to print before launching: a CPU job with more ranks per node than this machine's cores.
+
+    Raises:
+        DriverError: the first job that cannot run here, with its figures in GiB and the fix.
+    """
+    warnings = []
+    gpu = gpu_here()
+    for seg in segments:
+        if not runs_here(seg):
+            continue
+        r = seg.resources
+        slots = torch.cuda.device_count() if gpu else os.cpu_count() or 1
+        if r.ranks_per_node > slots and gpu:
+            raise DriverError(
+                f"job {seg.index}: resources.ranks_per_node {r.ranks_per_node}, and this machine has {slots} GPU(s), "
+                "one per rank; lower ranks_per_node, or run the job on machines with more GPUs (resources.hosts or "
+                "resources.hostfile)"
+            )
+        if r.ranks_per_node > slots:
+            warnings.append(
+                f"growlm-run: WARNING: job {seg.index}: {r.ranks_per_node} ranks per node, and this machine has "
+                f"{slots} CPU core(s): the ranks share cores and every step crawls; lower ranks_per_node to {slots}"
+            )
+        cfg = segment_ds_config(base_cfg, r)
+        zero = cfg.get("zero_optimization", {})
+        stage, precision = int(zero.get("stage", 0)), precision_of(cfg)
+        offloaded = (zero.get("offload_optimizer") or {}).get("device") in ("cpu", "nvme")
+        host = psutil.virtual_memory().total // r.ranks_per_node
+        device = torch.cuda.get_device_properties(0).total_memory if gpu else host
+        for what, model, old in job_models(plan, seg):
+            parts = [model_state_split(param_count(c), stage, precision, r.world_size) for c in (model, old) if c]
+            pg, opt = sum(p for p, _ in parts), sum(o for _, o in parts)
+            work = 0
+            if old is not None:
+                work = growth_working_set_bytes(
+                    largest_param_numel(old), largest_param_numel(model), GROWTH_BUCKET_BYTES
+                )
+            if gpu:
+                needs = [
+                    (pg + (0 if offloaded else opt), device, "GPU"),
+                    (work + (opt if offloaded else 0), host, "host"),
+                ]
+            else:
+                needs = [(pg + opt + work, host, "host")]
+            for need, have, where in needs:
+                if need > have:
+                    raise DriverError(
+                        f"job {seg.index}: {what}, ZeRO-{stage}, {precision}, {r.world_size} rank(s) needs about "
+                        f"{need / GIB:,.1f} GiB per rank, and this machine's {where} memory is {have / GIB:,.1f} GiB "
+                        f"per rank ({r.ranks_per_node} rank(s) on it): choose a smaller target or a higher ZeRO stage, "
+                        "or run the job on larger machines (resources.hosts or resources.hostfile)"
+                    )
+    return warnings
