@@ -130,8 +130,10 @@ UNIVERSAL_BYTES_PER_PARAM = 12
 def offline_growth_host_bytes(largest_old: int, largest_new: int) -> int:
     """Host bytes growlm-grow holds at once (growth.offline.pipeline: one pass, one parameter at a time,
     growth.ops.apply.apply_rules): the largest old parameter read whole in fp32 with both Adam moments (12 x its
-    numel) and the largest grown one's three fp32 tensors, twice (12 x 2 x its numel: the expansion's result and the
-    temporaries it is built from). The old shards are memory-mapped and the model is never held whole.
+    numel) and the largest grown one's three fp32 tensors twice (12 x 2 x its numel: the one being built and the
+    previous one still queued for the writer thread, growth.offline.universal.Written, at most three files). The old
+    shards are memory-mapped and the model is never held whole; an operator's short-lived temporaries are not
+    counted.
 
     Args:
         largest_old: numel of the input model's largest parameter.

@@ -21,9 +21,11 @@ from growlm.growth.offline.universal import UniversalStore, convert
 from growlm.growth.offline.weights import fp32_model
 from growlm.growth.ops.apply import grow_param
 from growlm.growth.ops.rules import param_shapes
+from growlm.model.config import param_count
 from growlm.model.gpt import GPT
 from growlm.runtime import checkpoint
 from growlm.runtime.atomic import current_umask
+from growlm.runtime.memory import universal_checkpoint_bytes
 from growlm.runtime.run_state import VERSION, RunState
 from growlm.runtime.schedule import ScheduleState
 
@@ -149,6 +151,12 @@ def test_grow_offline_keeps_loss_and_applies_adam_rule(tmp_path, sources, small_
     assert state["model_config"] == plan.new.to_dict() and state["universal"] and state["global_step"] == 3
     assert state["consumed_samples"] == 3 * 8
     assert (state["growth_masks"] is not None) == (family == "masked")
+    # the disk figure growlm-grow checks before writing (runtime.memory.universal_checkpoint_bytes) is this output's
+    # size less what it leaves out, a few KiB per file (pickle framing, metadata, RNG and manifest files): 4-7% here
+    size = sum(p.stat().st_size for p in (tmp_path / "new").rglob("*") if p.is_file())
+    figure = universal_checkpoint_bytes(param_count(plan.new), 0 if flat else plan.new.vocab_size * plan.new.n_embd)
+    assert figure <= size <= 1.1 * figure + 2**20, (figure, size)
+    print(f"{template}: output {size:,} bytes, figure {figure:,}")
 
 
 @pytest.mark.parametrize(
