@@ -437,6 +437,8 @@ def grow_checkpoint(
     Raises:
         CheckpointError, GrowthError, ManifestError: bad input, found before anything is written to ``out``; or
             another process is writing ``out`` (its writer lock, ``one_writer``: refused before ``out`` is looked at).
+        GrowthError: the growth does not fit this machine's free host memory or ``out``'s free disk space
+            (``check_fits_machine``: before any tensor is read).
     """
     t0 = time.perf_counter()
     check_target_stage(src, target_zero_stage)

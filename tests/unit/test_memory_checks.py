@@ -1,6 +1,8 @@
 """A growth is refused before anything is allocated when it cannot fit (runtime.memory): train.py refuses a plan
 stage that cannot fit the machine at all, a live growth one that does not fit the memory free now (every rank
-alike), and growlm-run's dry run warns where a node is given more ranks than it has cores or GPUs."""
+alike), growlm-grow one whose working set does not fit the host memory free now or whose output does not fit the
+disk, and growlm-run a job on this machine with more ranks than GPUs or more model states than memory; growlm-run's
+dry run warns where a node is given more ranks than it has cores or GPUs."""
 
 from __future__ import annotations
 
