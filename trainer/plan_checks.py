@@ -95,10 +95,12 @@ def check_stage_schedules(growth: StageList, stage_index: int, ds_cfg: dict, sav
 
 
 def check_plan_fits_run(
-    growth: StageList, stage_index: int, args, ds_cfg: dict, saved_schedule: Any = None, memory: bool = True
+    growth: StageList, stage_index: int, args, ds_cfg: dict, saved_schedule: Any = None, this_run: bool = True
 ) -> None:
-    """Refuse, before any rank starts, a plan this run cannot carry out (``memory``: also a stage that cannot fit
-    this rank's memory, ``check_stages_fit_memory``; growlm-run, which plans for other nodes, passes False).
+    """Refuse, before any rank starts, a plan this run cannot carry out (``this_run``: also what depends on this run
+    alone: a stage that cannot fit this rank's memory, ``check_stages_fit_memory``, and a token trigger this run's
+    batch never reaches, ``check_token_triggers``; growlm-run, whose jobs may differ in nodes and batch, passes
+    False).
 
     Raises:
         UsageError: fp16 at ZeRO stage 0, a scheduler other than WarmupCosineLR, a growth before step 1 or at a
@@ -147,8 +149,35 @@ def check_plan_fits_run(
                 f"this ds_config's stage3_max_live_parameters={max_live:,.0f}; raise it"
             )
     check_stage_schedules(growth, stage_index, ds_cfg, saved_schedule)
-    if memory:
+    if this_run:
+        check_token_triggers(growth, stage_index, args, ds_cfg)
         check_stages_fit_memory(growth, stage_index, ds_cfg)
+
+
+def check_token_triggers(growth: StageList, stage_index: int, args, ds_cfg: dict) -> None:
+    """Refuse a ``{tokens: N}`` stage this run never reaches: growth is checked before each optimizer step, so the
+    last chance is before step --max_steps, with (--max_steps - 1) x global batch x --seq_len tokens consumed (the
+    global batch: train_batch_size, or micro batch x accumulation x WORLD_SIZE; without --seq_len, the model's
+    n_positions, an upper bound on the sequence length a run or its resume uses, so nothing is refused wrongly).
+
+    Raises:
+        UsageError: the first such stage, with the tokens it waits for and the tokens this run reaches.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    micro, gas = ds_cfg.get("train_micro_batch_size_per_gpu"), ds_cfg.get("gradient_accumulation_steps", 1)
+    batch = ds_cfg.get("train_batch_size") or (micro * gas * world if micro else None)
+    if not batch:
+        return  # DeepSpeed derives the batch later; nothing to judge here
+    model = growth.stages[stage_index - 1].target if stage_index else growth.start
+    seq_len = args.seq_len or model.n_positions
+    reached = (args.max_steps - 1) * batch * seq_len
+    for s in growth.stages[stage_index:]:
+        if s.when.kind == "tokens" and s.when.value > reached:
+            raise UsageError(
+                f"stage {s.name!r} grows at {s.when.value:,.0f} tokens, which this run never reaches: it consumes "
+                f"{reached:,} tokens before its last step (--max_steps {args.max_steps} x {batch} sequences x "
+                f"--seq_len {seq_len}); raise --max_steps, or grow at fewer tokens"
+            )
 
 
 # the gather's bucket (growth.live.transfer.BUCKET_BYTES, which this layer may not import; a test keeps them equal)

@@ -42,7 +42,7 @@ from growlm.growth.errors import GrowthError
 from growlm.growth.stages.plan import load_stages
 from growlm.model.config import flops_per_token, from_preset, param_count
 from growlm.runtime.atomic import write_json
-from growlm.runtime.commands import HelpFormatter, add_version
+from growlm.runtime.commands import HelpFormatter, add_version, interruptible
 from growlm.runtime.dist import select_accelerator
 from growlm.runtime.launch import launch_ranks
 from growlm.runtime.lock import LockHeldError, output_held_message, output_lock
@@ -483,6 +483,7 @@ def _run_into(args: argparse.Namespace, out: Path, precisions, stages, base: dic
     return records
 
 
+@interruptible("growlm-bench")
 def main(argv: list[str] | None = None) -> int:
     """growlm-bench's entry point: 0 when every run finished, 1 when one failed or timed out (each named on stderr
     with its error line; its record says so), 2 for bad input (one line, nothing run)."""

@@ -22,7 +22,7 @@ from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
-from growlm.runtime.commands import HelpFormatter, add_version
+from growlm.runtime.commands import HelpFormatter, add_version, interruptible
 from growlm.runtime.lock import LockHeldError, output_held_message, output_lock
 
 DEFAULT_OUT = {"cpu": "eval/results/isoflop", "gpu": "eval/results/isoflop_gpu"}
@@ -59,6 +59,7 @@ def fail(msg: str) -> int:
     return 2
 
 
+@interruptible("growlm-experiment")
 def main(argv: list[str] | None = None) -> int:
     """growlm-experiment (see the module docstring)."""
     args = build_parser().parse_args(argv)

@@ -125,3 +125,16 @@ def test_growlm_grow_refuses_stage_flags_that_a_plan_would_override(capsys, tmp_
         "or drop --growth_plan"
     )
     assert not (tmp_path / "grown").exists()
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("tokens", [9985, 10**6])
+def test_train_refuses_a_token_trigger_the_run_never_reaches(capsys, tmp_path, tokens):
+    # zero2_fp32: micro batch 8 x 1 x 1 rank, --seq_len 32: 256 tokens a step, 39 x 256 = 9,984 before step 40
+    plan, out = plan_file(tmp_path, f"{{tokens: {tokens}}}"), tmp_path / "run"
+    assert train.main([*TINY, "--growth_plan", str(plan), "--max_steps", "40", "--out_dir", str(out)]) == 2
+    assert one_error_line(capsys.readouterr().err, "growlm-train") == (
+        f"stage 'deeper' grows at {tokens:,} tokens, which this run never reaches: it consumes 9,984 tokens before "
+        "its last step (--max_steps 40 x 8 sequences x --seq_len 32); raise --max_steps, or grow at fewer tokens"
+    )
+    assert not out.exists()

@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             check_hostfile(seg.resources)
             check_ds_config(segment_ds_config(base_cfg, seg.resources), ns.ds_config, seg.resources.world_size)
         # as job 0 will (its memory on its own nodes: the dry run prints each job's)
-        check_plan_fits_run(plan, 0, ns, segment_ds_config(base_cfg, segments[0].resources), memory=False)
+        check_plan_fits_run(plan, 0, ns, segment_ds_config(base_cfg, segments[0].resources), this_run=False)
         out_dir = Path(ns.out_dir).resolve()  # absolute: the jobs' command lines name it (procs.kill_stale)
         if args.dry_run:
             return print_dry_run(plan, segments, base_cfg, ns, args, train_args)
