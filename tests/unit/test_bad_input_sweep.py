@@ -34,11 +34,17 @@ SWEEP: dict[str, list[str]] = {
         "unit/test_plan_meaning.py::test_the_plan_loader_refuses_a_trigger_value_of_the_wrong_kind",
         "unit/test_plan_meaning.py::test_train_and_growlm_run_refuse_a_step_that_is_not_an_integer",
         "unit/test_plan_meaning.py::test_train_and_growlm_run_refuse_a_stage_the_run_never_reaches",
+        "unit/test_plan_meaning.py::test_train_refuses_a_token_trigger_the_run_never_reaches",
     ],
-    "a target too large for the machine (train.py's plan, a live growth) and 64 ranks per node on a small machine": [
+    "a target too large for the machine (train.py's plan, a live growth, growlm-grow, growlm-run) and 64 ranks per "
+    "node on a small machine": [
         "unit/test_memory_checks.py::test_train_refuses_a_stage_that_cannot_fit_the_machine",
         "unit/test_memory_checks.py::test_a_live_growth_that_does_not_fit_the_free_memory_is_refused_on_every_rank",
         "unit/test_memory_checks.py::test_dry_run_warns_of_more_ranks_per_node_than_the_machine_has",
+        "unit/test_memory_checks.py::test_grow_refuses_a_target_that_does_not_fit_the_free_host_memory",
+        "unit/test_memory_checks.py::test_grow_refuses_an_output_that_does_not_fit_the_free_disk_space",
+        "unit/test_memory_checks.py::test_run_refuses_more_ranks_than_this_machines_gpus_before_launching",
+        "unit/test_memory_checks.py::test_run_refuses_a_live_growth_that_cannot_fit_this_machines_memory_before_launching",
     ],
     "a truncated model.safetensors (growlm-eval, --init_from) and a corrupt curve JSON (--report_only)": [
         "unit/test_output_writers_unit.py::test_growlm_eval_of_a_truncated_safetensors_names_it",
