@@ -72,7 +72,13 @@ def model_state_bytes(n_params: int, zero_stage: int, precision: str, world_size
     return n_params * (replicated + partitioned / world_size)
 
 
-def growth_working_set_bytes(largest_old: int, largest_new: int, bucket_bytes: int) -> int:
+GATHER_BUCKET_BYTES = 64 * 2**20
+"""Largest full fp32 size (bytes: 12 x numel, weight + exp_avg + exp_avg_sq) of the parameters a live growth gathers
+in one collective (growth.live.transfer); a parameter larger than this is gathered alone. 64 MiB keeps the
+collectives few (a 62M-parameter model takes about 12) while the working set stays a small fraction of the model."""
+
+
+def growth_working_set_bytes(largest_old: int, largest_new: int, bucket_bytes: int = GATHER_BUCKET_BYTES) -> int:
     """Host bytes a rank's live growth holds besides the two engines (growth.live.transfer, "Working set"): the
     bucket's packed shards received and its assembled full fp32 tensors, each about max(bucket_bytes, 12 x the largest
     old parameter's numel), and one grown parameter's weight and both moments in fp32 (12 x its numel).
@@ -80,9 +86,20 @@ def growth_working_set_bytes(largest_old: int, largest_new: int, bucket_bytes: i
     Args:
         largest_old: numel of the old model's largest parameter.
         largest_new: numel of the grown model's largest parameter.
-        bucket_bytes: the gather's bucket size (growth.live.transfer.BUCKET_BYTES).
+        bucket_bytes: the gather's bucket size.
     """
     return 2 * max(bucket_bytes, 12 * largest_old) + 12 * largest_new
+
+
+def placed_bytes(
+    params_grads: float, optimizer: float, working_set: float, on_gpu: bool, offloaded: bool
+) -> tuple[float, float]:
+    """Where a growth's bytes per rank live, as (device bytes, host bytes): on a GPU the model states
+    (``model_state_split``'s two parts) on the device, except an offloaded optimizer part, which the host holds with
+    the working set (``growth_working_set_bytes``); on a CPU everything on the host (device bytes 0)."""
+    if not on_gpu:
+        return 0.0, params_grads + optimizer + working_set
+    return params_grads + (0 if offloaded else optimizer), working_set + (optimizer if offloaded else 0)
 
 
 def ranks_on_this_node() -> int:

@@ -17,7 +17,7 @@ from growlm.growth.stages.plan import StageList, load_stages
 from growlm.growth.stages.trigger import SLOPE_WINDOW
 from growlm.model.config import GPTConfig, largest_param_numel, param_count
 from growlm.runtime.engine import precision_of
-from growlm.runtime.memory import growth_working_set_bytes, model_state_split, shortfall
+from growlm.runtime.memory import growth_working_set_bytes, model_state_split, placed_bytes, shortfall
 from growlm.runtime.metrics_file import MetricsFileError, read_val_curve
 from growlm.runtime.run_state import RunState
 from growlm.trainer.errors import UsageError
@@ -180,10 +180,6 @@ def check_token_triggers(growth: StageList, stage_index: int, args, ds_cfg: dict
             )
 
 
-# the gather's bucket (growth.live.transfer.BUCKET_BYTES, which this layer may not import; a test keeps them equal)
-GROWTH_BUCKET_BYTES = 64 * 2**20
-
-
 def run_device() -> torch.device:
     """The device this rank will train on: the CPU when DS_ACCELERATOR is cpu or there is no CUDA, else the GPU
     numbered LOCAL_RANK."""
@@ -211,13 +207,13 @@ def check_stages_fit_memory(growth: StageList, stage_index: int, ds_cfg: dict) -
     for s in growth.stages[stage_index:]:
         parts = [model_state_split(param_count(c), stage, precision, world) for c in (old, s.target)]
         pg, opt = sum(p for p, _ in parts), sum(o for _, o in parts)
-        work = growth_working_set_bytes(largest_param_numel(old), largest_param_numel(s.target), GROWTH_BUCKET_BYTES)
+        work = growth_working_set_bytes(largest_param_numel(old), largest_param_numel(s.target))
         what = f"stage {s.name!r} (growing {old.shape_str()} into {s.target.shape_str()}, ZeRO-{stage}, {precision})"
-        if device.type == "cuda":
-            gpu, host = pg + (0 if offloaded else opt), work + (opt if offloaded else 0)
-            msg = shortfall(gpu, device, False, what) or shortfall(host, torch.device("cpu"), False, what)
-        else:
-            msg = shortfall(pg + opt + work, device, False, what)
+        on_gpu = device.type == "cuda"
+        gpu, host = placed_bytes(pg, opt, work, on_gpu, offloaded)
+        msg = (shortfall(gpu, device, False, what) if on_gpu else "") or shortfall(
+            host, torch.device("cpu"), False, what
+        )
         if msg:
             raise UsageError(msg)
         old = s.target

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from growlm.growth.errors import GrowthError
-from growlm.growth.live.transfer import BUCKET_BYTES, EngineStore, link_optimizer_state, transfer
+from growlm.growth.live.transfer import EngineStore, link_optimizer_state, transfer
 from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.preparation import prepare_growth
 from growlm.growth.ops.rules import RuleSet
@@ -55,7 +55,7 @@ from growlm.model.masks import MaskSpec
 from growlm.runtime import collectives
 from growlm.runtime.crash_points import hold_point
 from growlm.runtime.engine import inner_optimizer, release_engine, repair_adam_steps, weights_uninitialised
-from growlm.runtime.memory import growth_working_set_bytes, model_state_split, shortfall
+from growlm.runtime.memory import growth_working_set_bytes, model_state_split, placed_bytes, shortfall
 from growlm.runtime.schedule import ScheduleState, apply_schedule, engine_schedule
 
 __all__ = ["EngineStore", "GrowthResult", "collect_old_engine", "ensure_adam_state", "grow_engine"]
@@ -327,14 +327,11 @@ def check_growth_fits(old: Any, plan: RuleSet) -> None:
     precision = "bf16" if old.bfloat16_enabled() else "fp16" if old.fp16_enabled() else "fp32"
     device = next(old.module.parameters()).device
     pg, opt = model_state_split(param_count(plan.new), stage, precision, collectives.world_size())
-    work = growth_working_set_bytes(largest_param_numel(plan.old), largest_param_numel(plan.new), BUCKET_BYTES)
+    work = growth_working_set_bytes(largest_param_numel(plan.old), largest_param_numel(plan.new))
     what = f"growing {plan.old.shape_str()} into {plan.new.shape_str()} (ZeRO-{stage}, {precision})"
-    if device.type == "cuda":
-        offloaded = bool(old.zero_offload_optimizer())  # the Adam state (and its fp32 master) lives on the host
-        gpu, host = pg + (0 if offloaded else opt), work + (opt if offloaded else 0)
-        msg = shortfall(gpu, device, True, what) or shortfall(host, torch.device("cpu"), True, what)
-    else:
-        msg = shortfall(pg + opt + work, device, True, what)
+    on_gpu = device.type == "cuda"
+    gpu, host = placed_bytes(pg, opt, work, on_gpu, on_gpu and bool(old.zero_offload_optimizer()))
+    msg = (shortfall(gpu, device, True, what) if on_gpu else "") or shortfall(host, torch.device("cpu"), True, what)
     verdicts = collectives.all_gather_object(msg)
     refused = [(r, m) for r, m in enumerate(verdicts) if m]
     if refused:

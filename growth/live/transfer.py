@@ -35,11 +35,7 @@ from growlm.growth.ops.apply import OptimizerPolicy, grow_param
 from growlm.growth.ops.rules import Rule, RuleSet, identity, zeros
 from growlm.growth.ops.stores import ParamState
 from growlm.runtime.engine import inner_optimizer
-
-BUCKET_BYTES = 64 * 2**20
-"""Largest full fp32 size (bytes: 12 x numel, weight + exp_avg + exp_avg_sq) of the parameters gathered in one
-collective; a parameter larger than this is gathered alone. 64 MiB keeps the collectives few (a 62M-parameter
-model takes about 12) while the working set stays a small fraction of the model."""
+from growlm.runtime.memory import GATHER_BUCKET_BYTES as BUCKET_BYTES  # the memory checks size the working set by it
 
 
 class EngineStore:

@@ -25,7 +25,6 @@ from growlm.growth.ops.stores import ParamState
 from growlm.growth.stages.plan import parse_stages
 from growlm.model.config import GPTConfig, from_preset, largest_param_numel, param_count
 from growlm.runtime import collectives, memory
-from growlm.trainer import plan_checks
 from growlm.trainer.driver import cli as run_cli
 from growlm.trainer.driver import machine
 from growlm.trainer.driver.segments import make_segments
@@ -38,7 +37,7 @@ stages:
 
 
 def test_the_working_set_and_the_split_follow_the_formulas():
-    assert plan_checks.GROWTH_BUCKET_BYTES == BUCKET_BYTES  # the trainer's copy of the gather's bucket
+    assert memory.GATHER_BUCKET_BYTES == BUCKET_BYTES  # the memory checks size the gather's bucket as it is
     cfg = GPTConfig(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128)
     assert largest_param_numel(cfg) == 1000 * 64  # the token embedding beats c_fc (64 x 256) and c_attn
     assert memory.growth_working_set_bytes(10, 10**8, 2**20) == 2 * 2**20 + 12 * 10**8  # bucket x 2 + a grown one

@@ -16,9 +16,8 @@ import torch
 from growlm.growth.stages.plan import StageList
 from growlm.model.config import GPTConfig, largest_param_numel, param_count
 from growlm.runtime.engine import precision_of
-from growlm.runtime.memory import GIB, growth_working_set_bytes, model_state_split
+from growlm.runtime.memory import GIB, growth_working_set_bytes, model_state_split, placed_bytes
 from growlm.trainer.driver.segments import DriverError, Segment, segment_ds_config
-from growlm.trainer.plan_checks import GROWTH_BUCKET_BYTES
 
 
 def runs_here(seg: Segment) -> bool:
@@ -88,18 +87,9 @@ def check_jobs_fit_here(plan: StageList, segments: list[Segment], base_cfg: dict
         for what, model, old in job_models(plan, seg):
             parts = [model_state_split(param_count(c), stage, precision, r.world_size) for c in (model, old) if c]
             pg, opt = sum(p for p, _ in parts), sum(o for _, o in parts)
-            work = 0
-            if old is not None:
-                work = growth_working_set_bytes(
-                    largest_param_numel(old), largest_param_numel(model), GROWTH_BUCKET_BYTES
-                )
-            if gpu:
-                needs = [
-                    (pg + (0 if offloaded else opt), device, "GPU"),
-                    (work + (opt if offloaded else 0), host, "host"),
-                ]
-            else:
-                needs = [(pg + opt + work, host, "host")]
+            work = growth_working_set_bytes(largest_param_numel(old), largest_param_numel(model)) if old else 0
+            on_gpu, on_host = placed_bytes(pg, opt, work, gpu, offloaded)
+            needs = [(on_gpu, device, "GPU"), (on_host, host, "host")] if gpu else [(on_host, host, "host")]
             for need, have, where in needs:
                 if need > have:
                     raise DriverError(
