@@ -83,7 +83,7 @@ def step_times(
         if kind == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=device)  # on the device: read once, at the end
         for j in range(grad_accum):
             sync = world_size == 1 or j == grad_accum - 1  # DDP all-reduces in the last micro step only
             with contextlib.nullcontext() if sync else net.no_sync():
@@ -91,7 +91,7 @@ def step_times(
                     logits = net(x[j, :, :-1])  # (B, T, V)
                     loss = F.cross_entropy(logits.float().flatten(0, 1), x[j, :, 1:].flatten()) / grad_accum
                 (scaler.scale(loss) if scaler else loss).backward()
-            total += float(loss)
+            total += loss.detach().double()
         if scaler:
             scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
@@ -106,7 +106,7 @@ def step_times(
         times.append(time.perf_counter() - t0)
         losses.append(total)
     peak = int(torch.cuda.max_memory_allocated()) if kind == "cuda" else None
-    return {"step_times_s": times, "losses": losses, "peak_device_bytes": peak}
+    return {"step_times_s": times, "losses": torch.stack(losses).tolist(), "peak_device_bytes": peak}
 
 
 def main(argv: list[str] | None = None) -> int:

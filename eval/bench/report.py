@@ -1,7 +1,9 @@
 """Benchmark arithmetic and reports: throughput from train.py's metrics.jsonl, growth cost, markdown table, bar chart.
 
-Pure functions on records (no processes, no timing). Definitions (DESIGN.md, section Evaluation): tokens/s counts
-the tokens of the global batch (all ranks); model FLOPs are train.py's cumulative ``flops`` (6 N + 12 L H Q T per token,
+Pure functions on records (no processes, no timing). Definitions (DESIGN.md, section Evaluation): every rate comes
+from one statistic, the median step time of the measured steps (``step_statistics``; min and max are reported beside
+it), and every ratio between runs from the runs' medians; tokens/s counts the tokens of the global batch (all
+ranks); model FLOPs are train.py's cumulative ``flops`` (6 N + 12 L H Q T per token,
 ``model.config.flops_per_token``, forward + backward, no activation recomputation); MFU = model FLOP/s per rank /
 the peak of one rank's device.
 """
@@ -17,6 +19,43 @@ class BenchError(Exception):
     """A benchmark cannot be computed or run; printed as one message."""
 
 
+def step_statistics(times: list[float], *, tokens_per_step: float, flops_per_step: float, world_size: int) -> dict:
+    """Every throughput figure of one run from one statistic, the median step time.
+
+    Args:
+        times: the measured steps' times in seconds (warm-up left out), in step order; at least one.
+        tokens_per_step: tokens of one optimizer step's global batch (all ranks).
+        flops_per_step: model FLOPs of one optimizer step (all ranks; the mean over the measured steps when a
+            growth changed the model among them).
+        world_size: data-parallel ranks.
+
+    Returns:
+        ``measured_steps``, ``step_times_s`` (as given), ``step_time_s_median`` / ``_min`` / ``_max`` (s),
+        ``tokens_per_s`` = tokens_per_step / median and ``model_flops_per_s`` = flops_per_step / median (all ranks,
+        and ``..._per_rank``: divided by ``world_size``). Min and max are reported beside the median, never used in
+        a figure: one slow step moves the median by at most one place in the sorted times.
+
+    Raises:
+        BenchError: ``times`` is empty or holds a time that is not positive.
+    """
+    if not times:
+        raise BenchError("no measured step: nothing to compute throughput from")
+    if not all(t > 0 for t in times):  # also NaN
+        raise BenchError(f"step times must be positive seconds, got {times}")
+    median = statistics.median(times)
+    return {
+        "measured_steps": len(times),
+        "step_times_s": list(times),
+        "step_time_s_median": median,
+        "step_time_s_min": min(times),
+        "step_time_s_max": max(times),
+        "tokens_per_s": tokens_per_step / median,
+        "tokens_per_s_per_rank": tokens_per_step / median / world_size,
+        "model_flops_per_s": flops_per_step / median,
+        "model_flops_per_s_per_rank": flops_per_step / median / world_size,
+    }
+
+
 def summarize_train(records: list[dict], *, warmup_steps: int, world_size: int) -> dict:
     """Throughput of the steps after the first ``warmup_steps``, from train.py's metrics records.
 
@@ -26,9 +65,9 @@ def summarize_train(records: list[dict], *, warmup_steps: int, world_size: int) 
         world_size: data-parallel ranks (tokens and FLOPs in the records are totals over all ranks).
 
     Returns:
-        measured step count, step times (s), tokens/s (total and per rank), model FLOP/s (total and per rank),
-        fp16 overflow-skipped steps (whole run and measured window), rank 0's peak memory, final loss and the
-        growth cost (``growth_cost``).
+        ``step_statistics`` of the measured steps (tokens and FLOPs per step: the measured window's totals / its
+        steps; every rate from the median step time), ``measured_tokens``, fp16 overflow-skipped steps (whole run
+        and measured window), rank 0's peak memory, final loss and the growth cost (``growth_cost``).
 
     Raises:
         BenchError: no step is left after the warm-up.
@@ -42,26 +81,20 @@ def summarize_train(records: list[dict], *, warmup_steps: int, world_size: int) 
         )
     before = train[warmup_steps - 1] if warmup_steps > 0 else {"tokens": 0, "flops": 0, "skipped_steps": 0}
     times = [r["step_time_s"] for r in measured]
-    seconds = sum(times)
     tokens = measured[-1]["tokens"] - before["tokens"]
     flops = measured[-1]["flops"] - before["flops"]
-    median = statistics.median(times)
+    stats = step_statistics(
+        times, tokens_per_step=tokens / len(times), flops_per_step=flops / len(times), world_size=world_size
+    )
     return {
-        "measured_steps": len(measured),
-        "step_times_s": times,
-        "step_time_s_median": median,
-        "step_time_s_mean": seconds / len(times),
+        **stats,
         "measured_tokens": tokens,
-        "tokens_per_s": tokens / seconds,
-        "tokens_per_s_per_rank": tokens / seconds / world_size,
-        "model_flops_per_s": flops / seconds,
-        "model_flops_per_s_per_rank": flops / seconds / world_size,
         "skipped_steps": train[-1]["skipped_steps"],
         "skipped_steps_measured": measured[-1]["skipped_steps"] - before["skipped_steps"],
         "max_rss_bytes_rank0": max(r.get("max_rss_bytes", 0) for r in train),  # host
         "cuda_max_allocated_bytes_rank0": max((r.get("cuda_max_allocated_bytes") or 0) for r in train) or None,
         "final_loss": train[-1]["loss"],
-        "growth": growth_cost(records, median),
+        "growth": growth_cost(records, stats["step_time_s_median"]),
     }
 
 
@@ -120,6 +153,13 @@ def _num(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _ms(seconds: float | None) -> str:
+    """Seconds as milliseconds: whole ms from 10 ms up, else two decimals ('-' for None)."""
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:,.0f}" if seconds >= 0.01 else f"{seconds * 1e3:.2f}"
+
+
 def _mfu(mfu: float | None) -> str:
     """MFU as a percentage; 'n/a' for None (no known peak) and above 100% (the measured peak was not a peak)."""
     return f"{mfu:.1%}" if mfu is not None and mfu <= 1.0 else "n/a"
@@ -131,16 +171,17 @@ def markdown(records: list[dict], header: dict) -> str:
     lines += [f"- {k}: {v}" for k, v in header.items()]
     lines += [
         "",
-        "| run | ZeRO | precision | ranks | step ms (median) | tokens/s | tokens/s/rank | model TFLOP/s | MFU "
-        "| fp16 skipped | peak RSS/rank MiB | vs PyTorch |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| run | ZeRO | precision | ranks | steps | step ms median | step ms min | step ms max | tokens/s "
+        "| tokens/s/rank | model TFLOP/s | MFU | fp16 skipped | peak RSS/rank MiB | vs PyTorch |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         ratio = r.get("overhead_vs_baseline")
         rss = r.get("peak_rss_bytes_per_rank") or []
         lines.append(
             f"| {r['name']} | {r.get('zero_stage', '-') if r['kind'] == 'deepspeed' else '-'} | {r['precision']} "
-            f"| {r['world_size']} | {r['step_time_s_median'] * 1e3:,.0f} | {r['tokens_per_s']:,.0f} "
+            f"| {r['world_size']} | {r.get('measured_steps', '-')} | {_ms(r.get('step_time_s_median'))} "
+            f"| {_ms(r.get('step_time_s_min'))} | {_ms(r.get('step_time_s_max'))} | {r['tokens_per_s']:,.0f} "
             f"| {r['tokens_per_s_per_rank']:,.0f} | {r['model_flops_per_s'] / 1e12:.4f} | {_mfu(r['mfu'])} "
             f"| {r.get('skipped_steps', 0)} | {' / '.join(mib(b) for b in rss) or '-'} "
             f"| {_num(ratio, '.2f') + 'x' if ratio is not None else '-'} |"
@@ -164,12 +205,15 @@ def markdown(records: list[dict], header: dict) -> str:
             lines.append(f"| {r['name']} | {g['events']} | {g['seconds']:.2f} | {g['equivalent_steps']:.1f} |")
     lines += [
         "",
-        "tokens/s counts the global batch of all ranks; model TFLOP/s = tokens/s x (6N + 12 L H Q T) per token, "
+        "Every rate is from the median step time of the measured steps (steps; min and max beside it, used in no "
+        "figure): tokens/s = tokens per step / median step time, counting the global batch of all ranks; "
+        "model TFLOP/s = tokens/s x (6N + 12 L H Q T) per token, "
         "the recomputed forward of a -ckpt run (activation checkpointing) not counted; MFU = model FLOP/s per rank / "
         "the peak above (n/a where the model ran faster than that peak: no native kernels for the precision, so the "
         "measured product is no peak); 'vs PyTorch' = DeepSpeed "
-        "median step time / the plain PyTorch step time (torch DDP, the same ranks, threads, precision and global "
-        "batch; above 1: slower than plain PyTorch). Peak RSS is each rank process's peak resident memory (host); "
+        "median step time / the plain PyTorch median step time, the inverse of the tokens/s ratio (torch DDP, the "
+        "same ranks, threads, precision and global batch; above 1: slower than plain PyTorch). Peak RSS is each "
+        "rank process's peak resident memory (host); "
         "peak memory is rank 0's peak GPU allocation on a GPU, else the largest peak RSS.",
         "",
     ]

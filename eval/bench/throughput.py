@@ -8,7 +8,7 @@ record; all runs together a markdown table (``bench.md``) and, for two or more, 
 Definitions: DESIGN.md section Evaluation, and ``eval/bench/report.py``. Examples::
 
     growlm-bench --preset cpu-small --seq_len 128 --zero_stage 2 --precision bf16 --out runs/bench
-    growlm-bench --sweep --seq_len 128 --max_steps 7 --out eval/results/bench_cpu  # ZeRO 0-3 x fp32/bf16
+    growlm-bench --sweep --seq_len 128 --out eval/results/bench_cpu  # ZeRO 0-3 x fp32/bf16
     growlm-bench --preset GPT2_base --seq_len 1024 --micro_batch 8 --world_size 1 --zero_stage 1 --precision fp16 bf16
     growlm-bench ... --growth_plan growth/plans/PLAN.yaml   # also reports each growth's cost
 
@@ -28,7 +28,6 @@ import os
 import re
 import shlex
 import shutil
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -37,7 +36,13 @@ import torch
 
 from growlm import DS_CONFIG_DIR, PACKAGE_DIR, TRAIN_SCRIPT
 from growlm.eval.bench.peak import device_peak, format_mfu
-from growlm.eval.bench.report import BenchError, add_recompute_savings, summarize_train, write_reports
+from growlm.eval.bench.report import (
+    BenchError,
+    add_recompute_savings,
+    step_statistics,
+    summarize_train,
+    write_reports,
+)
 from growlm.growth.errors import GrowthError
 from growlm.growth.stages.plan import load_stages
 from growlm.model.config import flops_per_token, from_preset, param_count
@@ -72,7 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grad_accum", type=int, default=1, help="micro steps per optimizer step")
     p.add_argument("--world_size", type=int, default=None, help="ranks (default: GPUs on this machine, else 2)")
     p.add_argument("--threads_per_rank", type=int, default=None, help="CPU threads per rank (default cores/ranks)")
-    p.add_argument("--max_steps", type=int, default=7, help="optimizer steps per run, the skipped ones included")
+    p.add_argument(
+        "--max_steps",
+        type=int,
+        default=12,
+        help="optimizer steps per run, the skipped ones included (the default measures 10: one slow step moves "
+        "the median by one place, never to the outlier)",
+    )
     p.add_argument("--skip_steps", type=int, default=2, help="leading steps left out of every number (warm-up)")
     p.add_argument("--peak_tflops", type=float, default=None, help="peak per device (default: GPU table or measured)")
     p.add_argument("--no_baseline", action="store_true", help="skip the plain PyTorch baseline")
@@ -176,7 +187,8 @@ def bench_deepspeed(
     shape = [] if args.growth_plan else ["--preset", args.preset, *shape]  # a plan sets its own starting shape
     cmd = [sys.executable, str(TRAIN_SCRIPT), *shape, "--seq_len", str(args.seq_len)]
     cmd += ["--ds_config", str(cfg_path), "--max_steps", str(args.max_steps), "--no_final_eval", "--no_final_save"]
-    cmd += ["--log_interval", str(args.max_steps), "--out_dir", str(run_dir)]
+    # --log_interval 1: train.py reads its device once per log interval; every step's own time needs one per step
+    cmd += ["--log_interval", "1", "--out_dir", str(run_dir)]
     cmd += ["--data", args.data] if args.data else []
     cmd += ["--growth_plan", args.growth_plan] if args.growth_plan else []
     cmd += ["--activation_checkpointing"] if recompute else []
@@ -229,9 +241,12 @@ def bench_pytorch(args: argparse.Namespace, precision: str, work: Path, base: di
         lines = (work / name / f"rank{r}.log").read_text().splitlines()
         outs.append(json.loads(next(ln for ln in reversed(lines) if ln.startswith('{"step_times_s"'))))
     times = [max(o["step_times_s"][i] for o in outs) for i in range(args.skip_steps, args.max_steps)]
-    seconds = sum(times)
-    tokens = common["tokens_per_step"] * len(times)
-    flops = tokens * common["flops_per_token"]
+    stats = step_statistics(
+        times,
+        tokens_per_step=common["tokens_per_step"],
+        flops_per_step=common["tokens_per_step"] * common["flops_per_token"],
+        world_size=ws,
+    )
     peak = base["peaks"][(precision, args.threads_per_rank)]
     return {
         "name": name,
@@ -241,18 +256,11 @@ def bench_pytorch(args: argparse.Namespace, precision: str, work: Path, base: di
         "world_size": ws,
         **common,
         "threads": args.threads_per_rank if base["device_type"] == "cpu" else None,
-        "measured_steps": len(times),
-        "step_times_s": times,
-        "step_time_s_median": statistics.median(times),
-        "step_time_s_mean": seconds / len(times),
-        "measured_tokens": tokens,
-        "tokens_per_s": tokens / seconds,
-        "tokens_per_s_per_rank": tokens / seconds / ws,
-        "model_flops_per_s": flops / seconds,
-        "model_flops_per_s_per_rank": flops / seconds / ws,
+        **stats,
+        "measured_tokens": common["tokens_per_step"] * len(times),
         "peak_flops_per_s_per_rank": peak.flops_per_s,
         "peak_source": peak.source,
-        "mfu": peak.mfu(flops / seconds / ws),
+        "mfu": peak.mfu(stats["model_flops_per_s_per_rank"]),
         "skipped_steps": 0,
         "final_loss": sum(o["losses"][-1] for o in outs) / ws,
         "activation_recomputation": False,

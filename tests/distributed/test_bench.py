@@ -6,6 +6,7 @@ Nothing here asserts a speed: the checks are on the arithmetic that turns metric
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 from dist_utils import fp16_supported, read_metrics
@@ -57,7 +58,11 @@ def test_bench_runs_train_py_and_the_pytorch_baseline(tmp_path, builtin_data):
     assert "recompute_memory_saved_bytes" not in ds
     assert ds["global_batch"] == 8 and ds["tokens_per_step"] == 256
     assert ds["measured_steps"] == 2 and len(ds["step_times_s"]) == 2 and ds["measured_tokens"] == 2 * 256
-    assert ds["tokens_per_s"] == pytest.approx(512 / sum(ds["step_times_s"]))
+    # one statistic: every rate from the median of the saved per-step times, min and max beside it
+    times = ds["step_times_s"]
+    assert ds["step_time_s_median"] == pytest.approx(statistics.median(times))
+    assert (ds["step_time_s_min"], ds["step_time_s_max"]) == (min(times), max(times))
+    assert ds["tokens_per_s"] == pytest.approx(256 / statistics.median(times))
     assert ds["tokens_per_s_per_rank"] == pytest.approx(ds["tokens_per_s"] / 2)
     assert ds["model_flops_per_s"] == pytest.approx(ds["tokens_per_s"] * fpt)
     assert ds["mfu"] == pytest.approx(ds["model_flops_per_s_per_rank"] / ds["peak_flops_per_s_per_rank"])
@@ -68,9 +73,17 @@ def test_bench_runs_train_py_and_the_pytorch_baseline(tmp_path, builtin_data):
     assert base["world_size"] == 2 and base["parallel"] == "torch DDP" and base["threads"] == 1
     assert base["measured_steps"] == 2 and base["measured_tokens"] == 512 and base["global_batch"] == 8
     assert base["tokens_per_s_per_rank"] == pytest.approx(base["tokens_per_s"] / 2)
+    assert base["tokens_per_s"] == pytest.approx(256 / statistics.median(base["step_times_s"]))
+    assert base["step_time_s_max"] == max(base["step_times_s"]) and base["mfu"] == pytest.approx(
+        base["model_flops_per_s_per_rank"] / base["peak_flops_per_s_per_rank"]
+    )
     assert len(base["peak_rss_bytes_per_rank"]) == 2 and "eval.bench.baseline" in base["train_cmd"]
     assert ds["overhead_vs_baseline"] == pytest.approx(ds["step_time_s_median"] / base["step_time_s_median"])
+    assert ds["overhead_vs_baseline"] == pytest.approx(base["tokens_per_s"] / ds["tokens_per_s"])  # same statistic
     md = (out / "bench.md").read_text()
+    ms = f"{ds['step_time_s_median'] * 1e3:,.0f}" if ds["step_time_s_median"] >= 0.01 else None
+    assert "| run | ZeRO | precision | ranks | steps | step ms median | step ms min | step ms max |" in md
+    assert ms is None or f"| zero2-fp32 | 2 | fp32 | 2 | 2 | {ms} |" in md
     assert "| zero2-fp32 | 2 | fp32 | 2 |" in md and "| pytorch-fp32 | - | fp32 | 2 |" in md
     assert "| zero2-fp32-ckpt | 2 | fp32 | 2 |" in md and "| run | peak memory MiB | without recomputation MiB" in md
     assert f"| zero2-fp32-ckpt | {max(ckpt['peak_rss_bytes_per_rank']) / 2**20:,.0f} |" in md

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from growlm.eval.bench.peak import measure_matmul_peak
-from growlm.eval.bench.report import BenchError, growth_cost, markdown, summarize_train
+from growlm.eval.bench.report import BenchError, growth_cost, markdown, step_statistics, summarize_train
 
 
 def train_records(times: list[float], tokens_per_step: int = 100, flops_per_tok: int = 10, skipped=None) -> list:
@@ -27,14 +27,34 @@ def test_summarize_leaves_out_warmup_and_counts_skipped_steps():
     recs.insert(3, {"event": "val", "step": 3, "val_loss": 4.0})
     s = summarize_train(recs, warmup_steps=2, world_size=2)
     assert s["measured_steps"] == 3 and s["step_times_s"] == [1.0, 2.0, 3.0]
-    assert s["step_time_s_median"] == 2.0
-    assert s["measured_tokens"] == 300 and s["tokens_per_s"] == pytest.approx(300 / 6)
-    assert s["tokens_per_s_per_rank"] == pytest.approx(300 / 6 / 2)
-    assert s["model_flops_per_s"] == pytest.approx(3000 / 6)
+    assert (s["step_time_s_median"], s["step_time_s_min"], s["step_time_s_max"]) == (2.0, 1.0, 3.0)
+    # every rate from the median step time: 100 tokens per step / 2 s
+    assert s["measured_tokens"] == 300 and s["tokens_per_s"] == pytest.approx(100 / 2.0)
+    assert s["tokens_per_s_per_rank"] == pytest.approx(100 / 2.0 / 2)
+    assert s["model_flops_per_s"] == pytest.approx(1000 / 2.0)
     assert s["skipped_steps"] == 3 and s["skipped_steps_measured"] == 1
     assert s["growth"]["events"] == 0
     with pytest.raises(BenchError, match="raise --steps or lower --warmup"):
         summarize_train(recs, warmup_steps=5, world_size=2)
+
+
+def test_one_slow_step_cannot_flip_a_comparison():
+    """Two runs 10% apart over the default's 10 measured steps: one 1.3 s outlier in the faster run leaves it
+    faster by tokens/s and by the step-time ratio alike (a mean would have flipped it: 1.3 s is 13 steps' worth)."""
+    fast = [0.1] * 9 + [1.3]
+    slow = [0.11] * 10
+    a = step_statistics(fast, tokens_per_step=1000, flops_per_step=1e9, world_size=2)
+    b = step_statistics(slow, tokens_per_step=1000, flops_per_step=1e9, world_size=2)
+    assert a["step_time_s_median"] == 0.1 and a["step_time_s_max"] == 1.3 and a["step_time_s_min"] == 0.1
+    assert a["tokens_per_s"] > b["tokens_per_s"]
+    ratio = a["step_time_s_median"] / b["step_time_s_median"]
+    assert ratio < 1 and a["tokens_per_s"] / b["tokens_per_s"] == pytest.approx(1 / ratio)
+    assert sum(fast) / len(fast) > sum(slow) / len(slow)  # the mean says the opposite
+    assert a["model_flops_per_s_per_rank"] == pytest.approx(1e9 / 0.1 / 2)
+    with pytest.raises(BenchError, match="no measured step"):
+        step_statistics([], tokens_per_step=1, flops_per_step=1, world_size=1)
+    with pytest.raises(BenchError, match="positive"):
+        step_statistics([0.1, float("nan")], tokens_per_step=1, flops_per_step=1, world_size=1)
 
 
 def test_growth_cost_in_seconds_and_equivalent_steps():
