@@ -30,7 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from growlm.model.config import GPTConfig
-from growlm.model.masks import MASK_BUFFERS, MaskSpec, mask_values, new_unit_flags
+from growlm.model.masks import GrowthMaskedModel, MaskSpec
 
 
 class Conv1D(nn.Module):
@@ -165,7 +165,7 @@ class Block(nn.Module):
         return x + _residual_branch(self.mlp(self.ln_2(x, mask=hidden_mask), ffn_mask=ffn_mask), hidden_mask, gate)
 
 
-class GPT(nn.Module):
+class GPT(GrowthMaskedModel):
     """GPT-2 language model (pre-LN, learned positions, tied LM head).
 
     Parameter names equal ``GPT2LMHeadModel``'s: ``transformer.wte.weight`` (V, d), ``transformer.wpe.weight``
@@ -175,11 +175,11 @@ class GPT(nn.Module):
     Initialisation follows GPT-2 (Radford et al. 2019): N(0, 0.02) weights, zero biases, unit LayerNorm gains,
     and residual output projections (``*.c_proj.weight``) scaled by 1/sqrt(2 L).
 
-    Growth masks (``model/masks.py``): ``GPT(cfg, masks=spec)`` builds a model with the mask buffers of a
-    ``MaskSpec`` (at ramp value 0), e.g. to load a checkpoint saved mid-ramp; ``set_growth_step(step)`` moves the
-    ramp after each optimizer step and drops the masks when it reaches 1. The buffers ``growth_mask_hidden`` (d,),
-    ``growth_mask_attn`` (H*Q,), ``growth_mask_ffn`` (F,) and ``growth_gate_layer`` (L,) are passed to the blocks
-    as their optional mask inputs; without masks the forward pass is the plain GPT-2 one.
+    Growth masks (``model/masks.py``, ``GrowthMaskedModel``): ``GPT(cfg, masks=spec)`` builds a model with the mask
+    buffers of a ``MaskSpec`` (at ramp value 0), e.g. to load a checkpoint saved mid-ramp; ``set_growth_step(step)``
+    moves the ramp after each optimizer step and drops the masks when it reaches 1. The buffers
+    ``growth_mask_hidden`` (d,), ``growth_mask_attn`` (H*Q,), ``growth_mask_ffn`` (F,) and ``growth_gate_layer``
+    (L,) are passed to the blocks as their optional mask inputs; without masks the forward pass is the plain GPT-2 one.
 
     Activation checkpointing (``activation_checkpointing=True``, or the attribute of the same name): while training
     with gradients enabled, each block's activations are not kept for backward but recomputed from its input
@@ -213,45 +213,10 @@ class GPT(nn.Module):
         if masks is not None:
             self.add_growth_masks(masks)
 
-    def add_growth_masks(self, spec: MaskSpec, step: int | None = None) -> None:
-        """Register the mask buffers of ``spec`` (persistent: in ``state_dict``), at the ramp value of ``step``
-        (default: spec.start_step, i.e. 0 on new units), in the device and dtype of ``transformer.wte.weight``.
-
-        Raises:
-            ValueError: the model already has masks, or the spec does not fit this config.
-        """
-        if self.growth_masks is not None:
-            raise ValueError("model already has growth masks; remove_growth_masks() or finish the ramp first")
-        spec.check(self.config)
-        r = spec.value(spec.start_step if step is None else step)
-        device = self.transformer.wte.weight.device
-        dtype = self.transformer.wte.weight.dtype
-        for name, is_new in new_unit_flags(spec, self.config).items():
-            self.register_buffer(name, mask_values(is_new, r).to(device=device, dtype=dtype), persistent=True)
-        self.growth_masks = spec
-
-    def set_growth_step(self, step: int) -> float:
-        """Set every mask to the ramp value at ``step`` optimizer steps; at 1 remove the masks. Call after each
-        optimizer step (and after loading a checkpoint). Returns the ramp value r in [0, 1] (1.0 when there are
-        no masks)."""
-        spec = self.growth_masks
-        if spec is None:
-            return 1.0
-        r = spec.value(step)
-        if r >= 1.0:
-            self.remove_growth_masks()
-            return 1.0
-        for name, is_new in new_unit_flags(spec, self.config).items():
-            buf = getattr(self, name)
-            buf.copy_(mask_values(is_new, r).to(buf.dtype))
-        return r
-
-    def remove_growth_masks(self) -> None:
-        """Drop the mask buffers: the model becomes a plain GPT-2 (exact when the ramp has reached 1)."""
-        for name in MASK_BUFFERS:
-            if name in self._buffers:
-                del self._buffers[name]
-        self.growth_masks = None
+    @property
+    def mask_reference(self) -> Tensor:
+        """The token embedding (V, d): the masks take its device and dtype."""
+        return self.transformer.wte.weight
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -267,18 +232,6 @@ class GPT(nn.Module):
             else:  # biases
                 p.zero_()
 
-    def _mask_inputs(self) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
-        """(hidden (d,), qkv (H*Q,), ffn (F,), gate (L,)) in the parameters' dtype, None for an absent mask.
-
-        DeepSpeed casts parameters to bf16/fp16 but may leave buffers in fp32, hence the cast.
-        """
-        if self.growth_masks is None:
-            return None, None, None, None
-        dtype = self.transformer.wte.weight.dtype
-        masks = (getattr(self, name, None) for name in MASK_BUFFERS)
-        hidden, qkv, ffn, gate = (None if z is None else z.to(dtype) for z in masks)
-        return hidden, qkv, ffn, gate
-
     def hidden_states(self, idx: Tensor) -> Tensor:
         """The final hidden states after ln_f, (B, T, d) in the parameters' dtype, for token ids idx (B, T) int64.
 
@@ -289,7 +242,7 @@ class GPT(nn.Module):
         if t > self.config.n_positions:
             raise ValueError(f"sequence length {t} exceeds n_positions={self.config.n_positions}")
         tr = self.transformer
-        hidden, qkv, ffn, gate = self._mask_inputs()
+        hidden, qkv, ffn, gate = self.mask_inputs()
         pos = torch.arange(t, device=idx.device)
         x = tr.drop(tr.wte(idx) + tr.wpe(pos))  # (B, T, d)
         if hidden is not None:

@@ -6,13 +6,18 @@ A masked model multiplies every new unit by a value r in [0, 1]; old units by 1.
 function of the model it was grown from (whatever the new weights are); at r = 1 it is a plain GPT-2 and the masks
 are dropped. Masks are registered (persistent) buffers of ``GPT`` so that they are saved and resumed with the model:
 
-    growth_mask_hidden (d,)    hidden units: the embedding output, every LayerNorm output and every sublayer output;
-                               LayerNorm statistics are mask-weighted (DESIGN.md, section "Model and growth masks")
-    growth_mask_attn   (H*Q,)  attention units: q, k and v of new heads (and of new dims of old heads)
-    growth_mask_ffn    (F,)    FFN units: the pre-activation of new units (GELU(0) = 0)
+    growth_mask_hidden (d,)    hidden units: the embedding output, every norm output and every sublayer output;
+                               LayerNorm / RMSNorm statistics are mask-weighted (DESIGN.md, section "Model and growth
+                               masks")
+    growth_mask_attn   (H*Q,)  attention units. GPT-2: q, k and v of new heads (and of new dims of old heads).
+                               Llama: the output of each new query head (before o_proj); a new query head of an old
+                               key/value group would otherwise attend with q = 0 and add the mean of old values
+    growth_mask_ffn    (F,)    FFN units: GPT-2 the pre-activation of new units (GELU(0) = 0); Llama the SwiGLU
+                               product silu(gate) * up of new units
     growth_gate_layer  (L,)    per block: x <- x + g * f(x) for both sublayers of a new block
 
-Only the masks a growth needs exist. This module imports torch only.
+Only the masks a growth needs exist. ``GrowthMaskedModel`` is the mask buffers' life on a model (add, ramp, drop),
+shared by both families. This module imports torch only.
 """
 
 from __future__ import annotations
@@ -21,9 +26,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from growlm.model.config import GPTConfig
+from growlm.model.config import ModelConfig
 
 # The buffer names, in the order GPT passes them to its blocks: hidden (d,), qkv (H*Q,), ffn (F,), gate (L,).
 MASK_BUFFERS = ("growth_mask_hidden", "growth_mask_attn", "growth_mask_ffn", "growth_gate_layer")
@@ -35,7 +40,8 @@ class MaskSpec:
 
     The grown model's units keep the old ones in the leading positions: hidden dims [0, old_n_embd), FFN units
     [0, old_ffn_dim), and in the attention layout (head h, dim r) -> h * Q' + r for h < old_n_head, r < old_head_dim.
-    ``new_layers`` lists the indices (in the grown model) of gated blocks.
+    ``new_layers`` lists the indices (in the grown model) of gated blocks. Llama keeps the head dim and places old
+    query heads by key/value group (``llama_head_index``); ``old_n_kv_head`` is set for Llama only.
 
     Ramp (MSG, Yao et al. 2023, section 3): r(step) = clamp((step - start_step) / ramp_steps, 0, 1), where step
     counts optimizer steps taken.
@@ -48,6 +54,7 @@ class MaskSpec:
     new_layers: tuple[int, ...] = ()
     start_step: int = 0
     ramp_steps: int = 1
+    old_n_kv_head: int | None = None  # Llama: key/value heads before the growth (None: GPT-2)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "new_layers", tuple(int(i) for i in self.new_layers))
@@ -62,7 +69,7 @@ class MaskSpec:
         """First step at which r = 1 (the masks are removed then)."""
         return self.start_step + self.ramp_steps
 
-    def check(self, cfg: GPTConfig) -> None:
+    def check(self, cfg: ModelConfig) -> None:
         """Check that this spec fits ``cfg`` (the grown model's config).
 
         Raises:
@@ -77,6 +84,15 @@ class MaskSpec:
             problems.append(f"old_ffn_dim={self.old_ffn_dim} > ffn_dim={cfg.ffn_dim}")
         if any(not 0 <= i < cfg.n_layer for i in self.new_layers):
             problems.append(f"new_layers={self.new_layers} outside [0, {cfg.n_layer})")
+        if (self.old_n_kv_head is None) != (cfg.arch == "gpt2"):
+            problems.append(f"old_n_kv_head={self.old_n_kv_head} does not fit arch {cfg.arch!r}")
+        elif cfg.arch == "llama":
+            try:
+                llama_head_index(self.old_n_head, self.old_n_kv_head, cfg.n_head, cfg.n_kv_head)
+            except ValueError as e:
+                problems.append(str(e))
+            if self.old_head_dim != cfg.head_dim:
+                problems.append(f"old head_dim {self.old_head_dim} != {cfg.head_dim}")
         if problems:
             raise ValueError("mask spec does not fit the model config " + cfg.shape_str() + ": " + "; ".join(problems))
 
@@ -101,6 +117,26 @@ def attn_index(n_head: int, head_dim: int, new_head_dim: int) -> Tensor:
     return (torch.arange(n_head)[:, None] * new_head_dim + torch.arange(head_dim)[None, :]).flatten()
 
 
+def llama_head_index(n_head: int, n_kv_head: int, new_n_head: int, new_n_kv_head: int) -> Tensor:
+    """Positions (int64, (H,)) of a Llama model's old query heads among the grown model's H' heads, so that each
+    keeps its key/value head: old head h of group j = h // g, slot s = h % g (g = H / K) goes to j * g' + s
+    (g' = H' / K'); old key/value head j stays at j. Query head p reads key/value head p // g' (transformers'
+    ``repeat_kv``), so old head h still reads j, and every new key/value head serves only new query heads.
+
+    Raises:
+        ValueError: K' < K or g' < g (an old group would have to split).
+    """
+    g, g_new = n_head // n_kv_head, new_n_head // new_n_kv_head
+    if new_n_kv_head < n_kv_head or g_new < g:
+        raise ValueError(
+            f"heads {n_head} (kv {n_kv_head}, {g} per group) cannot grow to {new_n_head} (kv {new_n_kv_head}, "
+            f"{g_new} per group) keeping each query head's key/value head: need n_kv_head >= {n_kv_head} and "
+            f"n_head / n_kv_head >= {g}"
+        )
+    h = torch.arange(n_head)
+    return (h // g) * g_new + h % g
+
+
 def _new_units(n_new: int, old_index: Tensor) -> Tensor:
     """Bool (n_new,): True everywhere except at ``old_index`` (int64)."""
     is_new = torch.ones(n_new, dtype=torch.bool)
@@ -108,14 +144,19 @@ def _new_units(n_new: int, old_index: Tensor) -> Tensor:
     return is_new
 
 
-def new_unit_flags(spec: MaskSpec, cfg: GPTConfig) -> dict[str, Tensor]:
+def new_unit_flags(spec: MaskSpec, cfg: ModelConfig) -> dict[str, Tensor]:
     """For each mask buffer this growth needs (a subset of MASK_BUFFERS, in that order), a bool vector that is True
     on new units: growth_mask_hidden (d,), growth_mask_attn (H*Q,), growth_mask_ffn (F,), growth_gate_layer (L,),
     with the sizes of ``cfg`` (the grown model)."""
     flags = {}
     if cfg.n_embd != spec.old_n_embd:
         flags["growth_mask_hidden"] = _new_units(cfg.n_embd, torch.arange(spec.old_n_embd))
-    if (cfg.n_head, cfg.head_dim) != (spec.old_n_head, spec.old_head_dim):
+    if cfg.arch == "llama" and cfg.n_head != spec.old_n_head:
+        heads = llama_head_index(spec.old_n_head, spec.old_n_kv_head, cfg.n_head, cfg.n_kv_head)
+        q = cfg.head_dim
+        units = (heads[:, None] * q + torch.arange(q)[None, :]).flatten()
+        flags["growth_mask_attn"] = _new_units(cfg.n_head * q, units)
+    elif cfg.arch == "gpt2" and (cfg.n_head, cfg.head_dim) != (spec.old_n_head, spec.old_head_dim):
         flags["growth_mask_attn"] = _new_units(cfg.n_embd, attn_index(spec.old_n_head, spec.old_head_dim, cfg.head_dim))
     if cfg.ffn_dim != spec.old_ffn_dim:
         flags["growth_mask_ffn"] = _new_units(cfg.ffn_dim, torch.arange(spec.old_ffn_dim))
@@ -129,3 +170,69 @@ def new_unit_flags(spec: MaskSpec, cfg: GPTConfig) -> dict[str, Tensor]:
 def mask_values(is_new: Tensor, r: float) -> Tensor:
     """Mask values of the same shape as the bool ``is_new``: 1 on old units, r in [0, 1] on new ones (fp32)."""
     return torch.where(is_new, torch.tensor(r, dtype=torch.float32), torch.tensor(1.0))
+
+
+class GrowthMaskedModel(nn.Module):
+    """The life of a model's growth masks, shared by both families: add the buffers of a ``MaskSpec``, move them
+    along the ramp after each optimizer step, drop them at 1. A subclass sets ``self.config`` and
+    ``self.growth_masks = None`` and defines ``mask_reference`` (the parameter whose device and dtype the masks
+    take: the token embedding)."""
+
+    config: ModelConfig
+    growth_masks: MaskSpec | None
+
+    @property
+    def mask_reference(self) -> Tensor:
+        """The parameter whose device and dtype the masks follow."""
+        raise NotImplementedError
+
+    def add_growth_masks(self, spec: MaskSpec, step: int | None = None) -> None:
+        """Register the mask buffers of ``spec`` (persistent: in ``state_dict``), at the ramp value of ``step``
+        (default: spec.start_step, i.e. 0 on new units), in the device and dtype of ``mask_reference``.
+
+        Raises:
+            ValueError: the model already has masks, or the spec does not fit this config.
+        """
+        if self.growth_masks is not None:
+            raise ValueError("model already has growth masks; remove_growth_masks() or finish the ramp first")
+        spec.check(self.config)
+        r = spec.value(spec.start_step if step is None else step)
+        ref = self.mask_reference
+        for name, is_new in new_unit_flags(spec, self.config).items():
+            self.register_buffer(name, mask_values(is_new, r).to(device=ref.device, dtype=ref.dtype), persistent=True)
+        self.growth_masks = spec
+
+    def set_growth_step(self, step: int) -> float:
+        """Set every mask to the ramp value at ``step`` optimizer steps; at 1 remove the masks. Call after each
+        optimizer step (and after loading a checkpoint). Returns the ramp value r in [0, 1] (1.0 when there are
+        no masks)."""
+        spec = self.growth_masks
+        if spec is None:
+            return 1.0
+        r = spec.value(step)
+        if r >= 1.0:
+            self.remove_growth_masks()
+            return 1.0
+        for name, is_new in new_unit_flags(spec, self.config).items():
+            buf = getattr(self, name)
+            buf.copy_(mask_values(is_new, r).to(buf.dtype))
+        return r
+
+    def remove_growth_masks(self) -> None:
+        """Drop the mask buffers: the model becomes the plain model of its family (exact when the ramp reached 1)."""
+        for name in MASK_BUFFERS:
+            if name in self._buffers:
+                del self._buffers[name]
+        self.growth_masks = None
+
+    def mask_inputs(self) -> tuple[Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+        """(hidden (d,), attn (H*Q,), ffn (F,), gate (L,)) in the parameters' dtype, None for an absent mask.
+
+        DeepSpeed casts parameters to bf16/fp16 but may leave buffers in fp32, hence the cast.
+        """
+        if self.growth_masks is None:
+            return None, None, None, None
+        dtype = self.mask_reference.dtype
+        masks = (getattr(self, name, None) for name in MASK_BUFFERS)
+        hidden, attn, ffn, gate = (None if z is None else z.to(dtype) for z in masks)
+        return hidden, attn, ffn, gate

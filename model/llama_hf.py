@@ -1,0 +1,137 @@
+"""Conversion between growlm's Llama and ``transformers.LlamaForCausalLM`` (both directions).
+
+Both use the same parameter names and the same ``nn.Linear`` (out, in) layout, so conversion is a name filter
+(transformers lists a tied ``lm_head.weight`` beside ``model.embed_tokens.weight``). Only the rotary base moved in
+transformers 5 (``rope_parameters["rope_theta"]``; earlier versions: ``rope_theta``): both are read, and
+``rope_theta`` is written, which every version accepts. This module imports ``transformers`` lazily.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from growlm.model.config import LlamaConfig
+from growlm.model.llama import Llama
+
+if TYPE_CHECKING:
+    from transformers import LlamaConfig as HFLlamaConfig
+    from transformers import LlamaForCausalLM
+
+
+def _rope(hf_cfg: Any) -> tuple[float, str, Any]:
+    """(rope_theta, rope_type, rope_scaling) of a transformers LlamaConfig of any version."""
+    params = getattr(hf_cfg, "rope_parameters", None) or {}
+    theta = params.get("rope_theta", getattr(hf_cfg, "rope_theta", None))
+    scaling = getattr(hf_cfg, "rope_scaling", None)
+    kind = params.get("rope_type") or (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default"
+    return float(10000.0 if theta is None else theta), kind, scaling
+
+
+def to_hf_config(cfg: LlamaConfig, bos_token_id: int | None = None, eos_token_id: int | None = None) -> HFLlamaConfig:
+    """The ``transformers.LlamaConfig`` describing the same model (token ids: the tokenizer's, or none)."""
+    from transformers import LlamaConfig as HFLlamaConfig  # lazy: heavy (about 2 s), only for transformers' Llama
+
+    return HFLlamaConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.n_embd,
+        intermediate_size=cfg.ffn_dim,
+        num_hidden_layers=cfg.n_layer,
+        num_attention_heads=cfg.n_head,
+        num_key_value_heads=cfg.n_kv_head,
+        head_dim=cfg.head_dim,
+        hidden_act="silu",
+        max_position_embeddings=cfg.n_positions,
+        rms_norm_eps=cfg.rms_norm_eps,
+        rope_theta=cfg.rope_theta,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        attention_bias=False,
+        mlp_bias=False,
+        attention_dropout=cfg.dropout,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=None,
+    )
+
+
+def from_hf_config(hf_cfg: HFLlamaConfig) -> LlamaConfig:
+    """The LlamaConfig of a ``transformers.LlamaConfig``.
+
+    Raises:
+        ValueError: the config uses a feature growlm's Llama does not implement (another activation, biases in
+            attention or MLP, scaled rotary embeddings such as Llama 3.1's "llama3" type, tensor-parallel
+            pretraining_tp > 1), or its shape is invalid.
+    """
+    theta, kind, scaling = _rope(hf_cfg)
+    unsupported = []
+    if getattr(hf_cfg, "hidden_act", "silu") != "silu":
+        unsupported.append(f"hidden_act={hf_cfg.hidden_act!r} (need 'silu')")
+    if getattr(hf_cfg, "attention_bias", False) or getattr(hf_cfg, "mlp_bias", False):
+        unsupported.append("attention_bias / mlp_bias (growlm's Llama has no biases)")
+    if kind != "default":
+        unsupported.append(f"rope type {kind!r} ({scaling or hf_cfg.rope_parameters}; growlm has plain RoPE only)")
+    if (getattr(hf_cfg, "pretraining_tp", 1) or 1) > 1:
+        unsupported.append(f"pretraining_tp={hf_cfg.pretraining_tp}")
+    if unsupported:
+        raise ValueError("cannot convert this LlamaConfig: " + "; ".join(unsupported))
+    return LlamaConfig(
+        n_layer=hf_cfg.num_hidden_layers,
+        n_embd=hf_cfg.hidden_size,
+        n_head=hf_cfg.num_attention_heads,
+        n_kv_head=hf_cfg.num_key_value_heads or hf_cfg.num_attention_heads,
+        n_inner=hf_cfg.intermediate_size,
+        head_dim=getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // hf_cfg.num_attention_heads,
+        n_positions=hf_cfg.max_position_embeddings,
+        vocab_size=hf_cfg.vocab_size,
+        rope_theta=theta,
+        rms_norm_eps=float(hf_cfg.rms_norm_eps),
+        tie_word_embeddings=bool(getattr(hf_cfg, "tie_word_embeddings", False)),
+        dropout=float(getattr(hf_cfg, "attention_dropout", 0.0) or 0.0),
+    )
+
+
+def to_hf(model: Llama, bos_token_id: int | None = None, eos_token_id: int | None = None) -> LlamaForCausalLM:
+    """A ``LlamaForCausalLM`` holding copies of ``model``'s weights (fp32), in eval mode.
+
+    Raises:
+        ValueError: the model still carries growth masks (finish the ramp first), or the names do not match.
+    """
+    from transformers import LlamaForCausalLM  # lazy: heavy (about 2 s), only for transformers' Llama
+
+    if model.growth_masks is not None:
+        raise ValueError("model still has growth masks; let the mask ramp finish (masks at 1 are removed) first")
+    hf = LlamaForCausalLM(to_hf_config(model.config, bos_token_id, eos_token_id))
+    ours = {k: v.detach().float() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        ours.pop("lm_head.weight", None)
+    missing, unexpected = hf.load_state_dict(ours, strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise ValueError(f"state dict mismatch converting to transformers: missing {missing}, unexpected {unexpected}")
+    if model.config.tie_word_embeddings:
+        hf.tie_weights()
+    return hf.eval()
+
+
+def from_hf(hf_model: LlamaForCausalLM) -> Llama:
+    """A growlm Llama with copies of ``hf_model``'s weights (fp32).
+
+    Raises:
+        ValueError: the config is not convertible (``from_hf_config``) or parameters are missing.
+    """
+    cfg = from_hf_config(hf_model.config)
+    model = Llama(cfg)
+    theirs = {
+        k: v.detach().float()
+        for k, v in hf_model.state_dict().items()
+        if not k.endswith("rotary_emb.inv_freq") and not (cfg.tie_word_embeddings and k == "lm_head.weight")
+    }
+    with torch.no_grad():
+        missing, unexpected = model.load_state_dict(theirs, strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if missing or unexpected:
+        raise ValueError(
+            f"state dict mismatch converting from transformers: missing {missing}, unexpected {unexpected}"
+        )
+    return model

@@ -1,0 +1,155 @@
+"""growlm's Llama against transformers' LlamaForCausalLM (logits, both conversions), its config, presets, parameter
+and FLOP counts, masked norms and activation checkpointing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from growlm.model.config import PRESETS, LlamaConfig, config_from_dict, flops_per_token, from_preset, param_count
+from growlm.model.families import build_model
+from growlm.model.llama import Llama, RMSNorm
+from growlm.model.llama_hf import from_hf, from_hf_config, to_hf, to_hf_config
+
+SHAPES = [
+    # (n_head, n_kv_head, head_dim, tied, rope_theta): GQA 4:1, multi-query, multi-head, head_dim set apart from d / H
+    (8, 2, None, False, 10000.0),
+    (8, 2, None, True, 500000.0),
+    (4, 1, None, False, 1e6),
+    (4, 4, None, True, 10000.0),
+    (4, 2, 32, False, 250000.0),
+]
+
+
+@pytest.mark.parametrize("n_head,n_kv_head,head_dim,tied,theta", SHAPES)
+def test_logits_equal_transformers_on_its_random_weights(n_head, n_kv_head, head_dim, tied, theta):
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        n_layer=2, n_embd=64, n_head=n_head, n_kv_head=n_kv_head, n_inner=96, head_dim=head_dim, n_positions=48,
+        vocab_size=131, rope_theta=theta, tie_word_embeddings=tied,
+    )  # fmt: skip
+    hf = LlamaForCausalLM(to_hf_config(cfg)).eval()  # transformers' own init; we import it
+    with torch.no_grad():  # non-trivial norm gains and larger weights, so every term counts
+        for name, p in hf.named_parameters():
+            p.add_((0.1 if "norm" in name else 0.05) * torch.randn_like(p))
+    ours = from_hf(hf).eval()
+    assert ours.config == cfg
+    idx = torch.randint(0, cfg.vocab_size, (3, 48))
+    with torch.no_grad():
+        theirs = hf(idx).logits
+        assert (ours(idx) - theirs).abs().max().item() <= 1e-5
+        back = to_hf(ours)
+        assert (back(idx).logits - theirs).abs().max().item() <= 1e-5
+
+
+def test_names_shapes_and_tying_follow_transformers():
+    cfg = LlamaConfig(n_layer=1, n_embd=32, n_head=4, n_kv_head=2, n_inner=48, n_positions=16, vocab_size=97)
+    shapes = {k: tuple(v.shape) for k, v in Llama(cfg).named_parameters()}
+    assert shapes == {
+        "model.embed_tokens.weight": (97, 32),
+        "model.layers.0.input_layernorm.weight": (32,),
+        "model.layers.0.self_attn.q_proj.weight": (32, 32),
+        "model.layers.0.self_attn.k_proj.weight": (16, 32),
+        "model.layers.0.self_attn.v_proj.weight": (16, 32),
+        "model.layers.0.self_attn.o_proj.weight": (32, 32),
+        "model.layers.0.post_attention_layernorm.weight": (32,),
+        "model.layers.0.mlp.gate_proj.weight": (48, 32),
+        "model.layers.0.mlp.up_proj.weight": (48, 32),
+        "model.layers.0.mlp.down_proj.weight": (32, 48),
+        "model.norm.weight": (32,),
+        "lm_head.weight": (97, 32),
+    }
+    tied = Llama(replace(cfg, tie_word_embeddings=True))
+    assert "lm_head.weight" not in dict(tied.named_parameters())
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "llama-cpu-small", "smollm-135m", "smollm-360m", "tinyllama-1.1b"])
+def test_param_count_matches_the_module_and_published_sizes(name):
+    cfg = PRESETS[name]
+    with torch.device("meta"):
+        model = build_model(cfg)
+    assert param_count(cfg) == sum(p.numel() for p in model.parameters())
+    published = {"smollm-135m": 134_515_008, "smollm-360m": 361_821_120, "tinyllama-1.1b": 1_100_048_384}
+    if name in published:  # the released checkpoints' parameter counts
+        assert param_count(cfg) == published[name]
+
+
+def test_flops_count_gqa_swiglu_and_the_untied_head_once():
+    cfg = LlamaConfig(n_layer=2, n_embd=64, n_head=8, n_kv_head=2, n_inner=96, n_positions=32, vocab_size=100)
+    d, q, k, f, v = 64, 64, 16, 96, 100
+    matmul = 2 * (d * q + 2 * d * k + q * d + 3 * d * f + 2 * d) + d + v * d  # the embedding lookup is no matmul
+    assert flops_per_token(cfg, 32) == 6 * matmul + 12 * 2 * 8 * 8 * 32
+    tied = replace(cfg, tie_word_embeddings=True)
+    assert flops_per_token(tied, 32) == flops_per_token(cfg, 32)  # the same matmuls either way
+
+
+def test_config_round_trip_and_refusals():
+    cfg = PRESETS["smollm-135m"]
+    assert config_from_dict(cfg.to_dict()) == cfg
+    assert config_from_dict(PRESETS["tiny"].to_dict()) == PRESETS["tiny"]  # GPT-2 dicts carry no arch
+    with pytest.raises(ValueError, match="n_head=8 is not a multiple of n_kv_head=3"):
+        LlamaConfig(n_embd=64, n_head=8, n_kv_head=3)
+    with pytest.raises(ValueError, match="head_dim=15 must be even"):
+        LlamaConfig(n_embd=60, n_head=4, n_kv_head=2)
+    with pytest.raises(ValueError, match="unknown model arch 'mamba'"):
+        config_from_dict({"arch": "mamba"})
+    with pytest.raises(ValueError, match=r"unknown LlamaConfig fields \['n_kv_heads'\] for preset 'llama-tiny'"):
+        from_preset("llama-tiny", n_kv_heads=2)
+
+
+def test_preset_override_rederives_head_dim_and_ffn_unless_given():
+    wide = from_preset("llama-tiny", n_embd=128, n_head=8)
+    assert (wide.head_dim, wide.n_inner) == (16, 384)  # 8 d / 3 rounded up to a multiple of 64
+    assert from_preset("llama-tiny", n_embd=128, head_dim=32, n_inner=200).head_dim == 32
+    assert from_preset("llama-tiny", n_layer=3).n_inner == PRESETS["llama-tiny"].n_inner
+
+
+@pytest.mark.bad_input
+def test_transformers_configs_growlm_cannot_compute_are_refused():
+    from transformers import LlamaConfig as HF
+
+    base = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    with pytest.raises(ValueError, match="attention_bias / mlp_bias"):
+        from_hf_config(HF(**base, attention_bias=True))
+    with pytest.raises(ValueError, match="rope type 'llama3'"):
+        scaled = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+        from_hf_config(HF(**base, rope_parameters=scaled))
+    with pytest.raises(ValueError, match="hidden_act='gelu'"):
+        from_hf_config(HF(**base, hidden_act="gelu"))
+
+
+def test_masked_rmsnorm_sees_only_old_dims_and_plain_norm_at_full_mask():
+    torch.manual_seed(3)
+    norm = RMSNorm(6, 1e-5)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(2, 3, 6)
+    m = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+    small = RMSNorm(4, 1e-5)
+    with torch.no_grad():
+        small.weight.copy_(norm.weight[:4])
+    y = norm(x, mask=m)
+    torch.testing.assert_close(y[..., :4], small(x[..., :4]), rtol=0, atol=1e-6)
+    assert torch.equal(y[..., 4:], torch.zeros(2, 3, 2))
+    torch.testing.assert_close(norm(x, mask=torch.ones(6)), norm(x), rtol=0, atol=1e-6)
+
+
+def test_activation_checkpointing_gives_the_same_loss_and_gradients():
+    cfg = PRESETS["llama-tiny"]
+    torch.manual_seed(4)
+    a = Llama(cfg)
+    b = Llama(cfg, activation_checkpointing=True)
+    b.load_state_dict(a.state_dict())
+    x, y = torch.randint(0, cfg.vocab_size, (2, 16)), torch.randint(0, cfg.vocab_size, (2, 16))
+    la, lb = a(x, y), b(x, y)
+    la.backward()
+    lb.backward()
+    assert la.item() == lb.item()
+    for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-7, msg=name)
