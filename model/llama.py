@@ -76,6 +76,24 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat((-b, a), dim=-1) * sin
 
 
+def native_gqa(q: Tensor) -> bool:
+    """Whether SDPA should share key/value heads itself (``enable_gqa``) for queries like ``q``: on the CPU always;
+    on CUDA only in fp16/bf16, where the flash kernel (the only CUDA kernel that takes ``enable_gqa``) runs; fp32
+    there would fall back to the unfused kernel and its T^2 memory."""
+    return not q.is_cuda or q.dtype in (torch.float16, torch.bfloat16)
+
+
+def grouped_kv(k: Tensor, v: Tensor, n_rep: int, *, native: bool) -> tuple[Tensor, Tensor, bool]:
+    """Keys and values (B, K, T, Q) as SDPA takes them, and its ``enable_gqa`` flag: unchanged with the flag set
+    when ``native`` (and n_rep > 1), else each key/value head repeated n_rep times in place, (B, K * n_rep, T, Q),
+    so query head h meets key/value head h // n_rep either way (transformers' ``repeat_kv``)."""
+    if n_rep == 1:
+        return k, v, False
+    if native:
+        return k, v, True
+    return k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1), False
+
+
 class Attention(nn.Module):
     """Causal grouped-query attention: q_proj (H*Q, d), k_proj and v_proj (K*Q, d), o_proj (d, H*Q) (nn.Linear
     (out, in)); query head h reads key/value head h // (H / K)."""
@@ -95,13 +113,9 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, Q)
         v = self.v_proj(x).view(b, t, self.n_kv_head, self.head_dim).transpose(1, 2)  # (B, K, T, Q)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        k, v, gqa = grouped_kv(k, v, self.n_head // self.n_kv_head, native=native_gqa(q))
         y = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=True,
-            enable_gqa=self.n_kv_head != self.n_head,
+            q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True, enable_gqa=gqa
         )  # (B, H, T, Q)
         y = y.transpose(1, 2).reshape(b, t, self.n_head * self.head_dim)  # (B, T, H*Q)
         if head_mask is not None:

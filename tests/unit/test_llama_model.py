@@ -10,7 +10,7 @@ import torch
 
 from growlm.model.config import PRESETS, LlamaConfig, config_from_dict, flops_per_token, from_preset, param_count
 from growlm.model.families import build_model
-from growlm.model.llama import Llama, RMSNorm
+from growlm.model.llama import Llama, RMSNorm, grouped_kv
 from growlm.model.llama_hf import from_hf, from_hf_config, to_hf, to_hf_config
 
 SHAPES = [
@@ -153,3 +153,16 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients():
     assert la.item() == lb.item()
     for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-7, msg=name)
+
+
+def test_expanded_key_value_heads_give_the_attention_of_native_gqa():
+    # the CUDA fp32 path expands k, v instead of passing enable_gqa: both must compute the same attention
+    torch.manual_seed(5)
+    q, k, v = torch.randn(2, 8, 12, 16), torch.randn(2, 2, 12, 16), torch.randn(2, 2, 12, 16)
+    outs = []
+    for native in (True, False):
+        kk, vv, flag = grouped_kv(k, v, 4, native=native)
+        assert flag is native and kk.shape[1] == (2 if native else 8)
+        outs.append(torch.nn.functional.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=flag))
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-6)
+    assert grouped_kv(k, v, 1, native=True)[2] is False
