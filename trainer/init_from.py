@@ -1,13 +1,16 @@
-"""``train.py --init_from DIR``: start a fresh run from a ``transformers`` GPT-2 folder (a ``growlm-grow --export_hf``
-export or any GPT-2 saved with ``save_pretrained``).
+"""``train.py --init_from DIR``: start a fresh run from a ``transformers`` folder of either family growlm builds: a
+GPT-2 (``GPT2LMHeadModel``; a ``growlm-grow --export_hf`` export or any GPT-2 saved with ``save_pretrained``) or a
+Llama (``LlamaForCausalLM`` with plain RoPE, no biases, SiLU: SmolLM and TinyLlama shapes, docs/models.md).
 
-What is taken from the folder: the model shape (``config.json``, through model.hf.from_hf_config), the weights
-(``model.safetensors`` only: a ``pytorch_model.bin`` is a pickle, which growlm never unpickles from a foreign folder)
-and, when present, the tokenizer (``tokenizer.json``), which must encode text as the training data's tokenizer does.
-What is not: optimizer state (Adam starts at step 0, the LR schedule at its start), data position, RNG.
+What is taken from the folder: the model shape (``config.json``: its ``model_type`` picks the family, "gpt2" through
+model.hf.from_hf_config, "llama" through model.llama_hf.from_hf_config; any other type is refused), the weights
+(``model.safetensors``, or the shards a ``model.safetensors.index.json`` lists; a ``pytorch_model.bin`` is a pickle,
+which growlm never unpickles from a foreign folder) and, when present, the tokenizer (``tokenizer.json``), which must
+encode text as the training data's tokenizer does. What is not: optimizer state (Adam starts at step 0, the LR
+schedule at its start), data position, RNG.
 
-Everything the folder can get wrong is checked by ``open_init_from`` before any rank starts (the safetensors header
-gives every tensor's name and shape without reading it). ``load_weights`` then writes the weights into the freshly
+Everything the folder can get wrong is checked by ``open_init_from`` before any rank starts (the safetensors headers
+give every tensor's name and shape without reading it). ``load_weights`` then writes the weights into the freshly
 built engine, at any ZeRO stage and precision: into the fp32 MASTER weights the optimizer steps (ZeRO-1/2/3 and
 DeepSpeed's bf16 optimizer through ``deepspeed.utils.safe_set_full_fp32_param``: each rank keeps only its own
 partition; ZeRO stage 0 through the fp16/bf16 wrapper's master tensors), then copies the masters into the working
@@ -19,6 +22,7 @@ rounded values (DESIGN.md, "Checkpoint failure kinds: stale fp32 master").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass, replace
@@ -29,20 +33,25 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from growlm.data import tokenizer as tok
-from growlm.eval.metrics.load import not_gpt2
+from growlm.eval.metrics.load import HF_CLASSES, model_type_problem, quiet_transformers
 from growlm.growth.live.engine import refresh_working_copies
-from growlm.growth.ops.rules import param_shapes
 from growlm.growth.stages.plan import StageList
-from growlm.model.config import GPTConfig, from_preset
-from growlm.model.hf import from_hf_config, safetensors_problem
+from growlm.model import hf as gpt2_hf
+from growlm.model import llama_hf
+from growlm.model.config import ModelConfig, from_preset
+from growlm.model.families import build_model
+from growlm.model.hf import safetensors_problem
 from growlm.runtime import run_state
 from growlm.trainer.errors import UsageError
 from growlm.trainer.plan_checks import SHAPE_FLAGS, shape_of
 
 WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"  # a sharded folder: {"weight_map": {tensor name: shard file}}
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
-UNUSED_TENSORS = (".attn.bias", ".attn.masked_bias")  # causal-mask buffers some transformers versions save
-TIED_HEAD = "lm_head.weight"  # tied to the token embedding (from_hf_config refuses an untied head)
+# buffers some transformers versions save: GPT-2's causal masks, Llama's rotary inverse frequencies
+UNUSED_TENSORS = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
+TIED_HEAD = "lm_head.weight"  # tied to the token embedding: GPT-2 always, Llama when tie_word_embeddings
+FAMILY = {"gpt2": "GPT-2", "llama": "Llama"}
 TOKENIZER_PROBE = "Hello world, it's 2024!\n\tÜnïcödé — “quotes” <|endoftext|> 12345 growlm"
 
 
@@ -52,18 +61,23 @@ class InitFolder:
 
     Attributes:
         path: the folder.
-        config: the model shape of its config.json (dropout: ``--dropout`` if given, else the folder's).
-        weights: its model.safetensors; ``sha256`` that file's sha256 (hex).
+        config: the model shape of its config.json, GPTConfig or LlamaConfig (dropout: ``--dropout`` if given, else
+            the folder's).
+        weights: its model.safetensors, or its model.safetensors.index.json when sharded.
+        sha256: the weights' sha256 (hex): of model.safetensors, or of the shard files' bytes one after the other in
+            file-name order.
         keys: growlm parameter name -> tensor name in the file (``transformer.`` prefix present or not).
         tokenizer: its tokenizer (data.tokenizer.Tokenizer), or None when the folder has no tokenizer.json.
+        files: tensor name -> the safetensors file holding it (``weights`` itself unless sharded).
     """
 
     path: Path
-    config: GPTConfig
+    config: ModelConfig
     weights: Path
     sha256: str
     keys: dict[str, str]
     tokenizer: Any
+    files: dict[str, Path]
 
     @property
     def identity(self) -> run_state.InitSource:
@@ -76,56 +90,120 @@ def _fail(path: Path, problem: str) -> UsageError:
     return UsageError(f"--init_from {path}: {problem}")
 
 
-def read_config(path: Path) -> GPTConfig:
-    """The GPTConfig of the GPT-2 ``config.json`` in ``path``.
+def read_config(path: Path) -> ModelConfig:
+    """The model shape of the ``config.json`` in ``path``: a GPTConfig for ``model_type`` "gpt2", a LlamaConfig for
+    "llama".
 
     Raises:
-        UsageError: no such folder, no config.json, not JSON, not a GPT-2 (``model_type``), or a GPT-2 variant
-            growlm's GPT does not implement.
+        UsageError: no such folder, no config.json, not JSON, another model_type or architecture
+            (eval.metrics.load.model_type_problem), or a variant growlm's model does not implement (GPT-2: another
+            activation, untied head; Llama: rope scaling such as Llama 3.1's "llama3", biases, another activation).
     """
-    from transformers import GPT2Config  # lazy: heavy (about 2 s), only for the transformers GPT-2
-
     if not path.is_dir():
-        raise _fail(path, "no such folder; give a transformers GPT-2 folder (config.json + model.safetensors)")
+        raise _fail(path, "no such folder; give a transformers GPT-2 or Llama folder (config.json + model.safetensors)")
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
-        raise _fail(path, "has no config.json; give a transformers GPT-2 folder (e.g. growlm-grow CKPT --export_hf)")
+        raise _fail(
+            path, "has no config.json; give a transformers GPT-2 or Llama folder (e.g. growlm-grow CKPT --export_hf)"
+        )
     try:
         d = json.loads(cfg_file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise _fail(path, f"config.json is not valid JSON ({e})") from None
-    foreign = not_gpt2(d)
-    if foreign is not None:
-        raise _fail(path, f"config.json describes {foreign}")
+    problem = model_type_problem(d)
+    if problem is not None:
+        raise _fail(path, problem)
     try:
-        return from_hf_config(GPT2Config.from_dict(d))
-    except (TypeError, ValueError) as e:
+        import transformers  # lazy: heavy (about 2 s), only for a transformers folder
+
+        with quiet_transformers():
+            if d["model_type"] == "gpt2":
+                return gpt2_hf.from_hf_config(transformers.GPT2Config.from_dict(d))
+            return llama_hf.from_hf_config(transformers.LlamaConfig.from_dict(d))
+    except (TypeError, ValueError, KeyError) as e:
         raise _fail(path, f"config.json: {e}") from None
 
 
-def map_tensors(path: Path, weights: Path, cfg: GPTConfig) -> dict[str, str]:
-    """Match the tensors of ``weights`` (read from its header only) to the parameters of GPT(cfg).
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every parameter of ``build_model(cfg)`` (a tied head listed once, as ``named_parameters``
+    does), built on the meta device (no memory)."""
+    with torch.device("meta"):
+        model = build_model(cfg)
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
-    Returns:
-        growlm parameter name -> tensor name in the file.
+
+def weight_files(path: Path, family: str) -> tuple[Path, list[Path], dict[str, str] | None]:
+    """The folder's safetensors files: (what names them: model.safetensors or the index, the files, the index's
+    tensor name -> file name map or None). Each file is checked whole (``model.hf.safetensors_problem``).
 
     Raises:
-        UsageError: the file is not safetensors, is truncated or damaged (``model.hf.safetensors_problem``), a
-            parameter is missing or has another shape, or the file holds
-            tensors GPT-2 does not have.
+        UsageError: weights only as a pickle (pytorch_model.bin) or none at all; an index that is not JSON or has no
+            weight_map, or names a shard that is missing; a truncated or damaged file.
     """
+    index = path / WEIGHTS_INDEX
+    weight_map = None
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise TypeError("weight_map is not a {tensor: file} object")
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise _fail(
+                path, f"{WEIGHTS_INDEX} is not a safetensors index ({e}); copy the whole folder again"
+            ) from None
+        names = sorted(set(weight_map.values()))
+        bad = [n for n in names if Path(n).name != n or not (path / n).is_file()]
+        if bad:
+            raise _fail(
+                path, f"{WEIGHTS_INDEX} lists {bad[0]}, which is not in the folder; copy the whole folder again"
+            )
+        files, named_by = [path / n for n in names], index
+    elif (path / WEIGHTS_FILE).is_file():
+        files, named_by = [path / WEIGHTS_FILE], path / WEIGHTS_FILE
+    else:
+        pickles = [n for n in PICKLE_WEIGHTS if (path / n).is_file()]
+        cls = HF_CLASSES[family]
+        why = (
+            f"holds its weights only as {pickles[0]}, a pickle, which growlm does not load from a foreign folder "
+            f"(it can run code); convert it to {WEIGHTS_FILE} where you trust it: "
+            f"{cls}.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)"
+            if pickles
+            else f"has no {WEIGHTS_FILE} (nor {WEIGHTS_INDEX}); other weight formats are not read"
+        )
+        raise _fail(path, why)
+    for f in files:
+        try:
+            problem = safetensors_problem(f)
+        except OSError as e:
+            problem = f"cannot be read ({e.strerror or e})"
+        if problem is not None:
+            raise _fail(path, f"{f.name} {problem}; export the model again or copy the whole file again")
+    return named_by, files, weight_map
 
-    try:
-        problem = safetensors_problem(weights)
-    except OSError as e:
-        problem = f"cannot be read ({e.strerror or e})"
-    if problem is not None:
-        raise _fail(path, f"{WEIGHTS_FILE} {problem}; export the model again or copy the whole file again")
-    try:
-        with safe_open(str(weights), framework="pt") as f:
-            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 (not a dict)
-    except (SafetensorError, OSError) as e:
-        raise _fail(path, f"{WEIGHTS_FILE} is not a readable safetensors file ({e})") from None
+
+def map_tensors(path: Path, files: list[Path], cfg: ModelConfig, weight_map: dict[str, str] | None = None):
+    """Match the tensors of the safetensors ``files`` (read from their headers only) to the parameters of
+    ``build_model(cfg)``.
+
+    Returns:
+        (growlm parameter name -> tensor name, tensor name -> the file holding it).
+
+    Raises:
+        UsageError: a file is not readable safetensors, a tensor is not where the index says, a parameter is
+            missing or has another shape, or the files hold tensors the model does not have.
+    """
+    shapes, where = {}, {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for k in f.keys():  # noqa: SIM118 (not a dict)
+                    shapes[k], where[k] = tuple(f.get_slice(k).get_shape()), file
+        except (SafetensorError, OSError) as e:
+            raise _fail(path, f"{file.name} is not a readable safetensors file ({e})") from None
+    if weight_map is not None:
+        astray = [k for k, n in weight_map.items() if where.get(k) is None or where[k].name != n]
+        if astray:
+            raise _fail(path, f"{WEIGHTS_INDEX} says {astray[0]} is in {weight_map[astray[0]]}, but it is not there")
     keys, missing, wrong = {}, [], []
     for name, shape in param_shapes(cfg).items():
         key = next((k for k in (name, name.removeprefix("transformer.")) if k in shapes), None)
@@ -135,18 +213,19 @@ def map_tensors(path: Path, weights: Path, cfg: GPTConfig) -> dict[str, str]:
             wrong.append(f"{key} {shapes[key]} (config.json says {shape})")
         else:
             keys[name] = key
-    used = set(keys.values())
-    extra = [k for k in shapes if k not in used and k != TIED_HEAD and not k.endswith(UNUSED_TENSORS)]
+    used, tied = set(keys.values()), getattr(cfg, "tie_word_embeddings", True)
+    extra = [k for k in shapes if k not in used and not (tied and k == TIED_HEAD) and not k.endswith(UNUSED_TENSORS)]
     if missing or wrong or extra:
+        names = WEIGHTS_FILE if weight_map is None else "the shards of " + WEIGHTS_INDEX
         raise _fail(
             path,
-            f"{WEIGHTS_FILE} does not hold the GPT-2 of its config.json ({cfg.shape_str()}): missing {missing[:3]}, "
-            f"wrong shapes {wrong[:3]}, unexpected {extra[:3]}",
+            f"{names} does not hold the {FAMILY[cfg.arch]} of its config.json ({cfg.shape_str()}): missing "
+            f"{missing[:3]}, wrong shapes {wrong[:3]}, unexpected {extra[:3]}",
         )
-    return keys
+    return keys, {k: where[k] for k in keys.values()}
 
 
-def check_flags(args: argparse.Namespace, path: Path, cfg: GPTConfig) -> None:
+def check_flags(args: argparse.Namespace, path: Path, cfg: ModelConfig) -> None:
     """Refuse --resume and shape flags that disagree with the folder's config.json (equal values are harmless).
 
     Raises:
@@ -158,8 +237,8 @@ def check_flags(args: argparse.Namespace, path: Path, cfg: GPTConfig) -> None:
             "folder, --resume continues a growlm checkpoint (which records its --init_from); give one"
         )
     folder = {**shape_of(cfg), "n_inner": cfg.ffn_dim}
-    given = {k: getattr(args, k) for k in SHAPE_FLAGS if getattr(args, k) is not None}
-    conflicts = [f"--{k} {v}" for k, v in given.items() if v != folder[k]]
+    given = {k: getattr(args, k) for k in SHAPE_FLAGS if getattr(args, k, None) is not None}
+    conflicts = [f"--{k} {v}" for k, v in given.items() if v != folder.get(k)]
     if args.preset is not None:
         try:
             preset = from_preset(args.preset)
@@ -175,11 +254,11 @@ def check_flags(args: argparse.Namespace, path: Path, cfg: GPTConfig) -> None:
 
 def open_init_from(args: argparse.Namespace) -> InitFolder | None:
     """Check the ``--init_from`` folder and the flags given with it; None without --init_from. Reads config.json,
-    the safetensors header, the tokenizer files and (for its sha256) the weights file; builds no model.
+    the safetensors headers, the tokenizer files and (for their sha256) the weight files; builds no model.
 
     Raises:
-        UsageError: see read_config, map_tensors and check_flags; weights only as a pickle (pytorch_model.bin) or
-            none at all; a tokenizer.json that does not load or has more tokens than vocab_size.
+        UsageError: see read_config, weight_files, map_tensors and check_flags; a tokenizer.json that does not load
+            or has more tokens than vocab_size (it is not the model's).
     """
 
     if not args.init_from:
@@ -187,38 +266,34 @@ def open_init_from(args: argparse.Namespace) -> InitFolder | None:
     path = Path(args.init_from)
     cfg = read_config(path)
     check_flags(args, path, cfg)
-    weights = path / WEIGHTS_FILE
-    if not weights.is_file():
-        pickles = [n for n in PICKLE_WEIGHTS if (path / n).is_file()]
-        why = (
-            f"holds its weights only as {pickles[0]}, a pickle, which growlm does not load from a foreign folder "
-            f"(it can run code); convert it to {WEIGHTS_FILE} where you trust it: "
-            f"GPT2LMHeadModel.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)"
-            if pickles
-            else f"has no {WEIGHTS_FILE} (sharded or other weight formats are not read)"
-        )
-        raise _fail(path, why)
-    keys = map_tensors(path, weights, cfg)
+    weights, files, weight_map = weight_files(path, cfg.arch)
+    keys, where = map_tensors(path, files, cfg, weight_map)
     try:
         tokenizer = tok.from_hf_dir(path)
     except tok.TokenizerError as e:
         raise _fail(path, str(e)) from None
     if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
-        raise _fail(path, f"its tokenizer has {tokenizer.vocab_size} tokens, more than vocab_size {cfg.vocab_size}")
+        raise _fail(
+            path,
+            f"its tokenizer has {tokenizer.vocab_size} tokens, more than vocab_size {cfg.vocab_size} in config.json: "
+            "it is not this model's tokenizer; put the model's own tokenizer.json beside it",
+        )
     if args.dropout is not None:
         cfg = replace(cfg, dropout=args.dropout)
-    return InitFolder(path, cfg, weights, _sha256(weights), keys, tokenizer)
+    return InitFolder(path, cfg, weights, _sha256(files), keys, tokenizer, where)
 
 
-def _sha256(path: Path) -> str:
+def _sha256(files: list[Path]) -> str:
+    """sha256 (hex) of the files' bytes, one after the other in the order given."""
     h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
+    for path in files:
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):  # noqa: B023 (used at once)
+                h.update(block)
     return h.hexdigest()
 
 
-def check_plan_start(src: InitFolder, growth: StageList, plan_path: str) -> GPTConfig:
+def check_plan_start(src: InitFolder, growth: StageList, plan_path: str) -> ModelConfig:
     """The run's starting shape with --growth_plan: the loaded model, which must be the plan's ``start``.
 
     Raises:
@@ -282,9 +357,11 @@ def load_weights(engine: Any, src: InitFolder) -> None:
     import deepspeed.utils as dsu  # lazy: deepspeed picks its accelerator at import
 
     masters = stage0_masters(engine)
-    with safe_open(str(src.weights), framework="pt") as f, torch.no_grad():
-        for name, p in engine.module.named_parameters():
-            w = f.get_tensor(src.keys[name]).float()
+    with contextlib.ExitStack() as stack, torch.no_grad():
+        opened = {f: stack.enter_context(safe_open(str(f), framework="pt")) for f in sorted(set(src.files.values()))}
+        for name, p in engine.module.named_parameters():  # the same order on every rank
+            key = src.keys[name]
+            w = opened[src.files[key]].get_tensor(key).float()
             if hasattr(p, "ds_id") or hasattr(p, "_hp_mapping"):
                 dsu.safe_set_full_fp32_param(p, w.to(p.device))
             else:

@@ -1,5 +1,6 @@
 """Load a model for evaluation, in one process: a growlm DeepSpeed checkpoint (any ZeRO stage, any world size) or
-an exported ``transformers`` folder. Both give an eval-mode ``logits_fn`` (ids (B, T) int64 -> logits (B, T, V)).
+a ``transformers`` folder of either family (GPT2LMHeadModel, LlamaForCausalLM; another model_type is refused in one
+line). Both give an eval-mode ``logits_fn`` (ids (B, T) int64 -> logits (B, T, V)).
 
 DeepSpeed checkpoints: the fp32 weights of any ZeRO stage and world size, native or universal, come from
 growth.offline.weights (the one checkpoint-weights reader, shared with the transformers export); the shape from
@@ -15,8 +16,9 @@ with more tokens than the model's vocab_size is refused.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +31,10 @@ from growlm.data import tokenizer as tok
 from growlm.data.tokenizer import Tokenizer, TokenizerError
 from growlm.eval.metrics.errors import EvalInputError
 from growlm.growth.offline.weights import fp32_model
-from growlm.model.config import GPTConfig
-from growlm.model.hf import from_hf_config, safetensors_problem
+from growlm.model import hf as gpt2_hf
+from growlm.model import llama_hf
+from growlm.model.config import ModelConfig
+from growlm.model.hf import safetensors_problem
 from growlm.runtime.checkpoint import STATE_FILE, CheckpointError, OpenCheckpoint, open_checkpoint
 
 
@@ -39,7 +43,7 @@ class LoadedModel:
     """A model ready to score text: ``logits_fn`` in eval mode, its shape, tokenizer and where it came from."""
 
     logits_fn: Callable[[Tensor], Tensor]
-    config: GPTConfig
+    config: ModelConfig
     tokenizer: Tokenizer
     source: str
     kind: str  # "deepspeed" | "transformers"
@@ -65,7 +69,7 @@ def open_deepspeed(path: Path) -> OpenCheckpoint:
         raise EvalInputError(f"{e}{hint}") from None
 
 
-def choose_tokenizer(spec: str | None, own: Callable[[], Tokenizer | None], cfg: GPTConfig, source: str) -> Tokenizer:
+def choose_tokenizer(spec: str | None, own: Callable[[], Tokenizer | None], cfg: ModelConfig, source: str) -> Tokenizer:
     """The tokenizer to score ``source`` with, by the one policy (data.tokenizer.model_tokenizer): ``spec``
     (``--tokenizer``) if given, else the model's own (``own()``).
 
@@ -80,7 +84,8 @@ def choose_tokenizer(spec: str | None, own: Callable[[], Tokenizer | None], cfg:
 
 
 def load_deepspeed(path: str | Path, tokenizer: str | None = None) -> LoadedModel:
-    """A growlm DeepSpeed checkpoint (tag folder, checkpoints folder or run folder) as an eval-mode GPT (fp32).
+    """A growlm DeepSpeed checkpoint (tag folder, checkpoints folder or run folder) as an eval-mode model of its
+    family (GPT or Llama, fp32).
 
     Raises:
         EvalInputError: not a growlm checkpoint, or weights that are missing or do not fit its model_config.
@@ -97,65 +102,102 @@ def load_deepspeed(path: str | Path, tokenizer: str | None = None) -> LoadedMode
     return LoadedModel(model, cfg, t, str(ckpt.tag_dir), "deepspeed", model)
 
 
-def not_gpt2(config: Any) -> str | None:
-    """What a transformers ``config.json`` (its parsed dict) describes when it is not a GPT-2, as the problem and the
-    fix of a refusal (e.g. "a Llama model (LlamaForCausalLM), which growlm does not load yet; growlm loads GPT-2
-    models (model_type 'gpt2', GPT2LMHeadModel)"), or None for a GPT-2."""
-    kind = config.get("model_type") if isinstance(config, dict) else None
-    if kind == "gpt2":
-        return None
-    archs = config.get("architectures") if isinstance(config, dict) else None
-    arch = f" ({', '.join(map(str, archs))})" if isinstance(archs, list) and archs else ""
-    what = (
-        f"a {str(kind).replace('_', ' ').title()} model{arch}"
-        if isinstance(kind, str) and kind
-        else (f"no model_type{arch}")
-    )
-    return f"{what}, which growlm does not load yet; growlm loads GPT-2 models (model_type 'gpt2', GPT2LMHeadModel)"
+HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}  # model_type -> the transformers class read
+
+
+def model_type_problem(config: Any) -> str | None:
+    """What is wrong with a transformers ``config.json`` (its parsed value) for growlm, as the problem and the fix of
+    a one-line refusal, or None when it describes a family growlm reads: ``model_type`` "gpt2" (GPT2LMHeadModel) or
+    "llama" (LlamaForCausalLM), with that class among its ``architectures`` when it lists any. E.g. "config.json says
+    model_type 'mistral'; growlm reads GPT-2 and Llama folders (...)"."""
+    fix = "growlm reads GPT-2 and Llama folders (model_type 'gpt2', GPT2LMHeadModel; 'llama', LlamaForCausalLM)"
+    if not isinstance(config, dict):
+        return f"config.json is not a JSON object; {fix}"
+    kind = config.get("model_type")
+    if kind not in HF_CLASSES:
+        return f"config.json says {f'model_type {kind!r}' if kind else 'no model_type'}; {fix}"
+    archs = config.get("architectures")
+    if isinstance(archs, list) and archs and HF_CLASSES[kind] not in archs:
+        return f"config.json says architectures {', '.join(map(str, archs))}, not {HF_CLASSES[kind]}; {fix}"
+    return None
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' warnings off for the block (e.g. the rope-parameter check of a config growlm then refuses in
+    its own one line), its verbosity restored after."""
+    from transformers.utils import logging as hf_logging  # lazy: heavy (about 2 s), only for a transformers folder
+
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
 
 
 WEIGHTS_FIX = "export the model again (growlm-grow CKPT --export_hf DIR) or copy the whole file again"
+WEIGHTS_INDEX = "model.safetensors.index.json"
 
 
-def load_transformers(path: str | Path, tokenizer: str | None = None) -> LoadedModel:
-    """An exported ``transformers`` GPT-2 folder (config.json + model.safetensors, tokenizer.json when it has one),
-    scored by HF's own forward pass.
-
-    Raises:
-        EvalInputError: not a loadable GPT-2 folder (another model type, e.g. a Llama, named as such; weights only as a
-            pickle; a truncated or damaged model.safetensors, named with what is wrong), a config growlm's GPT does not
-            implement, or no usable tokenizer (see ``choose_tokenizer``).
-    """
-    from transformers import GPT2LMHeadModel  # lazy: heavy (about 2 s), only for the transformers GPT-2
-
-    path = Path(path)
+def _check_weight_files(path: Path) -> None:
+    """Refuse a truncated or damaged model.safetensors, or shard of a model.safetensors.index.json, naming it and
+    what is wrong (model.hf.safetensors_problem); files that are absent are left to the loader's message."""
+    files = [path / "model.safetensors"]
     try:
-        foreign = not_gpt2(json.loads((path / "config.json").read_text(encoding="utf-8")))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise EvalInputError(
-            f"{path}: config.json cannot be read as JSON ({e}); give a transformers GPT-2 folder"
-        ) from e
-    if foreign is not None:
-        raise EvalInputError(f"{path}: config.json describes {foreign}")
-    weights = path / "model.safetensors"
-    if weights.is_file():
+        files += [path / n for n in sorted(set(json.loads((path / WEIGHTS_INDEX).read_text())["weight_map"].values()))]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # no index, or one the loader refuses with its own message
+    for weights in files:
+        if not weights.is_file():
+            continue
         try:
             problem = safetensors_problem(weights)
         except OSError as e:
             problem = f"cannot be read ({e.strerror or e})"
         if problem is not None:
             raise EvalInputError(f"{weights} {problem}; {WEIGHTS_FIX}")
+
+
+def load_transformers(path: str | Path, tokenizer: str | None = None) -> LoadedModel:
+    """A ``transformers`` folder (config.json + model.safetensors or a sharded model.safetensors.index.json,
+    tokenizer.json when it has one) of a GPT-2 (GPT2LMHeadModel) or a Llama (LlamaForCausalLM), scored by
+    transformers' own forward pass in fp32.
+
+    Raises:
+        EvalInputError: not a loadable folder (another model type, named as such; weights only as a pickle; a
+            truncated or damaged safetensors file, named with what is wrong), a config growlm's models do not
+            implement (e.g. a Llama with rope scaling or biases), or no usable tokenizer (see ``choose_tokenizer``).
+    """
+    import transformers  # lazy: heavy (about 2 s), only for a transformers folder
+
+    path = Path(path)
+    try:
+        d = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise EvalInputError(
+            f"{path}: config.json cannot be read as JSON ({e}); give a transformers GPT-2 or Llama folder"
+        ) from e
+    problem = model_type_problem(d)
+    if problem is not None:
+        raise EvalInputError(f"{path}: {problem}")
+    kind = d["model_type"]
+    convert = llama_hf.from_hf_config if kind == "llama" else gpt2_hf.from_hf_config
+    config_cls = transformers.LlamaConfig if kind == "llama" else transformers.GPT2Config
+    try:
+        with quiet_transformers():
+            cfg = convert(config_cls.from_dict(d))  # before the weights: an unsupported variant is refused unread
+    except (TypeError, ValueError, KeyError) as e:
+        raise EvalInputError(f"{path}: {e}") from None
+    _check_weight_files(path)
+    model_cls = getattr(transformers, HF_CLASSES[kind])
     try:
         # safetensors only: a pytorch_model.bin is a pickle, which growlm never unpickles from a foreign folder
-        hf = GPT2LMHeadModel.from_pretrained(str(path), use_safetensors=True).float().eval()
+        hf = model_cls.from_pretrained(str(path), use_safetensors=True, dtype=torch.float32).float().eval()
     except SafetensorError as e:
-        raise EvalInputError(f"{weights} is not a readable safetensors file ({e}); {WEIGHTS_FIX}") from None
+        raise EvalInputError(f"{path}: a weights file is not readable safetensors ({e}); {WEIGHTS_FIX}") from None
     except (OSError, ValueError) as e:
-        raise EvalInputError(f"{path}: cannot load it as a transformers GPT-2 folder ({e})") from e
-    try:
-        cfg = from_hf_config(hf.config)
-    except ValueError as e:
-        raise EvalInputError(f"{path}: {e}") from e
+        raise EvalInputError(f"{path}: cannot load it as a transformers {HF_CLASSES[kind]} folder ({e})") from e
     t = choose_tokenizer(tokenizer, lambda: tok.from_hf_dir(path), cfg, str(path))
     return LoadedModel(lambda x: hf(x).logits, cfg, t, str(path), "transformers", hf)
 

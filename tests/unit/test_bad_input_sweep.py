@@ -69,9 +69,17 @@ SWEEP: dict[str, list[str]] = {
     "growlm-grow on a run shorter than its warm-up (warmup_num_steps 20 > total 4)": [
         "distributed/test_grow_checkpoint.py::test_bad_input_is_refused_before_writing",
     ],
-    "a transformers Llama folder given to growlm-eval or --init_from": [
-        "unit/test_foreign_models_and_quoting.py::test_growlm_eval_names_a_llama_folder",
-        "unit/test_foreign_models_and_quoting.py::test_init_from_names_a_llama_folder",
+    "a transformers folder of a model type growlm does not read (Mistral) given to growlm-eval or --init_from": [
+        "unit/test_foreign_models_and_quoting.py::test_growlm_eval_names_a_mistral_folder",
+        "unit/test_foreign_models_and_quoting.py::test_init_from_names_a_mistral_folder",
+    ],
+    "a Llama folder growlm cannot run exactly (rope scaling such as Llama 3.1's 'llama3', biases, another activation "
+    "or class), missing or damaged safetensors or shards, weights or a tokenizer that do not fit its config.json": [
+        "unit/test_llama_init_from_unit.py::test_llama_variants_growlm_does_not_run_are_refused",
+        "unit/test_llama_init_from_unit.py::test_missing_or_damaged_safetensors_are_refused",
+        "unit/test_llama_init_from_unit.py::test_damaged_shards_are_refused",
+        "unit/test_llama_init_from_unit.py::test_weights_that_do_not_fit_the_config_are_refused",
+        "unit/test_llama_init_from_unit.py::test_a_tokenizer_larger_than_the_vocabulary_is_refused",
     ],
 }
 

@@ -1,5 +1,6 @@
-"""A transformers folder of another model type is named for what it is (growlm-eval and train.py --init_from), and
-the commands growlm suggests in its messages are shell-quoted: a path with a space can be pasted as it is."""
+"""A transformers folder of a model type growlm does not read (here a Mistral) is named for what it is (growlm-eval
+and train.py --init_from), and the commands growlm suggests in its messages are shell-quoted: a path with a space
+can be pasted as it is."""
 
 from __future__ import annotations
 
@@ -14,34 +15,34 @@ from cli_utils import one_error_line, train_fails
 from growlm.eval.metrics import cli as eval_cli
 from growlm.runtime.checkpoint import LATEST, save_failed_message
 
-LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "vocab_size": 512, "tie_word_embeddings": False}  # fmt: skip
-NOT_YET = (
-    "config.json describes a Llama model (LlamaForCausalLM), which growlm does not load yet; growlm loads GPT-2 "
-    "models (model_type 'gpt2', GPT2LMHeadModel)"
+MISTRAL = {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "hidden_size": 64,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512}  # fmt: skip
+NOT_READ = (
+    "config.json says model_type 'mistral'; growlm reads GPT-2 and Llama folders (model_type 'gpt2', "
+    "GPT2LMHeadModel; 'llama', LlamaForCausalLM)"
 )
 
 
-def llama_folder(path: Path) -> Path:
+def mistral_folder(path: Path) -> Path:
     path.mkdir()
-    (path / "config.json").write_text(json.dumps(LLAMA))
+    (path / "config.json").write_text(json.dumps(MISTRAL))
     (path / "model.safetensors").write_bytes(b"not read")
     return path
 
 
 @pytest.mark.bad_input
-def test_growlm_eval_names_a_llama_folder(capsys, tmp_path):
-    folder = llama_folder(tmp_path / "my llama")
+def test_growlm_eval_names_a_mistral_folder(capsys, tmp_path):
+    folder = mistral_folder(tmp_path / "my mistral")
     assert eval_cli.main([str(folder), "--sets", "heldout"]) == 2
-    assert one_error_line(capsys.readouterr().err, "growlm-eval") == f"{folder}: {NOT_YET}"
+    assert one_error_line(capsys.readouterr().err, "growlm-eval") == f"{folder}: {NOT_READ}"
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
 
 
 @pytest.mark.bad_input
-def test_init_from_names_a_llama_folder(capsys, tmp_path):
-    folder = llama_folder(tmp_path / "llama")
+def test_init_from_names_a_mistral_folder(capsys, tmp_path):
+    folder = mistral_folder(tmp_path / "mistral")
     line = train_fails(capsys, ["--init_from", str(folder), "--out_dir", str(tmp_path / "run")])
-    assert line == f"growlm-train: error: --init_from {folder}: {NOT_YET}"
+    assert line == f"growlm-train: error: --init_from {folder}: {NOT_READ}"
     assert not (tmp_path / "run").exists()
 
 

@@ -61,11 +61,13 @@ def test_pickle_weights_are_refused_never_loaded(capsys, tmp_path, hf_dir):
 def test_non_gpt2_config(capsys, tmp_path, hf_dir):
     d = copy_without(hf_dir, tmp_path / "llama")
     cfg = json.loads((d / "config.json").read_text())
-    (d / "config.json").write_text(json.dumps({**cfg, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    (d / "config.json").write_text(
+        json.dumps({**cfg, "model_type": "mistral", "architectures": ["MistralForCausalLM"]})
+    )
     line = fails(capsys, ["--init_from", str(d)])
     assert line == (
-        f"growlm-train: error: --init_from {d}: config.json describes a Llama model (LlamaForCausalLM), which growlm "
-        "does not load yet; growlm loads GPT-2 models (model_type 'gpt2', GPT2LMHeadModel)"
+        f"growlm-train: error: --init_from {d}: config.json says model_type 'mistral'; growlm reads GPT-2 and Llama "
+        "folders (model_type 'gpt2', GPT2LMHeadModel; 'llama', LlamaForCausalLM)"
     )
     (d / "config.json").write_text(json.dumps({**cfg, "activation_function": "relu"}))  # a GPT-2 growlm cannot run
     fails(capsys, ["--init_from", str(d)], "activation_function='relu'")
