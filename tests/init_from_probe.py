@@ -35,7 +35,7 @@ from transformers import GPT2LMHeadModel  # noqa: E402
 from growlm.runtime.engine import inner_optimizer  # noqa: E402
 from growlm.trainer.checkpointing import restore  # noqa: E402
 from growlm.trainer.init_from import stage0_masters  # noqa: E402
-from growlm.trainer.loop import Batches, train_step  # noqa: E402
+from growlm.trainer.loop import Batches, sync_steps, train_step  # noqa: E402
 from growlm.trainer.run import build, join, open_data  # noqa: E402
 
 info = join(cfg)
@@ -74,6 +74,7 @@ hf_loss = hf_loss.to(info.device)
 dist.all_reduce(hf_loss)
 p = restore(engine, cfg, info)
 first = train_step(p, data, own_grad_norm=False)
+first_loss = sync_steps([first], info).losses[0]
 if info.rank == 0:
     Path(out_path).write_text(
         json.dumps(
@@ -85,7 +86,7 @@ if info.rank == 0:
                 "adam_before": adam_before,
                 "lr_before_first_step": lr_before,
                 "first_step_lr": first.lr,
-                "first_loss": first.loss,
+                "first_loss": first_loss,
                 "hf_loss": float(hf_loss) / data.gas / info.world_size,
             }
         )

@@ -1,7 +1,10 @@
 """The training step: micro batches, gradient accumulation, the optimizer step, and the fixed-batch loss.
 
 ``Progress`` is the run's state in memory (engine, shape, step, data position, growth bookkeeping); ``train_step``
-advances it by one optimizer step. Every rank calls these functions with the same arguments (they are collectives).
+advances it by one optimizer step and leaves its loss and gradient norm on the device; ``sync_steps`` reads the steps
+since the last sync back in one all-reduce and one copy (the run does it once per log interval and where a decision
+needs a value: DESIGN.md, "Data flow of a run"). Every rank calls these functions with the same arguments (they are
+collectives).
 """
 
 from __future__ import annotations
@@ -87,16 +90,43 @@ class Batches:
 
 
 @dataclass(frozen=True)
-class StepResult:
-    """One optimizer step: mean loss over ranks and micro batches, the LR it used, the gradient norm (nan when
-    DeepSpeed reports none), when it started (``time.perf_counter``), and the signal every rank agreed at this step
-    to stop for (``runtime.stop.agreed``; 0: none)."""
+class StepTaken:
+    """One optimizer step as the device left it: nothing of it has been read back to the host yet.
 
-    loss: float
+    Attributes:
+        step: the optimizer step just taken (1 for the first).
+        loss: this rank's mean loss over its micro batches, a float64 scalar on the rank's device.
+        grad_norm: the global gradient norm, a float64 scalar on the rank's device (nan when DeepSpeed reports
+            none and this step computed none).
+        lr: the LR the step used.
+        started: ``time.perf_counter()`` when the step began.
+        ended: ``time.perf_counter()`` when its host work ended (on a GPU its kernels may still run).
+    """
+
+    step: int
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
     lr: float
-    grad_norm: float
     started: float
-    stop_signal: int = 0
+    ended: float
+
+
+@dataclass(frozen=True)
+class SyncedSteps:
+    """What one host sync (``sync_steps``) read back for the steps taken since the previous one.
+
+    Attributes:
+        losses: per step, the mean loss over ranks and micro batches (the same float64 arithmetic as one
+            all-reduce per step would give).
+        grad_norms: per step, the global gradient norm (nan where none was reported).
+        stop_signal: the signal every rank agreed to stop for (``runtime.stop.agreed``; 0: none).
+        synced: ``time.perf_counter()`` when the values were on the host.
+    """
+
+    losses: list[float]
+    grad_norms: list[float]
+    stop_signal: int
+    synced: float
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
@@ -106,7 +136,7 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
 
 def agree_stop() -> int:
     """The signal the ranks stop for, from every rank's requests (``runtime.stop.votes``; a collective), 0 when no
-    rank has one. The step loop gets the same answer with its loss (``train_step``); this is for the moments
+    rank has one. The step loop gets the same answer with its losses (``sync_steps``); this is for the moments
     between: before the first step, before the evaluation after training."""
     return stop.agreed(all_reduce_sum(torch.tensor(stop.votes(), dtype=torch.float64)).tolist())
 
@@ -125,22 +155,36 @@ def flops_per_step(cfg: GPTConfig, data: Batches) -> int:
     return flops_per_token(cfg, data.seq_len) * data.global_batch * data.seq_len
 
 
-def _stage0_grad_norm(engine: Any) -> float:
-    """The global gradient norm, computed here for ZeRO stage 0 in fp32 (where DeepSpeed reports none)."""
+def _stage0_grad_norm(engine: Any) -> torch.Tensor:
+    """The global gradient norm, computed here for ZeRO stage 0 in fp32 (where DeepSpeed reports none): a scalar on
+    the gradients' device, not read back."""
     grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
-    return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
-def train_step(p: Progress, data: Batches, *, own_grad_norm: bool) -> StepResult:
+def _device_scalar(value: Any, device: torch.device) -> torch.Tensor:
+    """``value`` (a tensor, a Python number or None) as a float64 scalar on ``device``, without reading a device
+    tensor back (None: nan). A float64 holds a float32's or a Python float's value exactly."""
+    if value is None:
+        return torch.full((), math.nan, dtype=torch.float64, device=device)
+    if torch.is_tensor(value):
+        return value.detach().reshape(()).to(device=device, dtype=torch.float64)
+    return torch.tensor(float(value), dtype=torch.float64, device=device)
+
+
+def train_step(p: Progress, data: Batches, *, own_grad_norm: bool) -> StepTaken:
     """One optimizer step over ``data.gas`` micro batches; advances ``p`` (step, data position, FLOPs, mask ramp,
-    re-warm). ``own_grad_norm``: compute the gradient norm here (ZeRO stage 0 in fp32)."""
+    re-warm). ``own_grad_norm``: compute the gradient norm here (ZeRO stage 0 in fp32).
+
+    Reads nothing back from the device: the loss and the gradient norm stay there (``StepTaken``) until
+    ``sync_steps`` reads a log interval's steps at once. Makes no collective of its own (DeepSpeed's make theirs).
+    """
     started = time.perf_counter()
     engine = p.engine
     lr = engine.get_lr()[0]  # the LR this step uses
-    loss_sum = torch.zeros(
-        (), dtype=torch.float64, device=data.info.device
-    )  # summed on the device: no sync per micro batch
-    stage0_norm = math.nan
+    device = data.info.device
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device: no sync per micro batch
+    stage0_norm = None
     for j in range(data.gas):
         x, y = data.micro_batch(p.consumed, j)
         loss = engine(x, y)
@@ -155,16 +199,35 @@ def train_step(p: Progress, data: Batches, *, own_grad_norm: bool) -> StepResult
     engine.module.set_growth_step(p.step)  # mask ramp (no-op without masks; removes them at 1)
     if p.schedule is not None:
         apply_rewarm(engine, p.schedule, p.step)
-    # the stop requests ride with the loss in the one all-reduce of the step: every rank learns of a request on any
-    # rank here, at the same step (runtime.stop); built on the device, copied there only when there is a request
-    packed = torch.zeros(1 + len(stop.STOP_SIGNALS), dtype=torch.float64, device=loss_sum.device)
-    packed[0] = loss_sum / data.gas
+    grad_norm = engine.get_global_grad_norm()
+    norm = _device_scalar(grad_norm if grad_norm is not None else stage0_norm, device)
+    return StepTaken(p.step, loss_sum / data.gas, norm, lr, started, time.perf_counter())
+
+
+def sync_steps(steps: list[StepTaken], info: DistInfo) -> SyncedSteps:
+    """The one host sync of a log interval (a collective: every rank calls it at the same step with the same number
+    of steps): one all-reduce carries every step's loss, rank 0's gradient norms and every rank's stop requests
+    (``runtime.stop``), and one copy brings them to the host. So every rank learns of a stop request on any rank
+    here, at the same step.
+
+    Args:
+        steps: the steps taken since the previous sync, oldest first (may be empty: the stop requests only).
+        info: this rank.
+
+    Returns:
+        ``SyncedSteps``: each step's mean loss over ranks (sum over ranks / world size, in float64 as before), its
+        gradient norm (rank 0's value, exactly: the other ranks add zeros), the agreed stop signal.
+    """
+    n = len(steps)
+    packed = torch.zeros(2 * n + len(stop.STOP_SIGNALS), dtype=torch.float64, device=info.device)
+    if n:
+        packed[:n] = torch.stack([s.loss for s in steps])
+        if info.rank == 0:  # the norm is global (every rank has it): sent by one rank so the sum is exact
+            packed[n : 2 * n] = torch.stack([s.grad_norm for s in steps])
     votes = stop.votes()
     if any(votes):
-        packed[1:] = torch.tensor(votes, dtype=torch.float64)
-    summed = all_reduce_sum(packed).tolist()
-    mean_loss = summed[0] / data.info.world_size
-    grad_norm = engine.get_global_grad_norm()
-    return StepResult(
-        mean_loss, lr, float(grad_norm) if grad_norm is not None else stage0_norm, started, stop.agreed(summed[1:])
+        packed[2 * n :] = torch.tensor(votes, dtype=torch.float64)
+    summed = all_reduce_sum(packed).tolist()  # the host sync
+    return SyncedSteps(
+        [v / info.world_size for v in summed[:n]], summed[n : 2 * n], stop.agreed(summed[2 * n :]), time.perf_counter()
     )

@@ -35,7 +35,16 @@ from growlm.trainer.evaluation import Evaluator, perplexity_after, perplexity_be
 from growlm.trainer.growth_events import maybe_grow, next_stage
 from growlm.trainer.init_from import load_weights
 from growlm.trainer.logger import MetricsLogger, Throughput, cuda_max_allocated_bytes, max_rss_bytes
-from growlm.trainer.loop import Batches, Progress, StepResult, agree_stop, flops_per_step, train_step
+from growlm.trainer.loop import (
+    Batches,
+    Progress,
+    StepTaken,
+    SyncedSteps,
+    agree_stop,
+    flops_per_step,
+    sync_steps,
+    train_step,
+)
 from growlm.trainer.stopping import stop_before_training, stop_on_signal
 
 RUN_LOCK = "train.lock"  # <out_dir>/train.lock: one train.py per run folder (growlm-run's is <out_dir>/driver/lock)
@@ -162,23 +171,50 @@ def announce(log: MetricsLogger, run: RunConfig, p: Progress, data: Batches, run
     )
 
 
-def step_record(p: Progress, result: StepResult, seq_len: int) -> dict[str, Any]:
-    """The "train" record of metrics.jsonl for the step just taken."""
+def step_record(p: Progress, taken: StepTaken, seq_len: int) -> dict[str, Any]:
+    """The "train" record of metrics.jsonl for the step just taken, with ``loss`` and ``grad_norm`` still None and
+    ``step_time_s`` its host time so far: ``fill_records`` completes them after the interval's sync."""
     return {
         "event": "train",
         "step": p.step,
-        "loss": result.loss,
-        "lr": result.lr,
-        "grad_norm": result.grad_norm,
+        "loss": None,
+        "lr": taken.lr,
+        "grad_norm": None,
         "loss_scale": loss_scale_of(p.engine),
         "consumed_samples": p.consumed,
         "tokens": p.consumed * seq_len,
         "skipped_steps": p.engine.skipped_steps,
         "flops": p.consumed_flops,
-        "step_time_s": time.perf_counter() - result.started,
+        "step_time_s": taken.ended - taken.started,
         "max_rss_bytes": max_rss_bytes(),  # host
         "cuda_max_allocated_bytes": cuda_max_allocated_bytes(),  # None (null) without CUDA
     }
+
+
+def fill_records(pending: list[tuple[StepTaken, dict[str, Any]]], synced: SyncedSteps) -> list[dict[str, Any]]:
+    """The pending steps' records with the values one sync read back: each step's mean loss and gradient norm; the
+    last step's time runs to the end of the sync (on a GPU the interval's kernels finish there), so the interval's
+    step times add up to its wall time."""
+    records = []
+    for i, (taken, rec) in enumerate(pending):
+        rec = {**rec, "loss": synced.losses[i], "grad_norm": synced.grad_norms[i]}
+        if i == len(pending) - 1:
+            rec["step_time_s"] = synced.synced - taken.started
+        records.append(rec)
+    return records
+
+
+def sync_due(p: Progress, run: RunConfig, log_interval: int) -> bool:
+    """Whether the steps taken so far are read back after this step (the same answer on every rank): at each log
+    interval and the last step, and before anything that logs or decides after it: a planned save, a periodic
+    validation, a due growth stage (or --stop_before_stage's stop)."""
+    return (
+        p.step % log_interval == 0
+        or p.step >= run.max_steps
+        or p.step in run.save_steps
+        or bool(run.eval_interval and p.step % run.eval_interval == 0)
+        or next_stage(p, run) is not None
+    )
 
 
 def stop_checkpoint_saved(p: Progress, run: RunConfig, stage_name: str) -> bool:
@@ -240,10 +276,12 @@ def train(
     p: Progress, run: RunConfig, data: Batches, ev: Evaluator, log: MetricsLogger, sha: str | None
 ) -> tuple[Throughput, TrainEnd]:
     """Train until --max_steps (or until --stop_before_stage's stage is due, or a signal stops every rank): before
-    each step a due growth, then the step, its record, periodic validation and the planned saves. A stop requested
-    before training (``runtime.stop``) ends it before the first step; one agreed with a step's loss ends it after
-    that step's validation and save (``trainer.stopping``). Returns the throughput meter (its last measurement is
-    the run's tokens/s) and how the run ended."""
+    each step a due growth, then the step, periodic validation and the planned saves. The steps' losses stay on
+    the device until the next sync point (``sync_due``: each log interval, the last step, a save, a validation, a
+    due growth); there one all-reduce reads them back with every rank's stop requests and their records are
+    logged. A stop requested before training (``runtime.stop``) ends it before the first step; one agreed at a
+    sync point ends it after that step's validation and save (``trainer.stopping``). Returns the throughput meter
+    (its last measurement is the run's tokens/s) and how the run ended."""
     own_grad_norm = run.zero_stage == 0 and run.precision == "fp32"  # DeepSpeed reports no norm there
     meter = Throughput(data.global_batch * run.seq_len)
     signum = agree_stop()  # a signal during the start or the evaluation before training
@@ -251,24 +289,32 @@ def train(
         return meter, TrainEnd(status=stop_before_training(p, run, log, signum))
     log.start_bar(p.step)
     p.engine.train()
+    pending: list[tuple[StepTaken, dict[str, Any]]] = []  # steps not yet read back (at most a log interval)
     try:
         while p.step < run.max_steps:
             if stop_before_stage(p, run, data.info, log, sha):
                 return meter, TrainEnd(stage=True)
             maybe_grow(p, run, data, log)
-            result = train_step(p, data, own_grad_norm=own_grad_norm)
+            taken = train_step(p, data, own_grad_norm=own_grad_norm)
             meter.step()
-            if log.enabled:
-                log.train(step_record(p, result, run.seq_len), meter, flops_per_step(p.model, data))
+            pending.append((taken, step_record(p, taken, run.seq_len)))
+            stop_signal = 0
+            if sync_due(p, run, log.log_interval):
+                synced = sync_steps([t for t, _ in pending], data.info)
+                stop_signal = synced.stop_signal
+                for rec in fill_records(pending, synced):
+                    if log.enabled:
+                        log.train(rec, meter, flops_per_step(p.model, data))
+                pending = []
             hold_point(f"train.step:{p.step}")  # test-only (runtime.crash_points): killed while training
             validate_periodically(ev, p, run, log, meter)
             path = None
             if p.step in run.save_steps:
                 path = save(p, run, data.info, sha)
                 log.console(f"growlm: saved checkpoint {path}")
-            if result.stop_signal:
+            if stop_signal:
                 log.close_bar()
-                return meter, TrainEnd(status=stop_on_signal(p, run, data.info, log, sha, result.stop_signal, path))
+                return meter, TrainEnd(status=stop_on_signal(p, run, data.info, log, sha, stop_signal, path))
         return meter, TrainEnd()
     finally:  # also on an error: its message then starts a line of its own, not the bar's
         log.close_bar()
