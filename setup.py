@@ -37,6 +37,7 @@ setup(
     package_data={
         "growlm": [
             "ds_configs/*.json",
+            "ds_configs/gpu/*.json",
             "ds_configs/*.md",
             "data/gpt2_bpe/*",
             "data/corpus/*.json",

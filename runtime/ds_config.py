@@ -19,9 +19,12 @@ import json
 import logging
 import math
 from collections.abc import Iterator, KeysView
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from growlm import DS_CONFIG_DIR
 
 
 class DSConfigError(ValueError):
@@ -349,3 +352,45 @@ def check_ds_config_meaning(ds_cfg: dict, world_size: int = 1) -> None:
             raise translated from None
         detail = " ".join(str(error).split()) or type(error).__name__
         raise DSConfigError(f"DeepSpeed's config parser refuses it: {detail}") from None
+
+
+GPU_CONFIG_DIR = DS_CONFIG_DIR / "gpu"  # the shipped configs' GPU variants, same file names
+
+
+def choose_ds_config(path: str, accelerator: str) -> tuple[str, str | None]:
+    """The DeepSpeed config file a run on ``accelerator`` uses for ``--ds_config path``.
+
+    The shipped configs (``ds_configs/zero{S}_{P}.json``) carry values measured on a CPU (2M-element buckets, no
+    contiguous-gradient copy); on CUDA a shipped config that has a GPU variant (``ds_configs/gpu/``, same name,
+    DeepSpeed's GPU-sized buckets) is replaced by it. Any other file, a copy of a shipped config elsewhere included,
+    is used as given on every accelerator: a user's own config is never replaced.
+
+    Args:
+        path: the --ds_config value as given.
+        accelerator: DeepSpeed's accelerator name (``runtime.dist.select_accelerator``: "cuda", "cpu", ...).
+
+    Returns:
+        (the path to use, a one-line note naming both files when the GPU variant was chosen, else None). A path
+        that is not a file comes back unchanged (its reader refuses it).
+    """
+    given = Path(path)
+    if accelerator != "cuda" or not given.is_file():
+        return path, None
+    if given.resolve().parent != DS_CONFIG_DIR.resolve():
+        return path, None
+    variant = GPU_CONFIG_DIR / given.name
+    if not variant.is_file():
+        return path, None
+    shown = f"ds_configs/gpu/{given.name}"
+    return str(variant), (
+        f"growlm: --ds_config {path} is a shipped config with CPU-measured values; on CUDA its GPU variant "
+        f"{shown} is used (DeepSpeed's GPU bucket sizes, contiguous gradients); pass a config file of your own to "
+        "choose other values"
+    )
+
+
+def shipped_ds_config(stage: int, precision: str, accelerator: str) -> Path:
+    """The shipped config ``zero{stage}_{precision}.json`` a run on ``accelerator`` uses: its GPU variant on CUDA
+    where one exists (``choose_ds_config``), else the file in ``ds_configs/``. For commands that write an edited copy
+    of a shipped config (growlm-bench, growlm-gpu-check), which train.py would not replace."""
+    return Path(choose_ds_config(str(DS_CONFIG_DIR / f"zero{stage}_{precision}.json"), accelerator)[0])

@@ -23,7 +23,8 @@ from growlm.model.config import param_count
 from growlm.model.gpt import attention_kernel
 from growlm.runtime import checkpoint, collectives, stop
 from growlm.runtime.crash_points import hold_point
-from growlm.runtime.dist import DistInfo, init_distributed
+from growlm.runtime.dist import DistInfo, init_distributed, launch_rank, select_accelerator
+from growlm.runtime.ds_config import choose_ds_config
 from growlm.runtime.engine import build_engine, loss_scale_of, release_engine
 from growlm.runtime.lock import LockHeldError, hold_lock
 from growlm.runtime.processes import DRIVER_PID_ENV
@@ -343,12 +344,23 @@ def build(run: RunConfig) -> Any:
     return engine
 
 
+def pick_ds_config(args: argparse.Namespace, accelerator: str) -> None:
+    """Set ``args.ds_config`` to the file this run uses on ``accelerator`` (``runtime.ds_config.choose_ds_config``:
+    a shipped config's GPU variant on CUDA, anything else as given); when it changed, global rank 0 prints one line
+    naming both files."""
+    args.ds_config, note = choose_ds_config(args.ds_config, accelerator)
+    if note and launch_rank() == 0:
+        print(note, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Validate, build, train, close (see the module docstring). Returns the exit status.
+    """Validate, build, train, close (see the module docstring). Returns the exit status. On CUDA a shipped
+    --ds_config is replaced by its GPU variant, said in one line (``runtime.ds_config.choose_ds_config``).
 
     Raises:
         UsageError, RankError, CheckpointError, GrowthError: bad input, reported by trainer.cli.main.
     """
+    pick_ds_config(args, select_accelerator())
     cfg = resolve(args)
     info = join(cfg)
     run_data = open_data(cfg, info)

@@ -54,7 +54,7 @@ import psutil
 import torch
 from safetensors.torch import load_file
 
-from growlm import DS_CONFIG_DIR, TRAIN_SCRIPT
+from growlm import TRAIN_SCRIPT
 from growlm.data.prepare import ensure_builtin_prepared
 from growlm.eval.bench import throughput as bench
 from growlm.eval.bench.peak import format_mfu
@@ -65,6 +65,7 @@ from growlm.runtime import launch
 from growlm.runtime.atomic import write_json, write_text
 from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import select_accelerator
+from growlm.runtime.ds_config import shipped_ds_config
 from growlm.runtime.launch import launch_ranks
 from growlm.runtime.machine import device_description
 from growlm.runtime.metrics_file import read_records
@@ -311,9 +312,10 @@ class Runner:
 
     def ds_config(self, name: str, stage: int, precision: str, lr: float | None = None,
                   weight_decay: float | None = None) -> Path:  # fmt: skip
-        """ds_configs/zero{STAGE}_{PRECISION}.json with the mode's micro batch, peak LR (or ``lr``), the config's
-        weight decay (or ``weight_decay``) and a 2-step warm-up, written to WORK/NAME.json; its path."""
-        cfg = json.loads((DS_CONFIG_DIR / f"zero{stage}_{precision}.json").read_text())
+        """ds_configs/zero{STAGE}_{PRECISION}.json (on CUDA its GPU variant, ds_configs/gpu/) with the mode's micro
+        batch, peak LR (or ``lr``), the config's weight decay (or ``weight_decay``) and a 2-step warm-up, written to
+        WORK/NAME.json; its path."""
+        cfg = json.loads(shipped_ds_config(stage, precision, select_accelerator()).read_text())  # GPU variant on CUDA
         cfg["train_micro_batch_size_per_gpu"] = self.s.train_micro
         cfg["optimizer"]["params"]["lr"] = self.s.lr if lr is None else lr
         if weight_decay is not None:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from growlm import DS_CONFIG_DIR, PACKAGE_DIR
+from growlm import PACKAGE_DIR
 from growlm.growth.live.engine import collect_old_engine, grow_engine, release_heap, rss_bytes
 from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy
@@ -44,6 +44,7 @@ from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.model.config import GPTConfig, param_count
 from growlm.runtime import collectives
 from growlm.runtime.dist import init_distributed
+from growlm.runtime.ds_config import shipped_ds_config
 from growlm.runtime.engine import build_engine, release_engine
 from growlm.runtime.launch import launch_ranks
 
@@ -64,7 +65,7 @@ def worker(case: str, stage: int, precision: str, out: str, seq_len: int, small:
 
     info = init_distributed(600)
 
-    ds_cfg = json.loads((DS_CONFIG_DIR / f"zero{stage}_{precision}.json").read_text())
+    ds_cfg = json.loads(shipped_ds_config(stage, precision, info.device.type).read_text())  # GPU variant on CUDA
     ds_cfg["train_micro_batch_size_per_gpu"] = 1
     ds_cfg["scheduler"]["params"]["total_num_steps"] = 100
     shapes = (SMALL if small else SCENARIOS)[case]

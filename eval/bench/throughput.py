@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from growlm import DS_CONFIG_DIR, PACKAGE_DIR, TRAIN_SCRIPT
+from growlm import PACKAGE_DIR, TRAIN_SCRIPT
 from growlm.eval.bench.peak import device_peak, format_mfu
 from growlm.eval.bench.report import (
     BenchError,
@@ -49,6 +49,7 @@ from growlm.model.config import flops_per_token, from_preset, param_count
 from growlm.runtime.atomic import write_json
 from growlm.runtime.commands import HelpFormatter, add_version, interruptible
 from growlm.runtime.dist import select_accelerator
+from growlm.runtime.ds_config import shipped_ds_config
 from growlm.runtime.launch import launch_ranks
 from growlm.runtime.lock import LockHeldError, output_held_message, output_lock
 from growlm.runtime.machine import device_description
@@ -152,10 +153,13 @@ def _failure(log_dir: Path, what: str) -> BenchError:
     return BenchError(f"{what} failed; last output:\n{tail}")
 
 
-def ds_config(stage: int, precision: str, micro_batch: int, grad_accum: int, steps: int, path: Path) -> Path:
-    """ds_configs/zero{stage}_{precision}.json with the benchmark's micro batch and accumulation, and an LR warm-up
-    no longer than the run (a growth plan's schedule rules refuse one that is)."""
-    cfg = json.loads((DS_CONFIG_DIR / f"zero{stage}_{precision}.json").read_text())
+def ds_config(
+    stage: int, precision: str, micro_batch: int, grad_accum: int, steps: int, path: Path, device_type: str = "cpu"
+) -> Path:
+    """ds_configs/zero{stage}_{precision}.json (on ``device_type`` "cuda" its GPU variant in ds_configs/gpu/,
+    ``runtime.ds_config.shipped_ds_config``) with the benchmark's micro batch and accumulation, and an LR warm-up
+    no longer than the run (a growth plan's schedule rules refuse one that is), written to ``path``."""
+    cfg = json.loads(shipped_ds_config(stage, precision, device_type).read_text())
     cfg["train_micro_batch_size_per_gpu"] = micro_batch
     cfg["gradient_accumulation_steps"] = grad_accum
     sched = cfg.get("scheduler", {}).get("params", {})
@@ -182,7 +186,8 @@ def bench_deepspeed(
     --activation_checkpointing, named ``...-ckpt``); its JSON record."""
     name = f"zero{stage}-{precision}" + ("-ckpt" if recompute else "")
     run_dir = work / name
-    cfg_path = ds_config(stage, precision, args.micro_batch, args.grad_accum, args.max_steps, work / f"{name}.json")
+    cfg_path = ds_config(stage, precision, args.micro_batch, args.grad_accum, args.max_steps, work / f"{name}.json",
+                         base["device_type"])  # fmt: skip
     shape = [f"--{k}={getattr(args, k)}" for k in ("n_layer", "n_embd", "n_head", "n_inner") if getattr(args, k)]
     shape = [] if args.growth_plan else ["--preset", args.preset, *shape]  # a plan sets its own starting shape
     cmd = [sys.executable, str(TRAIN_SCRIPT), *shape, "--seq_len", str(args.seq_len)]

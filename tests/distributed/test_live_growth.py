@@ -24,6 +24,9 @@ SCENARIOS = [
     ("zero1_bf16", "masked"),
     ("zero2_bf16", "duplicate"),
     ("zero3_bf16", "masked"),
+    # the GPU variants' settings (DeepSpeed's buckets; at ZeRO-3 small parameters persist whole on every rank)
+    ("gpu/zero2_fp32", "duplicate"),
+    ("gpu/zero3_fp32", "masked"),
 ]
 
 
