@@ -2,15 +2,23 @@
 
     growlm-prepare                                   # the built-in corpus -> ~/.cache/growlm/builtin (if not there yet)
     growlm-prepare --train a.txt b.jsonl --val c.txt.xz --out runs/data/mine [--text_field body] [--overwrite]
+    growlm-prepare --tokenizer MODEL_DIR --out runs/data/smollm      # a model folder's own tokenizer.json
     python -m growlm.data.prepare ...                       # the same
 
-Each .bin is the concatenation of every document's GPT-2 token ids, each document followed by <|endoftext|>
-(50256), as a flat little-endian uint16 array (np.memmap(path, dtype=np.uint16, mode="r")), written by the
-one token-folder writer (data/tokens.py, which also documents meta.json). One .txt / .txt.xz / .txt.gz /
-.txt.bz2 file = one document; one row of a .jsonl / .json / .parquet file = one document (its `text_field`);
-empty texts are skipped. Local .txt and JSON files are read by data/text.py, the one reader of user text (UTF-8,
-a leading BOM removed, line endings normalised to "\n", a bad row named FILE:LINE); .parquet files and Hub
-datasets ("hf:NAME[:CONFIG][@SPLIT]", only where the Hub is reachable) go through HF `datasets`.
+Each .bin is the concatenation of every document's token ids, each document followed by the end-of-text token (GPT-2
+BPE by default: <|endoftext|> = 50256), as a flat little-endian uint16 array (np.memmap(path, dtype=np.uint16,
+mode="r")), written by the one token-folder writer (data/tokens.py, which also documents meta.json). One .txt /
+.txt.xz / .txt.gz / .txt.bz2 file = one document; one row of a .jsonl / .json / .parquet file = one document (its
+`text_field`); empty texts are skipped. Local .txt and JSON files are read by data/text.py, the one reader of user
+text (UTF-8, a leading BOM removed, line endings normalised to "\n", a bad row named FILE:LINE); .parquet files and
+Hub datasets ("hf:NAME[:CONFIG][@SPLIT]", only where the Hub is reachable) go through HF `datasets`.
+
+``--tokenizer`` takes another tokenizer: a model folder's ``tokenizer.json`` (a transformers GPT-2 or Llama folder,
+e.g. SmolLM's or TinyLlama's; its end-of-text token is tokenizer_config.json's ``eos_token``) or a ``tokenizers``
+JSON file, through the ``tokenizers`` library. The file is copied into the token folder, and meta.json records it
+(``tokenizer_file``), its end-of-text token (``eot_token``) and its sha256 (``tokenizer_sha256``, checked whenever the
+folder's tokenizer is read back), so that train.py --init_from can check that the data fits the model. Its ids must
+fit the uint16 token files (vocab_size <= 65536: Llama 3's 128,256 tokens do not).
 
 Each source record in meta.json is {"path", "sha256", "n_documents", "n_tokens"}. A source's sha256 is that of
 its decompressed bytes, so it equals the corpus MANIFEST.json value.
@@ -19,13 +27,16 @@ its decompressed bytes, so it equals the corpus MANIFEST.json value.
 import argparse
 import errno
 import fcntl
+import functools
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from growlm.data import tokenizer as tok
 from growlm.data.build_corpus import CORPUS_DIR, load_manifest, verify_corpus
 from growlm.data.sources import (
     HUB_PREFIX,
@@ -38,7 +49,6 @@ from growlm.data.sources import (
     resolve_source,
 )
 from growlm.data.text import InputError, read_json_rows
-from growlm.data.tokenizer import EOT_TOKEN_ID, gpt2_tokenizer
 from growlm.data.tokens import DTYPE, FORMAT, SPLITS, TokenFolderWriter, cache_dir, load_meta, open_tokens
 from growlm.runtime.commands import HelpFormatter, add_version, interruptible
 
@@ -68,14 +78,24 @@ def builtin_corpus_files() -> tuple[list[Path], list[Path]]:
     return files["train"], files["val"]
 
 
-def _tokenize_batch(batch: dict, indices: list[int], sources: list[str], offsets: list[int]) -> dict:
-    """datasets.map function: text -> GPT-2 ids + EOT; empty text -> no tokens (the row is skipped).
+@functools.lru_cache(maxsize=2)
+def _encoder(spec: str, eot: str) -> tok.Tokenizer:
+    """The tokenizer ``spec`` names ('gpt2' or a tokenizers JSON file, end-of-text ``eot``), once per process
+    (datasets.map workers rebuild it from these strings)."""
+    return tok.gpt2() if spec == "gpt2" else tok.from_file(spec, eot)
+
+
+def _tokenize_batch(
+    batch: dict, indices: list[int], sources: list[str], offsets: list[int], tokenizer: str = "gpt2", eot: str = tok.EOT
+) -> dict:
+    """datasets.map function: text -> ids + end-of-text id (``tokenizer``: 'gpt2' or a tokenizers JSON file whose
+    end-of-text token is ``eot``); empty text -> no tokens (the row is skipped).
 
     Raises:
         InputError: a null or non-string text (parquet / Hub rows; local files are checked when read), naming
             the source and its row.
     """
-    enc = gpt2_tokenizer()
+    enc = _encoder(tokenizer, eot)
     texts = batch["text"]
     for row, src, t in zip(indices, batch["source"], texts, strict=True):
         if not isinstance(t, str):
@@ -84,11 +104,13 @@ def _tokenize_batch(batch: dict, indices: list[int], sources: list[str], offsets
                 sources[src], None, f"row {row - offsets[src] + 1}: the text is {what}, not a string",
                 "point --text_field at a string field, or drop the row",
             )  # fmt: skip
-    ids = enc.encode_ordinary_batch(texts)
-    return {"ids": [(x + [EOT_TOKEN_ID]) if t else [] for x, t in zip(ids, texts, strict=True)]}
+    ids = enc.encode_batch(texts)
+    return {"ids": [(x + [enc.eot_token_id]) if t else [] for x, t in zip(ids, texts, strict=True)]}
 
 
-def _tokenized(sources: list[Path | str], split: str, cache_dir: Path, text_field: str, num_proc: int | None):
+def _tokenized(
+    sources: list[Path | str], split: str, cache_dir: Path, text_field: str, num_proc: int | None, t: tok.Tokenizer
+):
     """All sources of a split, tokenized: a datasets.Dataset with columns "source" (index) and "ids"."""
     from datasets import concatenate_datasets  # lazy: heavy (about 2 s), only to read sources
 
@@ -105,16 +127,19 @@ def _tokenized(sources: list[Path | str], split: str, cache_dir: Path, text_fiel
         batched=True,
         batch_size=64,
         with_indices=True,
-        fn_kwargs={"sources": [str(s) for s in sources], "offsets": offsets},
+        fn_kwargs={"sources": [str(s) for s in sources], "offsets": offsets, "tokenizer": t.name, "eot": t.eot_token},
         remove_columns=["text"],
         num_proc=n_proc if n_proc > 1 else None,
         desc=f"tokenizing {split}",
     )
 
 
-def _write_split(sources: list[Path | str], split: str, w: TokenFolderWriter, text_field: str, num_proc) -> dict:
-    """Tokenize sources into the split's .bin; return the split's meta record. Raises ValueError on no text."""
-    tokenized = _tokenized(sources, split, w.staging / ".hf_cache", text_field, num_proc)
+def _write_split(
+    sources: list[Path | str], split: str, w: TokenFolderWriter, text_field: str, num_proc, t: tok.Tokenizer
+) -> dict:
+    """Tokenize sources with ``t`` into the split's .bin; return the split's meta record. Raises ValueError on no
+    text."""
+    tokenized = _tokenized(sources, split, w.staging / ".hf_cache", text_field, num_proc, t)
     out = w.split(split)
     n_tokens = np.zeros(len(sources), dtype=np.int64)
     n_docs = np.zeros(len(sources), dtype=np.int64)
@@ -152,8 +177,11 @@ def prepare_dataset(
     overwrite: bool = False,
     num_proc: int | None = None,
     text_field: str = "text",
+    tokenizer: str | None = None,
 ) -> Path:
-    """Tokenize train_files and val_files with GPT-2 BPE into out_dir/{train.bin, val.bin, meta.json}.
+    """Tokenize train_files and val_files into out_dir/{train.bin, val.bin, meta.json} with GPT-2 BPE, or with the
+    ``tokenizer`` given (data.tokenizer.for_prepare: a model folder's tokenizer.json or a tokenizers JSON file; then
+    also out_dir/tokenizer.json, a copy, recorded in meta.json with its end-of-text token and sha256).
 
     Written by the one token-folder writer (data/tokens.py): into a temporary sibling of out_dir, renamed into
     place when complete, so out_dir is either the old dataset or the new one, never half of each. num_proc:
@@ -164,6 +192,7 @@ def prepare_dataset(
         FileExistsError: out_dir exists and overwrite is False.
         FileNotFoundError: a source is missing.
         InputError: a local text/JSON source with undecodable bytes or a bad row (FILE:LINE: problem; fix).
+        TokenizerError (a ValueError): ``tokenizer`` cannot be loaded or has more ids than uint16 token files hold.
         ValueError: no train or val source, an unknown file type, a missing text_field, or a source with no text
             (InputError: a .jsonl/.json source with no rows, naming it and its split).
         OSError: the disk filled up (``no space left on device while writing OUT``; nothing is kept).
@@ -174,17 +203,28 @@ def prepare_dataset(
             raise TypeError(f"{split}_files must be a list of paths, got the single path {files!r}; wrap it in [ ]")
         if not files:
             raise ValueError(f"the {split} set is empty; pass at least one file with --{split} FILE [FILE ...]")
-    enc = gpt2_tokenizer()
-    if enc.n_vocab > np.iinfo(DTYPE).max:
-        raise ValueError(f"vocab size {enc.n_vocab} does not fit {np.dtype(DTYPE).name} token files")
+    t = tok.for_prepare(tokenizer)
+    if t.vocab_size > np.iinfo(DTYPE).max + 1:
+        raise tok.TokenizerError(
+            f"the tokenizer {t.name} has {t.vocab_size:,} tokens; growlm's {np.dtype(DTYPE).name} token files hold ids "
+            f"up to {np.iinfo(DTYPE).max:,} (vocab_size <= {np.iinfo(DTYPE).max + 1:,}); use a smaller vocabulary"
+        )
     resolved = {"train": [resolve_source(s) for s in train_files], "val": [resolve_source(s) for s in val_files]}
     for split in SPLITS:
         for src in resolved[split]:
             check_has_rows(src, split, text_field)
     try:
         with writer as w:  # on any failure the temporary folder is removed and out_dir stays as it was
-            splits = {split: _write_split(resolved[split], split, w, text_field, num_proc) for split in SPLITS}
-            return w.finish(tokenizer="gpt2", vocab_size=enc.n_vocab, eot_token_id=EOT_TOKEN_ID, splits=splits)
+            splits = {split: _write_split(resolved[split], split, w, text_field, num_proc, t) for split in SPLITS}
+            if t.name == "gpt2":
+                return w.finish(tokenizer="gpt2", vocab_size=t.vocab_size, eot_token_id=t.eot_token_id, splits=splits)
+            copy = w.staging / "tokenizer.json"
+            shutil.copyfile(t.name, copy)
+            return w.finish(
+                tokenizer=f"tokenizers JSON from {t.name}", tokenizer_file=copy.name,
+                tokenizer_sha256=tok.file_sha256(copy), eot_token=t.eot_token, vocab_size=t.vocab_size,
+                eot_token_id=t.eot_token_id, splits=splits,
+            )  # fmt: skip
     except Exception as err:
         full = _disk_full(err)
         if full is None:
@@ -303,6 +343,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="text",
         help="field/column holding the text in .jsonl/.json/.parquet/Hub sources (default: text)",
     )
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="SPEC",
+        help="gpt2 (default: OpenAI's GPT-2 BPE), a model folder holding tokenizer.json (a transformers GPT-2 or Llama "
+        "folder; end-of-text: its eos_token), or a tokenizers JSON file; copied into --out and recorded in meta.json "
+        "with its sha256; needs --out unless gpt2",
+    )
     return add_version(parser)
 
 
@@ -313,8 +361,9 @@ def _run(args: argparse.Namespace) -> Path:
             return ensure_builtin_prepared(num_proc=args.num_proc)
         train, val = builtin_corpus_files()
         return prepare_dataset(
-            train, val, args.out or default_data_dir(), overwrite=args.overwrite, num_proc=args.num_proc
-        )
+            train, val, args.out or default_data_dir(), overwrite=args.overwrite, num_proc=args.num_proc,
+            tokenizer=args.tokenizer,
+        )  # fmt: skip
     return prepare_dataset(
         args.train,
         args.val,
@@ -322,6 +371,7 @@ def _run(args: argparse.Namespace) -> Path:
         overwrite=args.overwrite,
         num_proc=args.num_proc,
         text_field=args.text_field,
+        tokenizer=args.tokenizer,
     )
 
 
@@ -337,6 +387,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--val needs --train; omit both to prepare the built-in corpus")
     if args.train is not None and not args.val:
         parser.error("the val set is empty; pass at least one file with --val FILE [FILE ...]")
+    if args.tokenizer not in (None, "gpt2") and args.out is None:
+        print(
+            f"growlm-prepare: error: --tokenizer {args.tokenizer} needs --out: the default folder {default_data_dir()} "
+            "holds the built-in corpus in GPT-2 tokens, which other runs read",
+            file=sys.stderr,
+        )
+        return 2
     try:
         out = _run(args)
     except (OSError, ValueError, RuntimeError) as e:  # InputError, FileExistsError, FileNotFoundError, ...

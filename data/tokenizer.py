@@ -134,6 +134,12 @@ class Tokenizer:
             return self._impl.encode_ordinary(text)
         return self._impl.encode(text, add_special_tokens=False).ids
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """``encode`` of each text (tiktoken and ``tokenizers`` both spread a batch over threads)."""
+        if self.name == "gpt2":
+            return self._impl.encode_ordinary_batch(texts)
+        return [e.ids for e in self._impl.encode_batch(texts, add_special_tokens=False)]
+
     def decode(self, ids: list[int]) -> str:
         """The text of ``ids``."""
         return self._impl.decode(list(ids))
@@ -228,10 +234,13 @@ def from_file(path: str | Path, eot: str = EOT) -> Tokenizer:
 
 
 def from_data_dir(data_dir: str | Path) -> Tokenizer:
-    """The tokenizer a prepared token folder was made with (its meta.json).
+    """The tokenizer a prepared token folder was made with (its meta.json): GPT-2 BPE, or the ``tokenizer_file`` it
+    holds, whose end-of-text token is meta.json's ``eot_token`` (default ``<|endoftext|>``) and whose sha256, when
+    meta.json records one (``tokenizer_sha256``, growlm-prepare --tokenizer), must be the file's.
 
     Raises:
-        TokenizerError: meta.json is missing or not JSON, or names an unknown tokenizer.
+        TokenizerError: meta.json is missing or not JSON, names an unknown tokenizer, or its tokenizer file is not the
+            one it was tokenized with (another sha256).
     """
     meta_path = Path(data_dir) / "meta.json"
     try:
@@ -239,10 +248,22 @@ def from_data_dir(data_dir: str | Path) -> Tokenizer:
     except (FileNotFoundError, json.JSONDecodeError) as e:
         raise TokenizerError(f"cannot read {meta_path} ({e}); pass --tokenizer gpt2 or a tokenizer.json") from e
     if meta.get("tokenizer_file"):
-        return from_file(Path(data_dir) / meta["tokenizer_file"])
+        path = Path(data_dir) / meta["tokenizer_file"]
+        want = meta.get("tokenizer_sha256")
+        if want and path.is_file() and file_sha256(path) != want:
+            raise TokenizerError(
+                f"{path} has sha256 {file_sha256(path)[:12]}..., but {meta_path} records {want[:12]}... (the file the "
+                "folder was tokenized with): it was changed since; prepare the folder again"
+            )
+        return from_file(path, meta.get("eot_token") or EOT)
     if meta.get("tokenizer") == "gpt2":
         return gpt2()
     raise TokenizerError(f"{meta_path}: unknown tokenizer {meta.get('tokenizer')!r}; pass --tokenizer")
+
+
+def file_sha256(path: str | Path) -> str:
+    """sha256 (hex) of a file's bytes."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def from_run_data(data_dir: str | None, train_sha256: str | None) -> Tokenizer:
@@ -305,6 +326,28 @@ def resolve(spec: str | None, default: Tokenizer | None = None) -> Tokenizer:
         return gpt2()
     p = Path(spec)
     return from_data_dir(p) if p.is_dir() else from_file(p)
+
+
+def for_prepare(spec: str | None) -> Tokenizer:
+    """growlm-prepare's ``--tokenizer``: None or 'gpt2' (OpenAI's GPT-2 BPE), a model folder holding a
+    ``tokenizer.json`` (a transformers GPT-2 or Llama folder: its end-of-text token from tokenizer_config.json's
+    ``eos_token``, ``from_hf_dir``), or a ``tokenizers`` JSON file (end-of-text ``<|endoftext|>``).
+
+    Raises:
+        TokenizerError: no such file or folder, a folder without tokenizer.json, a file that is not a ``tokenizers``
+            JSON, or no end-of-text token.
+    """
+    if spec is None or spec == "gpt2":
+        return gpt2()
+    p = Path(spec)
+    if p.is_dir():
+        t = from_hf_dir(p)
+        if t is None:
+            raise TokenizerError(
+                f"{p} has no tokenizer.json; give gpt2, a model folder with its tokenizer.json, or a tokenizer.json"
+            )
+        return t
+    return from_file(p)
 
 
 def model_tokenizer(spec: str | None, own: Callable[[], Tokenizer | None], vocab_size: int, where: str) -> Tokenizer:

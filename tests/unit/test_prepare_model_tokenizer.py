@@ -1,0 +1,96 @@
+"""growlm-prepare --tokenizer: a token folder made with a model folder's own tokenizer.json (here a Llama folder's
+byte-level BPE whose end-of-text token is ``</s>``): the ids are that tokenizer's, the file is copied into the token
+folder and meta.json records it with its end-of-text token and sha256, which every reader checks; train.py
+--init_from accepts such data for that model and refuses GPT-2 data; what cannot be tokenized this way is refused in
+one line."""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cli_utils import one_error_line
+from llama_folder_helpers import make_llama_folder
+
+from growlm.data import tokenizer as tok
+from growlm.data.prepare import main as prepare_main
+from growlm.data.tokens import load_meta
+from growlm.trainer.errors import UsageError
+from growlm.trainer.init_from import check_data_tokenizer, open_init_from
+
+DOCS = ["The tempest rose over the island; the sailors cried.\n", "Ünïcödé — “quotes” and <|endoftext|> as text. 12345"]
+NAMES = ("resume", "preset", "n_layer", "n_embd", "n_head", "n_inner", "n_positions", "vocab_size", "dropout")
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory) -> Path:
+    return make_llama_folder(tmp_path_factory.mktemp("llama") / "model")
+
+
+def sources(tmp_path: Path) -> list[str]:
+    paths = []
+    for i, text in enumerate(DOCS):
+        (tmp_path / f"doc{i}.txt").write_text(text)
+        paths.append(str(tmp_path / f"doc{i}.txt"))
+    return paths
+
+
+def test_a_model_folders_tokenizer_makes_the_token_folder(tmp_path, llama):
+    docs, out = sources(tmp_path), tmp_path / "tokens"
+    assert prepare_main(["--train", *docs, "--val", docs[0], "--out", str(out), "--tokenizer", str(llama)]) == 0
+    meta = load_meta(out)
+    assert (meta["tokenizer_file"], meta["eot_token"], meta["eot_token_id"], meta["vocab_size"]) == (
+        "tokenizer.json",
+        "</s>",
+        1,
+        300,
+    )
+    assert (out / "tokenizer.json").read_bytes() == (llama / "tokenizer.json").read_bytes()
+    assert meta["tokenizer_sha256"] == tok.file_sha256(llama / "tokenizer.json")
+    model_tok = tok.from_hf_dir(llama)
+    want = [i for text in DOCS for i in [*model_tok.encode(text), 1]]
+    assert np.fromfile(out / "train.bin", dtype="<u2").tolist() == want
+    assert max(want) < 300 and "<|endoftext|>" not in model_tok.decode(want[: len(model_tok.encode(DOCS[0]))])
+    back = tok.from_data_dir(out)
+    assert back.encode(DOCS[1]) == model_tok.encode(DOCS[1]) and back.eot_token_id == 1
+    src = open_init_from(Namespace(**dict.fromkeys(NAMES), init_from=str(llama)))
+    check_data_tokenizer(src, out)  # the model's own data: accepted
+    (out / "tokenizer.json").write_text((out / "tokenizer.json").read_text().replace('"</s>"', '"</S>"', 1))
+    with pytest.raises(tok.TokenizerError, match="it was changed since; prepare the folder again"):
+        tok.from_data_dir(out)
+
+
+def test_gpt2_data_is_refused_for_a_llama_folder(builtin_data, llama):
+    src = open_init_from(Namespace(**dict.fromkeys(NAMES), init_from=str(llama)))
+    with pytest.raises(UsageError, match="encodes text differently from the tokenizer of --init_from"):
+        check_data_tokenizer(src, builtin_data)
+
+
+def refused(capsys, argv: list[str], *needles: str) -> str:
+    capsys.readouterr()
+    assert prepare_main(argv) == 2
+    line = one_error_line(capsys.readouterr().err, "growlm-prepare")
+    for n in needles:
+        assert n in line, line
+    return line
+
+
+@pytest.mark.bad_input
+def test_tokenizers_that_cannot_make_a_token_folder_are_refused(capsys, tmp_path, llama):
+    from tokenizers import Tokenizer, models
+
+    docs = sources(tmp_path)
+    refused(capsys, ["--tokenizer", str(llama)], f"--tokenizer {llama} needs --out")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = tmp_path / "tokens"
+    base = ["--train", *docs, "--val", docs[0], "--out", str(out)]
+    refused(capsys, [*base, "--tokenizer", str(empty)], f"{empty} has no tokenizer.json")
+    (tmp_path / "bad.json").write_text("{not a tokenizer")
+    refused(capsys, [*base, "--tokenizer", str(tmp_path / "bad.json")], "is not a `tokenizers` JSON file")
+    big = {f"w{i}": i for i in range(70_000)} | {"<|endoftext|>": 70_000}  # Llama 3 has 128,256 tokens
+    Tokenizer(models.WordLevel(big, unk_token="<|endoftext|>")).save(str(tmp_path / "big.json"))
+    refused(capsys, [*base, "--tokenizer", str(tmp_path / "big.json")], "has 70,001 tokens", "up to 65,535")
+    assert not out.exists()
