@@ -1,14 +1,18 @@
-"""Export a growlm checkpoint to a self-sufficient transformers GPT-2 folder (``growlm-grow CKPT --export_hf DIR``):
-``config.json`` + ``model.safetensors`` (``transformers.GPT2LMHeadModel.from_pretrained(DIR)``) and the model's own
-tokenizer (``tokenizer.json`` + ``tokenizer_config.json`` + ``special_tokens_map.json``,
-``transformers.AutoTokenizer.from_pretrained(DIR)``), so ``growlm-eval DIR`` scores it as it scores the checkpoint.
+"""Export a growlm checkpoint to a self-sufficient transformers folder (``growlm-grow CKPT --export_hf DIR``) of its
+family: ``config.json`` + ``generation_config.json`` + ``model.safetensors``, which
+``transformers.GPT2LMHeadModel.from_pretrained(DIR)`` (GPT-2) or ``LlamaForCausalLM.from_pretrained(DIR)`` (Llama,
+tied or untied head; ``AutoModelForCausalLM`` picks either) loads, and the model's own tokenizer (``tokenizer.json``
++ ``tokenizer_config.json`` + ``special_tokens_map.json``, ``transformers.AutoTokenizer.from_pretrained(DIR)``), so
+``growlm-eval DIR`` scores it as it scores the checkpoint.
 
 The tokenizer is the one of the token folder the run trained on (the checkpoint's RunState ``data``, whose
 meta.json says GPT-2 BPE or names a trained tokenizer.json), or the ``--tokenizer`` given; when the checkpoint cannot
 say (no folder recorded, the folder gone or rebuilt), the export is refused with a message naming ``--tokenizer``.
 
 The weights are the fp32 masters of any ZeRO stage 1-3 checkpoint at any world size (growth.offline.weights, the one
-checkpoint-weights reader); the HF naming and Conv1D layout are model.hf's.
+checkpoint-weights reader); the transformers naming and layout are model.hf's (GPT-2) and model.llama_hf's (Llama). The
+tokenizer's end-of-text id is written as the config's bos_token_id and eos_token_id (for a Llama whose tokenizer came
+from a model folder, e.g. ``</s>``; growlm training documents carry no separate beginning-of-text token).
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ from typing import Any
 from growlm.data import tokenizer as tok
 from growlm.growth.offline.pipeline import Source, check_output, check_overlap, one_writer
 from growlm.growth.offline.weights import fp32_model
-from growlm.model.hf import to_hf
+from growlm.model import hf as gpt2_hf
+from growlm.model import llama_hf
 from growlm.runtime import atomic
 from growlm.runtime.atomic import atomic_dir
 from growlm.runtime.checkpoint import CheckpointError
 
+HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}  # the transformers class of each family
 EXPORT_MARKER = "growlm_export.json"  # written into every export: what --overwrite may replace
 EXPORT_FORMAT = "growlm-hf-export-v1"
 EXPORT_FILES = frozenset(
@@ -80,16 +86,17 @@ def export_hf(
 
     Raises:
         CheckpointError: the output exists (without ``overwrite``; with it, unless growlm wrote it:
-            ``check_replaceable``) or overlaps the input; the checkpoint's growth
-            masks are still ramping (a masked model is not GPT-2); its tokenizer is unknown or does not fit; another
-            process is writing ``out`` (its writer lock: refused before ``out`` is looked at, nothing touched).
+            ``check_replaceable``) or overlaps the input; the checkpoint's growth masks are still ramping (a masked
+            model is not a transformers model); its tokenizer is unknown or does not fit; another process is writing
+            ``out`` (its writer lock: refused before ``out`` is looked at, nothing touched).
     """
 
     step, masks = src.state.global_step, src.state.growth_masks
     if masks is not None and masks.value(step) < 1.0:
         raise CheckpointError(
             f"{src.tag_dir} still has growth masks ramping (value {masks.value(step):.3f} at step {step}, 1 at step "
-            f"{masks.end_step()}); a masked model is not a GPT-2: export a checkpoint from step >= {masks.end_step()}"
+            f"{masks.end_step()}); a masked model is not a transformers {HF_CLASSES[src.config.arch]}: export a "
+            f"checkpoint from step >= {masks.end_step()}"
         )
     t = model_tokenizer(src, tokenizer)  # before any work: an unknown tokenizer is refused at once
     check_overlap(out, src)  # before the lock: its file goes beside out
@@ -97,18 +104,30 @@ def export_hf(
         check_output(out, src, overwrite, replaceable=check_replaceable)  # an export's own marker, not growlm-grow's
         _write(src, out, t, overwrite)
     log(
-        f"growlm-grow: exported {src.tag_dir} ({src.config.shape_str()}) to {out} (transformers GPT2LMHeadModel, "
-        f"tokenizer {t.name})"
+        f"growlm-grow: exported {src.tag_dir} ({src.config.shape_str()}) to {out} (transformers "
+        f"{HF_CLASSES[src.config.arch]}, tokenizer {t.name})"
     )
     return out
+
+
+def to_transformers(model: Any, eot_token_id: int) -> Any:
+    """The transformers model of ``model``'s family holding its fp32 weights: ``GPT2LMHeadModel`` (model.hf.to_hf)
+    or ``LlamaForCausalLM`` (model.llama_hf.to_hf), with ``eot_token_id`` as bos and eos token id.
+
+    Raises:
+        ValueError: the model still carries growth masks.
+    """
+    if model.config.arch == "llama":
+        return llama_hf.to_hf(model, bos_token_id=eot_token_id, eos_token_id=eot_token_id)
+    return gpt2_hf.to_hf(model, eot_token_id)
 
 
 def _write(src: Source, out: Path, t: tok.Tokenizer, overwrite: bool) -> None:
     """Build the export of ``src`` with tokenizer ``t`` in a temporary folder and rename it to ``out``."""
     step = src.state.global_step
     with atomic_dir(out, overwrite=overwrite) as tmp:
-        model = fp32_model(src)  # masks done ramping (checked above): a plain GPT-2
-        hf = to_hf(model, t.eot_token_id)
+        model = fp32_model(src)  # masks done ramping (checked above): a plain GPT-2 or Llama
+        hf = to_transformers(model, t.eot_token_id)
         hf.save_pretrained(str(tmp), safe_serialization=True)
         t.save_hf(tmp, model_max_length=src.config.n_positions)
         marker = {"format": EXPORT_FORMAT, "source": src.tag_dir.name, "step": step, "shape": src.config.shape_str(),

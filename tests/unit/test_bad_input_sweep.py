@@ -80,6 +80,7 @@ SWEEP: dict[str, list[str]] = {
         "unit/test_llama_init_from_unit.py::test_damaged_shards_are_refused",
         "unit/test_llama_init_from_unit.py::test_weights_that_do_not_fit_the_config_are_refused",
         "unit/test_llama_init_from_unit.py::test_a_tokenizer_larger_than_the_vocabulary_is_refused",
+        "unit/test_llama_eval_load.py::test_growlm_eval_refuses_what_it_cannot_score_exactly",
     ],
     "growlm-prepare --tokenizer: no --out, a folder without tokenizer.json, a damaged one, more ids than uint16": [
         "unit/test_prepare_model_tokenizer.py::test_tokenizers_that_cannot_make_a_token_folder_are_refused",
