@@ -97,9 +97,12 @@ class MaskSpec:
             raise ValueError("mask spec does not fit the model config " + cfg.shape_str() + ": " + "; ".join(problems))
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-safe dict (``new_layers`` as a list), e.g. for growlm_state.json."""
+        """Plain JSON-safe dict (``new_layers`` as a list), e.g. for growlm_state.json; ``old_n_kv_head`` only when
+        set (a GPT-2 spec is written as before Llama)."""
         d = asdict(self)
         d["new_layers"] = list(self.new_layers)
+        if d["old_n_kv_head"] is None:
+            del d["old_n_kv_head"]
         return d
 
     @classmethod

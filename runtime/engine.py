@@ -1,4 +1,5 @@
-"""DeepSpeed engine construction for growlm's GPT, and the few read-outs of an engine that need its internals.
+"""DeepSpeed engine construction for growlm's models (GPT-2 and Llama), and the few read-outs of an engine that
+need its internals.
 
 ``build_engine`` is the one place a ``deepspeed.initialize`` is made, for a fresh run, a resumed run (the checkpoint
 is loaded into it by runtime.checkpoint) and a live growth (growth.live.engine builds the grown engine with it).
@@ -15,8 +16,8 @@ from typing import Any
 
 import torch
 
-from growlm.model.config import GPTConfig
-from growlm.model.gpt import GPT
+from growlm.model.config import ModelConfig
+from growlm.model.families import MODEL_CLASSES, build_model
 from growlm.model.masks import MaskSpec
 from growlm.runtime.dist import skip_shm_comm_op
 
@@ -71,15 +72,15 @@ def optimizer_for_device(ds_cfg: dict, device_type: str) -> dict:
 
 @contextlib.contextmanager
 def weights_uninitialised() -> Iterator[None]:
-    """Build modules without drawing their initial weights: ``GPT.reset_parameters`` and the ``reset_parameters``
-    of ``torch.nn.Linear``, ``Embedding`` and ``LayerNorm`` do nothing inside this block (restored on exit), so a
-    parameter holds whatever ``torch.empty`` gave it. Only for a module whose every parameter is written right after
-    (a live growth writes every parameter of the grown model, growth.ops.rules.check_rules): it saves the random draws
-    of N(0, 0.02) over every weight and torch's own throwaway init of lm_head (a (V, d) kaiming_uniform_ replaced
-    by the tied embedding right after) and of the embeddings; measured for the 208.7M-parameter GPT (24 x 768) on
-    one rank: 0.41 s of normal_ and 0.44 s of kaiming_uniform_ out of an 8.5 s build, and the first touch of pages
+    """Build modules without drawing their initial weights: ``GPT.reset_parameters``, ``Llama.reset_parameters`` and the
+    ``reset_parameters`` of ``torch.nn.Linear``, ``Embedding`` and ``LayerNorm`` do nothing inside this block (restored
+    on exit), so a parameter holds whatever ``torch.empty`` gave it. Only for a module whose every parameter is written
+    right after (a live growth writes every parameter of the grown model, growth.ops.rules.check_rules): it saves the
+    random draws of N(0, 0.02) over every weight and torch's own throwaway init of lm_head (a (V, d) kaiming_uniform_
+    replaced by the tied embedding right after) and of the embeddings; measured for the 208.7M-parameter GPT (24 x 768)
+    on one rank: 0.41 s of normal_ and 0.44 s of kaiming_uniform_ out of an 8.5 s build, and the first touch of pages
     that the growth overwrites anyway."""
-    targets = [GPT, torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm]
+    targets = [*MODEL_CLASSES.values(), torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm]
     saved = [(cls, cls.__dict__["reset_parameters"]) for cls in targets]
     for cls, _ in saved:
         cls.reset_parameters = lambda self: None
@@ -111,7 +112,7 @@ def _timed(cls: type, attr: str, sink: dict[str, float], key: str) -> Iterator[N
 
 
 def build_engine(
-    cfg: GPTConfig,
+    cfg: ModelConfig,
     masks: MaskSpec | None,
     ds_config: dict,
     *,
@@ -119,25 +120,26 @@ def build_engine(
     activation_checkpointing: bool = False,
     compile_model: bool = False,
 ) -> Any:
-    """A DeepSpeed engine for a freshly initialised GPT of shape ``cfg`` (with ``masks``), AdamW groups as in
-    ``param_groups`` (weight decay on matrices only, from the config's optimizer params).
+    """A DeepSpeed engine for a freshly initialised model of shape ``cfg`` (``GPT`` or ``Llama``, by its arch; with
+    ``masks``), AdamW groups as in ``param_groups`` (weight decay on matrices only, from the config's optimizer params).
 
     Args:
         cfg: the model shape.
         masks: growth masks of a masked-family growth still ramping, or None.
         ds_config: the DeepSpeed config dict (optimizer, scheduler, ZeRO stage, precision).
         partitioned: build the module inside ``deepspeed.zero.Init`` (ZeRO-3), so no rank ever holds it whole; its
-            initial values are then not GPT-2's init (zero.Init draws each partition on its own), which is fine when
-            every parameter is written next, as growth does.
-        activation_checkpointing: recompute each block's activations in backward (GPT's ``activation_checkpointing``;
-            a grown model's engine is built with the same setting, so new blocks get it too).
+            initial values are then not the family's init (zero.Init draws each partition on its own), which is
+            fine when every parameter is written next, as growth does.
+        activation_checkpointing: recompute each block's activations in backward (the model's
+            ``activation_checkpointing``; a grown model's engine is built with the same setting, so new blocks get it
+            too).
         compile_model: compile the module with torch.compile (DeepSpeed's ``engine.compile``); a grown model's
             engine is built, and so compiled, anew (on CUDA or the CPU; train.py refuses other accelerators).
 
     Returns:
         The ``deepspeed.DeepSpeedEngine`` (its ``lr_scheduler`` built from the config's scheduler section). Its
         attribute ``growlm_build_seconds`` splits the wall seconds of this call by ``BUILD_SPLIT``: ``module``
-        (GPT construction and weight init), ``zero3_partition`` (zero.Init converting and partitioning the
+        (model construction and weight init), ``zero3_partition`` (zero.Init converting and partitioning the
         parameters, ZeRO-3 only), ``optimizer`` (DeepSpeed's optimizer: torch AdamW plus the ZeRO/bf16 wrapper
         with its flat fp16/bf16 and fp32 partitions and gradient buffers), ``engine_other`` (the rest of
         ``deepspeed.initialize``: config, module placement, hooks, scheduler).
@@ -154,9 +156,9 @@ def build_engine(
     if partitioned:
         with _timed(deepspeed.zero.Init, "_post_init_method", split, "zero3_partition"):
             with deepspeed.zero.Init(config_dict_or_path=ds_config):
-                model = GPT(cfg, masks=masks, activation_checkpointing=activation_checkpointing)
+                model = build_model(cfg, masks, activation_checkpointing=activation_checkpointing)
     else:
-        model = GPT(cfg, masks=masks, activation_checkpointing=activation_checkpointing)
+        model = build_model(cfg, masks, activation_checkpointing=activation_checkpointing)
     split["module"] = time.perf_counter() - t - split["zero3_partition"]
     t = time.perf_counter()
     with _timed(DeepSpeedEngine, "_configure_optimizer", split, "optimizer"):
@@ -166,8 +168,8 @@ def build_engine(
     split["engine_other"] = time.perf_counter() - t - split["optimizer"]
     if compile_model:
         # torch.compile of the module, traced at its first forward. Dynamo caches on the code objects that every
-        # GPT shares, so a grown model would count as a recompile of the old one (and after the recompile limit
-        # run eager): the caches of the discarded model go first.
+        # model of a family shares, so a grown model would count as a recompile of the old one (and after the
+        # recompile limit run eager): the caches of the discarded model go first.
         torch.compiler.reset()
         engine.compile()
     engine.growlm_build_seconds = split

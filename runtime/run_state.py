@@ -8,7 +8,7 @@ through this class, never through string keys.
 
 Not growth.ops.single_process.TrainingState, which holds a model's tensors in one process for the growth operators; the
 two
-share the types of their common fields (GPTConfig, MaskSpec, ScheduleState, consumed samples).
+share the types of their common fields (the model config, MaskSpec, ScheduleState, consumed samples).
 
 Versions: files written before this class existed have no ``version`` key and are read as version 1 (same keys,
 every later field optional); this code writes ``VERSION``. A file of a newer version is refused. The ``format``
@@ -22,7 +22,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from growlm.model.config import GPTConfig
+from growlm.model.config import ModelConfig, config_from_dict
 from growlm.model.masks import MaskSpec
 from growlm.runtime.schedule import ScheduleState
 
@@ -85,7 +85,7 @@ class RunState:
         extra: keys of the file this version does not know, written back unchanged.
     """
 
-    model_config: GPTConfig
+    model_config: ModelConfig
     global_step: int
     consumed_samples: int
     seq_len: int
@@ -178,7 +178,7 @@ class RunState:
     def _from_checked(cls, d: dict[str, Any], version: int) -> RunState:
         """``from_json`` after the format, version and required keys are checked."""
         try:
-            cfg = GPTConfig.from_dict(d["model_config"])
+            cfg = config_from_dict(d["model_config"])
         except (TypeError, ValueError, AttributeError) as e:
             raise RunStateError(f"invalid model_config ({e})") from e
         known = {f.name for f in fields(cls)} | {"format", "consumed_tokens"}

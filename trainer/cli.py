@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The growlm-train argument parser (``python train.py --help`` describes every flag)."""
     p = argparse.ArgumentParser(
         prog="growlm-train",
-        description="Pretrain a GPT-2 with DeepSpeed ZeRO. Model shape from --preset (+ overrides); DeepSpeed "
+        description="Pretrain a GPT-2 or Llama with DeepSpeed ZeRO. Model shape from --preset (+ overrides); DeepSpeed "
         "settings (ZeRO stage, precision, batch, optimizer, LR schedule) from --ds_config.",
         formatter_class=HelpFormatter,
     )
@@ -56,10 +56,36 @@ def _model_and_data_flags(p: argparse.ArgumentParser) -> None:
     m.add_argument("--n_layer", type=int, help="override the preset's number of blocks L")
     m.add_argument("--n_embd", type=int, help="override the preset's width d (must be divisible by n_head)")
     m.add_argument("--n_head", type=int, help="override the preset's number of attention heads H")
-    m.add_argument("--n_inner", type=int, help="override the preset's FFN width F (default 4 * n_embd)")
+    m.add_argument(
+        "--n_inner",
+        type=int,
+        help="override the preset's FFN width F (default 4 * n_embd; Llama: 8 * n_embd / 3 rounded up to 64)",
+    )
     m.add_argument("--n_positions", type=int, help="override the preset's longest context P")
     m.add_argument("--vocab_size", type=int, help="override the preset's vocabulary V (>= the data's vocabulary)")
-    m.add_argument("--dropout", type=float, help="override the preset's dropout (embedding, attention, residual)")
+    m.add_argument(
+        "--dropout",
+        type=float,
+        help="override the preset's dropout (GPT-2: embedding, attention, residual; Llama: attention)",
+    )
+    m.add_argument("--n_kv_head", type=int, help="Llama presets only: key/value heads K (n_head a multiple of K)")
+    m.add_argument("--head_dim", type=int, help="Llama presets only: head dim Q, even (default n_embd // n_head)")
+    m.add_argument("--rope_theta", type=float, help="Llama presets only: the rotary embeddings' base")
+    m.add_argument("--rms_norm_eps", type=float, help="Llama presets only: RMSNorm's epsilon")
+    m.add_argument(
+        "--tie_word_embeddings",
+        action="store_const",
+        const=True,
+        default=None,
+        help="Llama presets only: the LM head shares the token embedding's weight",
+    )
+    m.add_argument(
+        "--untie_word_embeddings",
+        dest="tie_word_embeddings",
+        action="store_const",
+        const=False,
+        help="Llama presets only: the LM head has a weight of its own",
+    )
     d = p.add_argument_group("data")
     d.add_argument(
         "--data",

@@ -24,14 +24,21 @@ import torch.optim.lr_scheduler as torch_schedules
 from growlm import DS_CONFIG_DIR
 from growlm.data.prepare import default_data_dir, load_meta, open_tokens
 from growlm.growth.stages.plan import StageList
-from growlm.model.config import GPTConfig, from_preset
+from growlm.model.config import PRESETS, ModelConfig, from_preset
 from growlm.runtime import checkpoint
 from growlm.runtime.ds_config import DSConfigError, check_ds_config_meaning, check_ds_top_level_keys
 from growlm.runtime.engine import precision_of
 from growlm.runtime.run_state import RunState
 from growlm.trainer import init_from
 from growlm.trainer.errors import UsageError
-from growlm.trainer.plan_checks import SHAPE_FLAGS, check_plan_fits_run, check_stop_stage, load_growth_plan, plan_config
+from growlm.trainer.plan_checks import (
+    LLAMA_FLAGS,
+    SHAPE_FLAGS,
+    check_plan_fits_run,
+    check_stop_stage,
+    load_growth_plan,
+    plan_config,
+)
 
 DEFAULT_PRESET = "cpu-small"
 DEFAULT_SEED = 1234
@@ -49,7 +56,8 @@ class RunConfig:
         zero_stage: the config's ZeRO stage (0-3).
         precision: "fp32" | "bf16" | "fp16".
         model: the model shape to build (the plan's point, the checkpoint's, or preset + overrides).
-        resume: the opened --resume checkpoint (manifest and pickles checked), or None for a fresh run.
+        resume: the opened --resume checkpoint (manifest sizes checked; contents and pickles are checked by
+            the ranks once joined, ``runtime.checkpoint.verify_shares``), or None for a fresh run.
         init_from: the checked --init_from transformers folder (trainer.init_from.InitFolder), or None.
         growth: the --growth_plan stage list, or None.
         growth_plan: the --growth_plan path, or None.
@@ -74,7 +82,7 @@ class RunConfig:
     ds_config: dict[str, Any]
     zero_stage: int
     precision: str
-    model: GPTConfig
+    model: ModelConfig
     resume: checkpoint.OpenCheckpoint | None
     growth: StageList | None
     growth_plan: str | None
@@ -138,16 +146,54 @@ def load_ds_config(path: str, max_steps: int) -> dict[str, Any]:
     return cfg
 
 
-def model_config_from_args(args: argparse.Namespace, resume_state: RunState | None) -> GPTConfig:
-    """The model shape: the checkpoint's when resuming (flags must agree with it), else preset + overrides.
+def check_family_flags(args: argparse.Namespace, base: ModelConfig, what: str) -> None:
+    """Refuse Llama-only shape flags (``LLAMA_FLAGS``: --n_kv_head, --head_dim, --rope_theta, --rms_norm_eps,
+    --tie_word_embeddings / --untie_word_embeddings) for a model of the GPT-2 family.
+
+    Args:
+        args: the parsed command line.
+        base: the config the flags would override (the preset's or the checkpoint's).
+        what: names ``base`` in the message, e.g. "preset 'cpu-small'".
 
     Raises:
-        UsageError: an unknown preset or an invalid shape (model.config's message).
+        UsageError: one line naming the flags and the Llama presets to use instead.
     """
-    overrides = {k: getattr(args, k) for k in (*SHAPE_FLAGS, "dropout")}
+    if base.arch == "llama":
+        return
+    given = [k for k in LLAMA_FLAGS if getattr(args, k, None) is not None]
+    if given:
+        untie = args.tie_word_embeddings is False
+        flags = ", ".join(
+            "--untie_word_embeddings" if k == "tie_word_embeddings" and untie else f"--{k}" for k in given
+        )
+        llama = [name for name, c in PRESETS.items() if c.arch == "llama"]
+        raise UsageError(
+            f"{flags}: Llama-only flag(s), but {what} is a GPT-2 model; drop them, or choose a Llama preset "
+            f"({', '.join(llama)})"
+        )
+
+
+def model_config_from_args(args: argparse.Namespace, resume_state: RunState | None) -> ModelConfig:
+    """The model shape: the checkpoint's when resuming (flags must agree with it), else preset + overrides.
+    ``--preset`` chooses the family (GPT-2 or Llama); a resume keeps the checkpoint's.
+
+    Raises:
+        UsageError: an unknown preset, Llama-only flags for a GPT-2 model (``check_family_flags``), or an invalid
+            shape (model.config's message).
+    """
+    name = args.preset or (DEFAULT_PRESET if resume_state is None else None)
+    if name is None:
+        base, what = resume_state.model_config, "the checkpoint's model"
+    else:
+        base, what = PRESETS.get(name), f"preset {name!r}"
+    if base is not None:  # an unknown preset is refused by from_preset below
+        check_family_flags(args, base, what)
+    llama = base is not None and base.arch == "llama"
+    flags = SHAPE_FLAGS if llama else tuple(k for k in SHAPE_FLAGS if k not in LLAMA_FLAGS)
+    overrides = {k: getattr(args, k) for k in (*flags, "dropout")}
     try:
         if resume_state is None:
-            return from_preset(args.preset or DEFAULT_PRESET, **overrides)
+            return from_preset(name, **overrides)
         saved = resume_state.model_config
         given = {k: v for k, v in overrides.items() if v is not None}
         requested = from_preset(args.preset, **given) if args.preset else replace(saved, **given)
@@ -195,6 +241,8 @@ FLAG_RANGES: dict[str, tuple[float, float | None, str]] = {
     "n_embd": (1, None, "width"),
     "n_head": (1, None, "attention heads"),
     "n_inner": (1, None, "FFN width"),
+    "n_kv_head": (1, None, "key/value heads"),
+    "head_dim": (2, None, "attention head dim; even"),
     "n_positions": (1, None, "longest context"),
     "vocab_size": (1, None, "vocabulary"),
     "seq_len": (1, None, "tokens per sequence; at most n_positions"),
@@ -223,6 +271,10 @@ def check_flag_ranges(args: argparse.Namespace) -> None:
         if value < low or (high is not None and value > high):
             rule = f">= {low}" if high is None else f"in [{low}, {high}]"
             raise UsageError(f"--{name} {value} must be {rule} ({meaning})")
+    for name in ("rope_theta", "rms_norm_eps"):
+        value = getattr(args, name, None)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise UsageError(f"--{name} {value} must be a positive number")
     dropout = getattr(args, "dropout", None)
     if dropout is not None and not 0 <= dropout < 1:
         raise UsageError(f"--dropout {dropout} must be in [0, 1) (the probability of zeroing an activation)")
@@ -284,7 +336,8 @@ def planned_save_steps(start: int, max_steps: int, interval: int, final: bool) -
 
 
 def open_resume(path: str | None, ds_cfg: dict) -> checkpoint.OpenCheckpoint | None:
-    """Open the --resume checkpoint (manifest, every pickle, RunState); None without --resume.
+    """Open the --resume checkpoint (manifest sizes, RunState; ``runtime.checkpoint.open_for_resume``); None without
+    --resume.
 
     A growlm-grow (universal) checkpoint sets ``ds_cfg["checkpoint"]["load_universal"]``: DeepSpeed reshards it at
     load, at any world size.
@@ -294,8 +347,8 @@ def open_resume(path: str | None, ds_cfg: dict) -> checkpoint.OpenCheckpoint | N
     """
     if not path:
         return None
-    try:
-        resume = checkpoint.open_checkpoint(path)
+    try:  # sizes only: the ranks check the contents and pickles, each its share, once joined (verify_shares)
+        resume = checkpoint.open_for_resume(path)
     except checkpoint.CheckpointError as e:
         raise checkpoint.CheckpointError(f"--resume {e}") from None
     if resume.state.universal:

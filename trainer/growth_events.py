@@ -16,7 +16,7 @@ from typing import Any
 from growlm.growth.live.engine import CUDA_MEMORY_KEYS, GROWTH_PHASES, GrowthResult, collect_old_engine, grow_engine
 from growlm.growth.stages.plan import Stage
 from growlm.growth.stages.trigger import equal_rate_reached, slope_trigger
-from growlm.model.config import GPTConfig, param_count
+from growlm.model.config import ModelConfig, param_count
 from growlm.runtime import collectives
 from growlm.runtime.engine import build_engine
 from growlm.runtime.metrics_file import MetricsFileError, read_val_curve
@@ -77,7 +77,7 @@ class GrowthEvent:
     peak RSS before it (bytes, trainer.logger.max_rss_bytes) and every rank's ``GrowthResult.cuda_memory``, in rank
     order."""
 
-    old: GPTConfig
+    old: ModelConfig
     result: GrowthResult
     loss_before: float
     loss_after: float

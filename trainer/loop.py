@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from growlm.data.sampler import ResumableSampler, TokenWindows, micro_batch_start
-from growlm.model.config import GPTConfig, flops_per_token
+from growlm.model.config import ModelConfig, flops_per_token
 from growlm.runtime import collectives, stop
 from growlm.runtime.dist import DistInfo
 from growlm.runtime.schedule import ScheduleState, apply_rewarm
@@ -41,7 +41,7 @@ class Progress:
     """
 
     engine: Any
-    model: GPTConfig
+    model: ModelConfig
     step: int
     consumed: int = 0
     consumed_flops: int = 0
@@ -150,7 +150,7 @@ def fixed_batch_loss(engine: Any, x: torch.Tensor, y: torch.Tensor, info: DistIn
     return float(all_reduce_sum(loss)) / info.world_size
 
 
-def flops_per_step(cfg: GPTConfig, data: Batches) -> int:
+def flops_per_step(cfg: ModelConfig, data: Batches) -> int:
     """Model FLOPs of one optimizer step of a model of shape ``cfg`` (all ranks)."""
     return flops_per_token(cfg, data.seq_len) * data.global_batch * data.seq_len
 

@@ -15,14 +15,15 @@ import torch
 from growlm.growth.errors import GrowthError
 from growlm.growth.stages.plan import StageList, load_stages
 from growlm.growth.stages.trigger import SLOPE_WINDOW
-from growlm.model.config import GPTConfig, largest_param_numel, param_count
+from growlm.model.config import ModelConfig, largest_param_numel, param_count
 from growlm.runtime.engine import precision_of
 from growlm.runtime.memory import growth_working_set_bytes, model_state_split, placed_bytes, shortfall
 from growlm.runtime.metrics_file import MetricsFileError, read_val_curve
 from growlm.runtime.run_state import RunState
 from growlm.trainer.errors import UsageError
 
-SHAPE_FLAGS = ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "vocab_size")  # GPTConfig overrides
+LLAMA_FLAGS = ("n_kv_head", "head_dim", "rope_theta", "rms_norm_eps", "tie_word_embeddings")  # LlamaConfig only
+SHAPE_FLAGS = ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "vocab_size", *LLAMA_FLAGS)  # config overrides
 
 
 def load_growth_plan(path: str) -> StageList:
@@ -42,12 +43,12 @@ def load_growth_plan(path: str) -> StageList:
         raise UsageError(f"--growth_plan {path}: cannot be read ({e.strerror}); give a readable plan file") from None
 
 
-def shape_of(cfg: GPTConfig) -> dict:
-    """The config's fields that fix parameter shapes (all but dropout)."""
+def shape_of(cfg: ModelConfig) -> dict:
+    """The config's fields that fix the model's function (all but dropout; a Llama config's include its arch)."""
     return {k: v for k, v in cfg.to_dict().items() if k != "dropout"}
 
 
-def plan_config(args, growth: StageList, cfg: GPTConfig, resume_state: RunState | None, stage_index: int):
+def plan_config(args, growth: StageList, cfg: ModelConfig, resume_state: RunState | None, stage_index: int):
     """The model shape when a growth plan drives the run: the plan's start, or after ``stage_index`` stages.
 
     Raises:
@@ -142,7 +143,7 @@ def check_plan_fits_run(
                 f"stage {s.name!r}: the reference run {s.when.reference} has fewer than {SLOPE_WINDOW} validation "
                 "records, too few for a rate; train it longer or with a smaller --eval_interval"
             )
-        largest = max(s.target.vocab_size, s.target.ffn_dim, 3 * s.target.n_embd) * s.target.n_embd
+        largest = largest_param_numel(s.target)
         if stage == 3 and largest > max_live:
             raise UsageError(
                 f"stage {s.name!r}: the grown model has a parameter of {largest:,} elements, more than "

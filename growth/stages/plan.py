@@ -3,7 +3,8 @@ chain when loaded (``load_stages`` -> ``StageList``). Each stage builds its per-
 (growth.ops.rules).
 
     seed: 0
-    start: {preset: tiny, vocab_size: 512}          # a model preset (model/config.py) with overrides, or fields
+    start: {preset: tiny, vocab_size: 512}          # a model preset (model/config.py; GPT-2 or Llama) with
+                                                    #   overrides, or fields (arch: llama for a Llama)
     stages:
       - name: deeper
         target: {n_layer: 4}                        # fields that change from the previous stage's shape
@@ -38,7 +39,7 @@ from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.rules import RuleSet
 from growlm.growth.ops.schedule_rule import CONSTANT_OP, ScheduleRule
 from growlm.growth.stages.trigger import SLOPE_THRESHOLDS
-from growlm.model.config import GPTConfig, from_preset
+from growlm.model.config import ModelConfig, config_from_dict, from_preset
 
 TRIGGERS = ("step", "tokens", "slope")
 
@@ -72,7 +73,7 @@ class Stage:
     policy and schedule rule."""
 
     name: str
-    target: GPTConfig
+    target: ModelConfig
     family: str
     when: Trigger
     options: dict[str, Any] = field(default_factory=dict)
@@ -82,7 +83,7 @@ class Stage:
     schedule: ScheduleRule = field(default_factory=ScheduleRule)
     resources: dict[str, Any] | None = None  # where growlm-run runs it, as written (trainer.driver.resources)
 
-    def rules(self, current: GPTConfig, seed: int = 0) -> RuleSet:
+    def rules(self, current: ModelConfig, seed: int = 0) -> RuleSet:
         """The per-parameter rules of this stage's operator from ``current`` (the previous stage's shape)."""
         opts = dict(self.options)
         if self.family == "masked" or opts.get("symmetry") == "noise":
@@ -100,7 +101,7 @@ class StageList:
     """A validated stage list (a growth plan file): the first model's shape and the stages, each growing the previous
     shape."""
 
-    start: GPTConfig
+    start: ModelConfig
     stages: tuple[Stage, ...]
     seed: int = 0
     resources: dict[str, Any] | None = None  # where the start runs, as written (trainer.driver.resources)
@@ -120,24 +121,44 @@ def _resources(raw: Any, where: str) -> dict[str, Any] | None:
     return dict(raw)
 
 
-def _config(base: GPTConfig | None, d: dict[str, Any], where: str) -> GPTConfig:
+def _config(base: ModelConfig | None, d: dict[str, Any], where: str) -> ModelConfig:
+    """The shape a ``start`` or ``target`` mapping names: a preset with overrides (``{preset: llama-tiny, n_layer:
+    4}``: the preset picks the family), else, for the start, every field (``arch: llama`` for a Llama, else GPT-2),
+    else the fields that change from ``base``, the previous stage's shape, whose family it keeps (a Llama target's
+    head_dim and n_inner stay as they were unless given, so ``{n_embd: 128, n_head: 8}`` adds heads of the same
+    head dim).
+
+    Raises:
+        GrowthError: unknown fields, an invalid shape, or a target of another family than ``base`` (a growth keeps
+            the family).
+    """
     d = dict(d)
     try:
         if "preset" in d:
-            return from_preset(d.pop("preset"), **d)
-        if base is None:
-            return GPTConfig.from_dict(d)
-        unknown = set(d) - {f.name for f in fields(GPTConfig)}
-        if unknown:
-            raise ValueError(f"unknown GPTConfig fields {sorted(unknown)}")
-        return replace(base, **d)
+            cfg = from_preset(d.pop("preset"), **d)
+        elif base is None:
+            cfg = config_from_dict(d)
+        else:
+            arch = d.pop("arch", base.arch)
+            if arch != base.arch:
+                raise ValueError(f"arch {arch!r}: a growth keeps the model family ({base.arch!r})")
+            unknown = set(d) - {f.name for f in fields(base)}
+            if unknown:
+                raise ValueError(f"unknown {type(base).__name__} fields {sorted(unknown)}")
+            cfg = replace(base, **d)
     except (ValueError, TypeError) as e:
         raise GrowthError(f"{where}: {e}") from e
+    if base is not None and cfg.arch != base.arch:
+        raise GrowthError(
+            f"{where}: a {cfg.arch} target after a {base.arch} shape; a growth keeps the model family (name a "
+            f"{base.arch} preset, or give the fields that change)"
+        )
+    return cfg
 
 
-def _kind(old: GPTConfig, new: GPTConfig) -> str:
+def _kind(old: ModelConfig, new: ModelConfig) -> str:
     deeper = new.n_layer > old.n_layer
-    wider = (new.n_embd, new.n_head, new.ffn_dim) != (old.n_embd, old.n_head, old.ffn_dim)
+    wider = (new.n_embd, new.n_head, new.n_kv_head, new.ffn_dim) != (old.n_embd, old.n_head, old.n_kv_head, old.ffn_dim)
     return "both" if deeper and wider else ("depth" if deeper else "width")
 
 

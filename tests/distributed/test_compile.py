@@ -1,5 +1,5 @@
 """train.py --compile on the CPU (torch.compile, DeepSpeed's inductor backend, C++ built with g++): a tiny GPT trains
-a few steps compiled, without and with one live growth, against the same run in eager mode.
+a few steps compiled, without and with one live growth, against the same run in eager mode; a tiny Llama too.
 
 Each rank runs train.py through tests/compile_probe.py, which records every graph inductor compiles (its tensor
 inputs: one per parameter the forward reads, with its shape), so the tests see that the grown model itself, not
@@ -13,7 +13,7 @@ import json
 import math
 
 import pytest
-from dist_utils import read_metrics, run_ranks, tiny_ds_config
+from dist_utils import SMALL_VOCAB, read_metrics, run_ranks, tiny_ds_config
 
 TINY = ["--seq_len", "32", "--log_interval", "1", "--no_final_eval", "--no_final_save"]
 START = ["--preset", "tiny", "--n_layer", "1", "--n_embd", "32", "--n_head", "2"]  # the plan's start shape
@@ -95,6 +95,27 @@ def test_a_grown_model_is_compiled_anew_and_keeps_the_loss(tmp_path, eager):
     assert {g["grad"] for g in grown} == {True, False}, grown
     assert all(any(k.startswith(SECOND_BLOCK) for k in g["inputs"]) for g in grown)
     assert all(g["inputs"][WTE] == [50257, 64] for g in grown)
+
+
+LLAMA = ["--preset", "llama-tiny", "--n_layer", "1", "--max_steps", "2"]
+LLAMA_EMBED = "l_self_modules_model_modules_embed_tokens_parameters_weight_"  # (V, d), as a graph input
+
+
+def test_a_compiled_llama_trains_as_the_eager_one(tmp_path, small_vocab_data):
+    small = ["--data", str(small_vocab_data), "--vocab_size", str(SMALL_VOCAB)]
+    _, eager_steps, _, eager_graphs = train(tmp_path, "llama-eager", *LLAMA, *small)
+    stdout, steps, _, graphs = train(tmp_path, "llama-compiled", *LLAMA, *small, "--compile")
+    assert eager_graphs == [] and ", compiled" in stdout and "model llama L=1" in stdout
+    assert [m["step"] for m in steps] == [1, 2]
+    for m, e in zip(steps, eager_steps, strict=True):  # as GPT-2's: inductor's kernels round differently
+        assert math.isfinite(m["loss"]) and abs(m["loss"] - e["loss"]) <= 1e-4, (m["loss"], e["loss"])
+    # the training forward (with its backward) of the Llama itself was compiled: its embedding, untied head, and
+    # the first block's SwiGLU projections are graph inputs
+    train_graphs = [g for g in graphs if g["grad"]]
+    assert train_graphs, graphs
+    inputs = {k: v for g in train_graphs for k, v in g["inputs"].items()}
+    assert inputs[LLAMA_EMBED] == [SMALL_VOCAB, 64]
+    assert any("lm_head" in k for k in inputs) and any("gate_proj" in k for k in inputs), sorted(inputs)
 
 
 @pytest.mark.bad_input

@@ -14,7 +14,7 @@ import torch
 
 from growlm import TRAIN_SCRIPT
 from growlm.growth.stages.plan import StageList
-from growlm.model.config import GPTConfig, param_count
+from growlm.model.config import ModelConfig, param_count
 from growlm.runtime.engine import precision_of
 from growlm.runtime.memory import GIB, model_state_bytes
 from growlm.trainer.driver.segments import (
@@ -28,7 +28,7 @@ from growlm.trainer.driver.segments import (
 )
 
 
-def stage_rows(plan: StageList, segments: list[Segment]) -> list[tuple[str, GPTConfig, str, Segment]]:
+def stage_rows(plan: StageList, segments: list[Segment]) -> list[tuple[str, ModelConfig, str, Segment]]:
     """(name, shape, how it is reached, its segment) for ``start`` and every stage, in run order."""
     rows = [("start", plan.start, "start", segments[0])]
     by_stage = {}

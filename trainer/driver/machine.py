@@ -14,7 +14,7 @@ import psutil
 import torch
 
 from growlm.growth.stages.plan import StageList
-from growlm.model.config import GPTConfig, largest_param_numel, param_count
+from growlm.model.config import ModelConfig, largest_param_numel, param_count
 from growlm.runtime.engine import precision_of
 from growlm.runtime.memory import GIB, growth_working_set_bytes, model_state_split, placed_bytes
 from growlm.trainer.driver.segments import DriverError, Segment, segment_ds_config
@@ -31,12 +31,12 @@ def gpu_here() -> bool:
     return torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "cuda") != "cpu"
 
 
-def job_models(plan: StageList, seg: Segment) -> list[tuple[str, GPTConfig, GPTConfig | None]]:
+def job_models(plan: StageList, seg: Segment) -> list[tuple[str, ModelConfig, ModelConfig | None]]:
     """(what, the model, the model it is grown from live or None) of every model ``seg``'s job holds, in order: the
     one it starts with (the plan's start, or the stage grown offline before it) and each stage grown inside it."""
     first = plan.start if seg.first_stage is None else plan.stages[seg.first_stage].target
     name = "start" if seg.first_stage is None else plan.stages[seg.first_stage].name
-    models: list[tuple[str, GPTConfig, GPTConfig | None]] = [(f"stage {name!r} ({first.shape_str()})", first, None)]
+    models: list[tuple[str, ModelConfig, ModelConfig | None]] = [(f"stage {name!r} ({first.shape_str()})", first, None)]
     old = first
     for s in plan.stages:
         if s.name in seg.stages:

@@ -1,0 +1,85 @@
+"""train.py's Llama shape flags (--n_kv_head, --head_dim, --rope_theta, --rms_norm_eps, --tie_word_embeddings,
+--untie_word_embeddings): --preset chooses the family, the flags override a Llama preset's fields, and a GPT-2
+model (a GPT-2 preset, the default one, or a GPT-2 checkpoint) refuses them in one line with exit status 2."""
+
+from __future__ import annotations
+
+import pytest
+from cli_utils import train_fails as fails
+
+from growlm import train
+from growlm.model.config import GPTConfig, LlamaConfig
+from growlm.runtime.run_state import RunState
+from growlm.trainer.config import model_config_from_args, resolve
+from growlm.trainer.errors import UsageError
+
+
+def _model(argv: list[str]):
+    return resolve(train.parse_args([*argv, "--no_final_eval"])).model
+
+
+def test_a_llama_preset_with_overrides_builds_a_llama_config():
+    cfg = _model(["--preset", "llama-tiny"])
+    assert isinstance(cfg, LlamaConfig) and cfg.arch == "llama"
+    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim, cfg.n_inner) == (2, 64, 4, 2, 16, 128)
+    cfg = _model(
+        ["--preset", "llama-tiny", "--n_kv_head", "1", "--head_dim", "32", "--rope_theta", "500000",
+         "--rms_norm_eps", "1e-6", "--tie_word_embeddings", "--n_layer", "3", "--vocab_size", "300"]
+    )  # fmt: skip
+    assert (cfg.n_kv_head, cfg.head_dim, cfg.rope_theta, cfg.rms_norm_eps) == (1, 32, 500000.0, 1e-6)
+    assert cfg.tie_word_embeddings and (cfg.n_layer, cfg.vocab_size) == (3, 300)
+    # a wider n_embd re-derives head_dim (d // H) and n_inner (8 d / 3 rounded up to 64) unless they are given
+    cfg = _model(["--preset", "llama-tiny", "--n_embd", "128"])
+    assert (cfg.head_dim, cfg.n_inner) == (32, 384)
+    # --untie_word_embeddings on a tied preset; the last of the two flags counts, as argparse's store_const does
+    assert _model(["--preset", "smollm-135m", "--seq_len", "64"]).tie_word_embeddings
+    assert not _model(["--preset", "smollm-135m", "--seq_len", "64", "--untie_word_embeddings"]).tie_word_embeddings
+    args = train.parse_args(["--preset", "llama-tiny", "--untie_word_embeddings", "--tie_word_embeddings"])
+    assert model_config_from_args(args, None).tie_word_embeddings
+    # no flag: GPT-2's default preset
+    assert isinstance(_model([]), GPTConfig)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    "argv, needles",
+    [
+        (["--preset", "tiny", "--n_kv_head", "2"], ["--n_kv_head: Llama-only", "preset 'tiny' is a GPT-2 model"]),
+        (["--head_dim", "16"], ["--head_dim: Llama-only", "preset 'cpu-small'", "llama-tiny"]),
+        (["--preset", "gpt2", "--rope_theta", "1e4", "--rms_norm_eps", "1e-6"], ["--rope_theta, --rms_norm_eps"]),
+        (["--preset", "tiny", "--tie_word_embeddings"], ["--tie_word_embeddings: Llama-only"]),
+        (["--preset", "tiny", "--untie_word_embeddings"], ["--untie_word_embeddings: Llama-only"]),
+    ],
+)
+def test_llama_flags_are_refused_for_a_gpt2_model(capsys, argv, needles):
+    fails(capsys, argv, *needles)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--n_kv_head", "3"], "n_head=4 is not a multiple of n_kv_head=3"),
+        (["--n_kv_head", "0"], "--n_kv_head 0 must be >= 1"),
+        (["--head_dim", "15"], "head_dim=15 must be even"),
+        (["--head_dim", "0"], "--head_dim 0 must be >= 2"),
+        (["--rope_theta", "0"], "--rope_theta 0.0 must be a positive number"),
+        (["--rms_norm_eps", "nan"], "--rms_norm_eps nan must be a positive number"),
+    ],
+)
+def test_bad_llama_shapes_are_refused(capsys, argv, needle):
+    fails(capsys, ["--preset", "llama-tiny", *argv], needle)
+
+
+@pytest.mark.bad_input
+def test_llama_flags_are_refused_on_a_gpt2_checkpoint_and_kept_on_a_llama_one():
+    def state(cfg):
+        return RunState(model_config=cfg, global_step=4, consumed_samples=32, seq_len=16, world_size=2,
+                        zero_stage=1, seed=1234)  # fmt: skip
+
+    args = train.parse_args(["--n_kv_head", "2"])
+    with pytest.raises(UsageError, match="--n_kv_head: Llama-only flag\\(s\\), but the checkpoint's model is a GPT-2"):
+        model_config_from_args(args, state(GPTConfig(n_layer=2, n_embd=64, n_head=4)))
+    llama = LlamaConfig(n_layer=2, n_embd=64, n_head=4, n_kv_head=2, n_inner=128, n_positions=32, vocab_size=99)
+    assert model_config_from_args(args, state(llama)) == llama  # equal values: the checkpoint's shape
+    assert model_config_from_args(train.parse_args([]), state(llama)) == llama
