@@ -85,6 +85,12 @@ SWEEP: dict[str, list[str]] = {
     "growlm-prepare --tokenizer: no --out, a folder without tokenizer.json, a damaged one, more ids than uint16": [
         "unit/test_prepare_model_tokenizer.py::test_tokenizers_that_cannot_make_a_token_folder_are_refused",
     ],
+    "Llama-only shape flags (--n_kv_head, --head_dim, --rope_theta, --rms_norm_eps, --tie_word_embeddings, "
+    "--untie_word_embeddings) with a GPT-2 preset or checkpoint, and Llama shapes that cannot be built": [
+        "unit/test_llama_train_flags.py::test_llama_flags_are_refused_for_a_gpt2_model",
+        "unit/test_llama_train_flags.py::test_llama_flags_are_refused_on_a_gpt2_checkpoint_and_kept_on_a_llama_one",
+        "unit/test_llama_train_flags.py::test_bad_llama_shapes_are_refused",
+    ],
 }
 
 
