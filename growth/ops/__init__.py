@@ -1,9 +1,14 @@
 """Growth operator families; each returns a growth.ops.rules.RuleSet. Torch only.
 
-``make_rules(old, new, family, **options)`` picks and chains the operators that take ``old`` to ``new``:
+``make_rules(old, new, family, **options)`` picks, by the model family (``old.arch``), and chains the operators that
+take ``old`` to ``new``. GPT-2:
 - family 'masked': ops.masked.masked_growth (every dimension at once, any size, exact).
 - family 'duplicate': ops.width.width_growth (n_embd x k, heads x k), then ops.width.ffn_growth (n_inner beyond
   k F), then ops.depth.depth_growth (n_layer), composed per parameter.
+Llama (ops.llama; DESIGN.md, "Llama growth"):
+- family 'masked': llama_masked_growth (n_layer, n_embd, n_head, n_kv_head, n_inner, any size; head_dim kept).
+- family 'duplicate': llama_width_growth (x k), llama_heads_growth (n_head, n_kv_head at fixed n_embd),
+  llama_ffn_growth, llama_depth_growth, composed per parameter (llama_duplicate_growth).
 """
 
 from __future__ import annotations
@@ -11,11 +16,13 @@ from __future__ import annotations
 from typing import Any
 
 from growlm.growth.errors import GrowthError
+from growlm.growth.ops.common import check_same_arch
 from growlm.growth.ops.depth import depth_growth
+from growlm.growth.ops.llama import llama_duplicate_growth, llama_masked_growth
 from growlm.growth.ops.masked import masked_growth
 from growlm.growth.ops.rules import RuleSet, compose
 from growlm.growth.ops.width import check_width_target, ffn_growth, width_growth
-from growlm.model.config import GPTConfig
+from growlm.model.config import ModelConfig
 
 FAMILIES = ("masked", "duplicate")
 _DUP_OPTIONS = {"layer_order", "exact", "pattern", "alpha", "symmetry", "noise_std", "seed"}
@@ -24,8 +31,9 @@ _MASKED_OPTIONS = {
 }  # fmt: skip
 
 
-def make_rules(old: GPTConfig, new: GPTConfig, family: str, **options: Any) -> RuleSet:
-    """The growth plan from ``old`` to ``new`` with the given operator family.
+def make_rules(old: ModelConfig, new: ModelConfig, family: str, **options: Any) -> RuleSet:
+    """The growth plan from ``old`` to ``new`` with the given operator family, for either model family (GPT-2 or
+    Llama, by ``old.arch``; both configs must be of the same one).
 
     Options, masked: layer_order ('stack'|'interleave'), new_layers ('copy'|'fresh'), init_std, bias_std, seed,
     ramp_steps or ramp_frac (of the run left at growth; default 0.25), start_step. Duplicate: layer_order (default
@@ -34,7 +42,8 @@ def make_rules(old: GPTConfig, new: GPTConfig, family: str, **options: Any) -> R
     relative to each matrix's RMS), seed (the noise's seed).
 
     Raises:
-        GrowthError: unknown family or option, or a target the family cannot reach (see each operator).
+        GrowthError: unknown family or option, a target of another model family, or a target the family cannot
+            reach (see each operator).
     """
     if family not in FAMILIES:
         raise GrowthError(f"unknown growth family {family!r}; use one of {FAMILIES}")
@@ -42,6 +51,11 @@ def make_rules(old: GPTConfig, new: GPTConfig, family: str, **options: Any) -> R
     unknown = set(options) - allowed
     if unknown:
         raise GrowthError(f"unknown options {sorted(unknown)} for family {family!r}; allowed: {sorted(allowed)}")
+    check_same_arch(old, new)
+    if old.arch == "llama":
+        if family == "masked":
+            return llama_masked_growth(old, new, **options)
+        return llama_duplicate_growth(old, new, **options)
     if family == "masked":
         return masked_growth(old, new, **options)
     k = check_width_target(old, new)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops.rules import RuleSet, check_rules, ramp_length
 from growlm.growth.ops.schedule_rule import ScheduleRule, place_schedule
-from growlm.model.config import GPTConfig
+from growlm.model.config import ModelConfig
 from growlm.model.masks import MaskSpec
 from growlm.runtime.schedule import ScheduleState
 
@@ -39,9 +39,9 @@ class GrowthPrep:
     schedule_changed: bool
 
 
-def same_shape(a: GPTConfig, b: GPTConfig) -> bool:
-    """Whether two configs give the same parameter shapes (everything but dropout is equal)."""
-    return replace(a, dropout=0.0) == replace(b, dropout=0.0)
+def same_shape(a: ModelConfig, b: ModelConfig) -> bool:
+    """Whether two configs give the same parameter shapes: the same family and everything but dropout equal."""
+    return a.arch == b.arch and replace(a, dropout=0.0) == replace(b, dropout=0.0)
 
 
 def check_ramp_done(masks: MaskSpec | None, step: int) -> None:
@@ -65,7 +65,7 @@ def rule_moves_schedule(rule: ScheduleRule) -> bool:
 
 def prepare_growth(
     plan: RuleSet,
-    current: GPTConfig,
+    current: ModelConfig,
     step: int,
     *,
     masks: MaskSpec | None,

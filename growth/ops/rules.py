@@ -1,8 +1,9 @@
 """A growth operator as data: for each parameter of the grown model, the old tensor it reads and the maps that give
 its weight and Adam moments (DESIGN.md, "Growth operators"). Torch only; no model, engine, rank or file is touched here.
 
-Shapes follow HF GPT-2 (Conv1D weight (in, out)). Symbols: V vocab, P positions, L n_layer, d n_embd, H n_head,
-Q head dim, F n_inner.
+Names and shapes are those of the model's transformers class: GPT-2 (``GPT2LMHeadModel``, Conv1D weight (in, out))
+or Llama (``LlamaForCausalLM``, nn.Linear weight (out, in)). Symbols: V vocab, P positions, L n_layer, d n_embd,
+H n_head, K n_kv_head, Q head dim, F n_inner.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import torch
 from torch import Tensor
 
 from growlm.growth.errors import GrowthError
-from growlm.model.config import GPTConfig
-from growlm.model.gpt import GPT
+from growlm.model.config import ModelConfig
+from growlm.model.families import build_model, embedding_name
 from growlm.model.masks import MaskSpec
 
 Map = Callable[[Tensor], Tensor]
@@ -60,8 +61,8 @@ class RuleSet:
     a fraction of the run left at growth, resolved by ``ramp_length`` when the growth happens (None: the ramp is
     ``masks.ramp_steps`` steps long)."""
 
-    old: GPTConfig
-    new: GPTConfig
+    old: ModelConfig
+    new: ModelConfig
     rules: dict[str, Rule]
     family: str
     exact: bool = True
@@ -137,12 +138,23 @@ def compose_maps(first: Map, second: Map) -> Map:
 # ----- plans -------------------------------------------------------------------------------------------------------
 
 
-def param_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every parameter of GPT(cfg) (tied lm_head listed once, as ``named_parameters`` does)."""
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every parameter of ``build_model(cfg)`` (GPT-2 or Llama, by ``cfg.arch``), in
+    ``named_parameters`` order; a tied lm_head is listed once, as the embedding. Built on the meta device (no
+    memory)."""
 
     with torch.device("meta"):
-        model = GPT(cfg)
+        model = build_model(cfg)
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def tied_aliases(cfg: ModelConfig) -> dict[str, str]:
+    """alias -> parameter of a tied LM head: ``{"lm_head.weight": <the embedding's name>}`` when the head shares the
+    token embedding (GPT-2 always; Llama with ``tie_word_embeddings``), else {} (an untied Llama head is a parameter
+    of its own, listed by ``param_shapes``)."""
+    if cfg.arch == "llama" and not cfg.tie_word_embeddings:
+        return {}
+    return {"lm_head.weight": embedding_name(cfg)}
 
 
 def compose(first: RuleSet, second: RuleSet) -> RuleSet:

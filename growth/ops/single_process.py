@@ -4,8 +4,9 @@ and the conversion to and from a model + torch AdamW + DeepSpeed WarmupCosineLR 
 Used by the operator tests, the operator benchmarks and the dynamics harness (eval.metrics.dynamics). The scheduler
 class is imported lazily from deepspeed (it selects an accelerator at import).
 
-Param groups follow growlm's training loop: 2-D weights with weight decay, everything else (biases, LayerNorms)
-without.
+Param groups follow growlm's training loop (``runtime.engine.param_groups``): 2-D weights (matrices, embeddings, an
+untied Llama lm_head) with weight decay, everything else (biases, LayerNorm and RMSNorm gains) without. Both model
+families (GPT-2 and Llama, ``model.families.build_model``).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from growlm.growth.ops.preparation import check_ramp_done, prepare_growth
 from growlm.growth.ops.rules import RuleSet, check_rules, param_shapes
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.ops.stores import DictStore, ModuleStore, ParamState
-from growlm.model.config import GPTConfig
-from growlm.model.gpt import GPT
-from growlm.model.masks import MaskSpec
+from growlm.model.config import ModelConfig
+from growlm.model.families import build_model
+from growlm.model.masks import GrowthMaskedModel, MaskSpec
 from growlm.runtime.engine import param_groups  # the engine's AdamW groups, so both train alike
 from growlm.runtime.schedule import REWARM_FLOOR_ATTR, ScheduleState
 
@@ -35,24 +36,25 @@ def default_optimizer() -> dict[str, Any]:
 
 @dataclass
 class TrainingState:
-    """The training state of one GPT, independent of how it is stored or sharded.
+    """The training state of one model (GPT-2 or Llama), independent of how it is stored or sharded.
 
     A different thing from runtime.run_state.RunState: this holds the tensors (weights, Adam moments) in one process
     for the growth operators; RunState is the small JSON record stored beside a DeepSpeed checkpoint's shards. Where
-    they overlap they use the same types: config / RunState.model_config (GPTConfig), schedule (ScheduleState), masks
+    they overlap they use the same types: config / RunState.model_config (ModelConfig), schedule (ScheduleState), masks
     / RunState.growth_masks (MaskSpec), consumed_samples.
 
-    params: name -> (weight, exp_avg, exp_avg_sq), fp32, full tensors of the parameter's shape (HF (in, out)).
+    params: name -> (weight, exp_avg, exp_avg_sq), fp32, full tensors of the parameter's shape (the transformers
+        class's names and layouts: GPT-2 Conv1D (in, out), Llama nn.Linear (out, in)).
     adam_step: optimizer steps taken (Adam's bias-correction step; the same for every parameter).
     optimizer: AdamW hyperparameters (lr is the peak LR; betas, eps, weight_decay).
     schedule: WarmupCosineLR position and re-warm (runtime.schedule.ScheduleState), or None for a constant LR.
     loss_scaler: fp16 loss-scaler state, opaque (DeepSpeed DynamicLossScaler: cur_scale, cur_iter, ...), or None.
     consumed_samples: training samples consumed so far (the data position; never replayed after growth).
     rng: RNG states, opaque (e.g. per rank: python, numpy, torch CPU/CUDA), or None.
-    masks: growth masks of the model and their ramp (model.masks.MaskSpec), or None for a plain GPT-2.
+    masks: growth masks of the model and their ramp (model.masks.MaskSpec), or None for a plain model.
     """
 
-    config: GPTConfig
+    config: ModelConfig
     params: dict[str, ParamState]
     adam_step: int = 0
     optimizer: dict[str, Any] = field(default_factory=default_optimizer)
@@ -153,7 +155,7 @@ def make_scheduler(optimizer: torch.optim.Optimizer, sched: ScheduleState, adam_
 
 
 def from_modules(
-    model: GPT,
+    model: GrowthMaskedModel,
     optimizer: torch.optim.Optimizer,
     scheduler: Any = None,
     *,
@@ -196,11 +198,13 @@ def from_modules(
     )
 
 
-def to_modules(state: TrainingState, dtype: torch.dtype = torch.float32) -> tuple[GPT, torch.optim.AdamW, Any]:
-    """Build (model, AdamW, WarmupCosineLR or None) holding ``state``: weights, moments and step in every
-    parameter's optimizer state, masks at the ramp value of ``state.adam_step`` (removed if it is 1), and the LR of
-    the next step set in the optimizer."""
-    model = GPT(state.config, masks=state.masks).to(dtype)
+def to_modules(
+    state: TrainingState, dtype: torch.dtype = torch.float32
+) -> tuple[GrowthMaskedModel, torch.optim.AdamW, Any]:
+    """Build (model, AdamW, WarmupCosineLR or None) holding ``state``: the model of its config's family
+    (``build_model``: GPT or Llama), weights, moments and step in every parameter's optimizer state, masks at the
+    ramp value of ``state.adam_step`` (removed if it is 1), and the LR of the next step set in the optimizer."""
+    model = build_model(state.config, masks=state.masks).to(dtype)
     model.set_growth_step(state.adam_step)
     optimizer = make_optimizer(model, state.optimizer)
     store = ModuleStore(model, optimizer, step=state.adam_step)

@@ -1,10 +1,10 @@
 """Where the tensors of a training state live, behind one small interface that growth.ops.apply drives.
 
-A store holds, per parameter name (HF GPT-2 names), three full fp32 tensors of the parameter's shape: the weight and
-Adam's exp_avg and exp_avg_sq. Stores for a live DeepSpeed engine (``deepspeed.utils.safe_get/set_full_*``, each call
-a collective) and for universal checkpoints (one folder per parameter; ZeRO-3 stores flat 1-D tensors, which such a
-store must reshape to ``shape(name)`` on read and flatten on write) implement the same four methods. This module
-imports torch only.
+A store holds, per parameter name (the transformers class's names: GPT-2 or Llama), three full fp32 tensors of the
+parameter's shape: the weight and Adam's exp_avg and exp_avg_sq. Stores for a live DeepSpeed engine
+(``deepspeed.utils.safe_get/set_full_*``, each call a collective) and for universal checkpoints (one folder per
+parameter; ZeRO-3 stores flat 1-D tensors, which such a store must reshape to ``shape(name)`` on read and flatten on
+write) implement the same four methods. This module imports torch only.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ def adam_step_tensor(optimizer: torch.optim.Optimizer, value: float, param: torc
 
 
 class ParamState(NamedTuple):
-    """One parameter's fp32 value and Adam moments, all of the parameter's shape (HF (in, out) layout)."""
+    """One parameter's fp32 value and Adam moments, all of the parameter's shape (the model's own layout: GPT-2
+    Conv1D (in, out), Llama nn.Linear (out, in))."""
 
     weight: Tensor
     exp_avg: Tensor
