@@ -78,3 +78,19 @@ def hf_loss(path: Path, ids: torch.Tensor) -> float:
     with torch.no_grad():
         logits = hf(ids).logits
     return float(torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1)))
+
+
+def llama_token_folder(out: Path, model_dir: Path, chars: int = 40_000) -> Path:
+    """A token folder of slices of the built-in corpus (three train documents, one val), tokenized by growlm-prepare
+    with ``model_dir``'s own tokenizer (``--tokenizer``)."""
+    from growlm.data.prepare import prepare_dataset
+
+    train, val = builtin_corpus_files()
+    text_dir = out.parent / f"{out.name}_text"
+    text_dir.mkdir(parents=True)
+    files = {}
+    for name, path in [("train0", train[0]), ("train1", train[1]), ("train2", train[2]), ("val0", val[0])]:
+        (text_dir / f"{name}.txt").write_text(read_text(path)[:chars])
+        files[name] = text_dir / f"{name}.txt"
+    trains = [files["train0"], files["train1"], files["train2"]]
+    return prepare_dataset(trains, [files["val0"]], out, tokenizer=str(model_dir))
