@@ -135,10 +135,11 @@ def _training_flags(t: argparse._ArgumentGroup) -> None:
     t.add_argument(
         "--init_from",
         default=None,
-        help="transformers GPT-2 folder to start from (growlm-grow --export_hf output or any GPT2LMHeadModel saved "
-        "with save_pretrained): config.json gives the model shape (no --preset/--n_* that differ), model.safetensors "
-        "the weights (safetensors only; pytorch_model.bin is refused), tokenizer.json, if present, must match "
-        "--data's tokenizer. Fresh Adam state and LR schedule, any ZeRO stage and precision; with --growth_plan the "
+        help="transformers GPT-2 or Llama folder to start from (growlm-grow --export_hf output, or a GPT2LMHeadModel "
+        "or LlamaForCausalLM with plain RoPE saved with save_pretrained; docs/models.md): config.json gives the model "
+        "shape (no --preset/--n_* that differ), model.safetensors or its shards the weights (safetensors only; "
+        "pytorch_model.bin is refused), tokenizer.json, if present, must match --data's tokenizer (growlm-prepare "
+        "--tokenizer DIR). Fresh Adam state and LR schedule, any ZeRO stage and precision; with --growth_plan the "
         "plan's start must be this shape. Not with --resume",
     )
     t.add_argument(
