@@ -1,7 +1,10 @@
-"""Run by tests/distributed/test_live_growth.py as every rank of a real 2-rank job: train a tiny GPT with DeepSpeed,
-grow the live engine, and record what the new engine holds against what the growth plan says it must hold.
+"""Run by tests/distributed/test_live_growth.py as every rank of a real 2-rank job: train a tiny GPT (or Llama) with
+DeepSpeed, grow the live engine, and record what the new engine holds against what the growth plan says it must hold.
 
     python tests/live_growth_probe.py DS_CONFIG FAMILY OUT_JSON [--force-cpu-fp16]
+
+FAMILY: masked, duplicate or depth (GPT-2), or llama-masked, llama-duplicate, llama-duplicate-tied (Llama; the
+last with tied embeddings).
 
 Rank 0 writes OUT_JSON with: loss on a fixed batch before/after growth; per parameter the largest difference
 between the new engine's gathered weight / exp_avg / exp_avg_sq and the plan's rule applied to the gathered old
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from growlm.runtime.dist import init_distributed  # noqa: E402
@@ -29,7 +33,7 @@ from growlm.growth.live.engine import EngineStore, adam_step_of, grow_engine  # 
 from growlm.growth.ops import make_rules  # noqa: E402
 from growlm.growth.ops.apply import OptimizerPolicy, grow_param  # noqa: E402
 from growlm.growth.ops.schedule_rule import ScheduleRule, place_schedule  # noqa: E402
-from growlm.model.config import GPTConfig  # noqa: E402
+from growlm.model.config import GPTConfig, LlamaConfig  # noqa: E402
 from growlm.runtime.engine import build_engine  # noqa: E402
 from growlm.runtime.schedule import engine_schedule, start_schedule  # noqa: E402
 
@@ -42,7 +46,21 @@ ds_cfg = json.loads(Path(ds_path).read_text())
 ds_cfg["scheduler"]["params"].update(total_num_steps=40, warmup_num_steps=2)
 zero_stage = ds_cfg["zero_optimization"]["stage"]
 old_cfg = GPTConfig(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=97)
-if family == "masked":  # every dimension at once, FFN to a size that is no multiple of the old one
+if family.startswith("llama-"):  # the Llama family: GQA (2 query heads, 1 key/value head), head_dim 16
+    tied = family.endswith("-tied")
+    old_cfg = LlamaConfig(
+        n_layer=1, n_embd=32, n_head=2, n_kv_head=1, n_inner=64, n_positions=16, vocab_size=97,
+        tie_word_embeddings=tied,
+    )  # fmt: skip
+if family == "llama-masked":  # every dimension at once: width to no multiple, heads and key/value heads, FFN, depth
+    new_cfg = replace(old_cfg, n_layer=2, n_embd=48, n_head=4, n_kv_head=2, n_inner=100)
+    plan = make_rules(old_cfg, new_cfg, "masked", seed=3, ramp_steps=3)
+    policy = OptimizerPolicy(moments="carry", fresh_exp_avg_sq="mean")
+elif family.startswith("llama-duplicate"):  # exact: width x2 (4 heads, 2 kv), then heads 6 (3 kv), FFN, depth x2
+    new_cfg = replace(old_cfg, n_layer=2, n_embd=64, n_head=6, n_kv_head=3, n_inner=160)
+    plan = make_rules(old_cfg, new_cfg, "duplicate")
+    policy = OptimizerPolicy(moments="carry")
+elif family == "masked":  # every dimension at once, FFN to a size that is no multiple of the old one
     new_cfg = GPTConfig(n_layer=2, n_embd=48, n_head=3, n_inner=160, n_positions=16, vocab_size=97)
     plan = make_rules(old_cfg, new_cfg, "masked", seed=3, ramp_steps=3)
     policy = OptimizerPolicy(moments="carry", fresh_exp_avg_sq="mean")

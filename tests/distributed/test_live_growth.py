@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from dist_utils import fp16_supported, read_metrics, run_ranks, tiny_ds_config
+from dist_utils import SMALL_VOCAB, fp16_supported, read_metrics, run_ranks, tiny_ds_config
 
 SCENARIOS = [
     ("zero0_fp32", "masked"),
@@ -27,6 +27,12 @@ SCENARIOS = [
     # the GPU variants' settings (DeepSpeed's buckets; at ZeRO-3 small parameters persist whole on every rank)
     ("gpu/zero2_fp32", "duplicate"),
     ("gpu/zero3_fp32", "masked"),
+    # the Llama family: one exact growth of every dimension at once per ZeRO stage (width x2, heads and key/value
+    # heads, FFN, depth; ZeRO-1 with tied embeddings), and the masked family at ZeRO-3
+    ("zero1_fp32", "llama-duplicate-tied"),
+    ("zero2_fp32", "llama-duplicate"),
+    ("zero3_fp32", "llama-duplicate"),
+    ("zero3_fp32", "llama-masked"),
 ]
 
 
@@ -112,15 +118,40 @@ stages:
 """
 
 
-@pytest.mark.parametrize("plan_text, template", [(PLAN_MASKED, "zero2_fp32"), (PLAN_DUP, "zero3_fp32")])
-def test_train_py_grows_and_a_checkpoint_in_the_ramp_resumes_exactly(tmp_path, plan_text, template):
+PLAN_LLAMA = f"""
+seed: 0
+start: {{preset: llama-tiny, n_layer: 1, n_embd: 32, n_head: 2, n_kv_head: 1, n_inner: 64, vocab_size: {SMALL_VOCAB}}}
+stages:
+  - name: wider
+    target: {{n_embd: 64, n_head: 4, n_kv_head: 2, n_inner: 128}}
+    family: duplicate
+    when: {{step: 2}}
+    schedule: {{kind: target, constant_op: 1.8, rewarm_steps: 4}}
+  - name: deeper
+    target: {{n_layer: 2}}
+    family: masked
+    when: {{step: 4}}
+    ramp_steps: 4
+    optimizer: {{moments: carry, fresh_exp_avg_sq: mean}}
+    schedule: {{kind: continue}}
+"""
+
+
+@pytest.mark.parametrize(
+    "plan_text, template", [(PLAN_MASKED, "zero2_fp32"), (PLAN_DUP, "zero3_fp32"), (PLAN_LLAMA, "zero1_fp32")]
+)
+def test_train_py_grows_and_a_checkpoint_in_the_ramp_resumes_exactly(tmp_path, plan_text, template, request):
     plan = tmp_path / "plan.yaml"
     plan.write_text(plan_text)
     ds = tiny_ds_config(tmp_path, template)
     full, resumed = tmp_path / "full", tmp_path / "resumed"
+    data = []  # the Llama plan trains on the small vocabulary (its tokenizer does not matter here)
+    if "llama" in plan_text:
+        data = ["--data", str(request.getfixturevalue("small_vocab_data"))]
     r = run_ranks(
         [
             *TINY,
+            *data,
             "--ds_config",
             str(ds),
             "--max_steps",
@@ -157,6 +188,7 @@ def test_train_py_grows_and_a_checkpoint_in_the_ramp_resumes_exactly(tmp_path, p
     r = run_ranks(
         [
             *TINY,
+            *data,
             "--ds_config",
             str(ds),
             "--max_steps",
