@@ -9,7 +9,7 @@ import torch
 
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops import make_rules
-from growlm.growth.ops.apply import apply_rules
+from growlm.growth.ops.apply import OptimizerPolicy, apply_rules, fresh_entries
 from growlm.growth.ops.llama import head_sources
 from growlm.growth.ops.rules import check_rules, param_shapes, tied_aliases
 from growlm.growth.ops.single_process import TrainingState, from_modules, grow_state, make_optimizer, to_modules
@@ -442,3 +442,29 @@ def test_mixed_arch_refused(family):
         make_rules(cfg(), gpt, family)
     with pytest.raises(GrowthError, match="growth keeps the model family"):
         make_rules(gpt, cfg(), family)
+
+
+@pytest.mark.parametrize("family", ["duplicate", "masked"])
+@pytest.mark.parametrize("policy", [("carry_old", "zero"), ("carry", "mean"), ("reset", "zero")])
+def test_optimizer_policies(family, policy):
+    """Every OptimizerPolicy works on the Llama rules: 'carry_old' puts old moments unscaled at their own places
+    (``Rule.place``) and zeros elsewhere, 'mean' fills fresh exp_avg_sq entries, 'reset' zeroes all; the weights
+    (and so the logits) do not depend on it."""
+    state = trained(False)
+    target = cfg(n_embd=64, n_head=12, n_kv_head=4, n_inner=100, n_layer=3)
+    plan = make_rules(state.config, target, family)
+    grown = grow_state(state, plan, policy=OptimizerPolicy(*policy))
+    x = tokens(state.config)
+    assert (logits(grown, x) - logits(state, x)).abs().max().item() <= 1e-5
+    name = "model.layers.0.mlp.gate_proj.weight"
+    old, new = state.params[name], grown.params[name]
+    if policy[0] == "carry_old":
+        torch.testing.assert_close(new.exp_avg[:48, :32], old.exp_avg, rtol=0, atol=0)
+        assert new.exp_avg.abs().sum() == old.exp_avg.abs().sum()  # nothing else
+    elif policy[0] == "reset":
+        assert all(p.exp_avg.abs().max() == 0 and p.exp_avg_sq.abs().max() == 0 for p in grown.params.values())
+    else:  # fresh entries (masked: new rows and columns) start at the carried entries' mean exp_avg_sq
+        fresh = fresh_entries(plan.rules[name], old.weight)
+        assert fresh.any() == (family == "masked")
+        if fresh.any():
+            torch.testing.assert_close(new.exp_avg_sq[fresh], new.exp_avg_sq[~fresh].mean().expand(int(fresh.sum())))
