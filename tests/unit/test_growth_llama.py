@@ -468,3 +468,44 @@ def test_optimizer_policies(family, policy):
         assert fresh.any() == (family == "masked")
         if fresh.any():
             torch.testing.assert_close(new.exp_avg_sq[fresh], new.exp_avg_sq[~fresh].mean().expand(int(fresh.sum())))
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_one_adam_step_moves_width_copies_like_the_small_model(tie):
+    """Width x2: every copied entry (exp_avg / 2, exp_avg_sq / 4) takes exactly the small model's AdamW update, so
+    after one step the grown model still computes the small model's function once the two things a growth adds are
+    reset: the zero blocks' first updates (s0, not 0) and the head's (the tied final norm's or the untied lm_head's
+    exp_avg_sq x k^2 gives 1/k of the update only while the new gradient's share of v, 1 - beta2, is small). The loss
+    is scaled by 1e4 and eps is 1e-14 so that Adam's eps, which the rule does not scale, plays no part (as GPT-2's
+    test)."""
+    hp = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-14, "weight_decay": 0.1}
+    old = cfg(tie_word_embeddings=tie)
+    small = random_llama(old, torch.float64).train()
+    opt_s = make_optimizer(small, hp)
+    for seed in range(3):  # real Adam state
+        opt_s.zero_grad()
+        (1e4 * loss64(small, tokens(old, t=13, seed=10 + seed))).backward()
+        opt_s.step()
+    plan = make_rules(old, cfg(tie_word_embeddings=tie, n_embd=64, n_head=8, n_kv_head=4, n_inner=96), "duplicate")
+    big = Llama(plan.new).double().train()
+    opt_b = make_optimizer(big, hp)
+    apply_rules(plan, ModuleStore(small, opt_s), ModuleStore(big, opt_b, step=3))
+    x = tokens(old, t=13, seed=99)
+    for model, opt in ((small, opt_s), (big, opt_b)):
+        opt.zero_grad()
+        (1e4 * loss64(model, x)).backward()
+        opt.step()
+    head = "model.norm.weight" if tie else "lm_head.weight"
+    with torch.no_grad():
+        for name, rule in plan.rules.items():
+            w_old, w_new = small.get_parameter(name), big.get_parameter(name)
+            if name == head:
+                w_new.copy_(rule.weight(w_old))
+                continue
+            carried = rule.exp_avg(torch.ones_like(w_old)) != 0
+            torch.testing.assert_close(w_new[carried], rule.weight(w_old)[carried], rtol=0, atol=1e-12)
+            if (~carried).any():  # the zero blocks moved, by about s0 of a copy's update
+                assert w_new[~carried].abs().max().item() > 1e-4
+                w_new[~carried] = 0.0
+        xe = tokens(old, seed=7)
+        torch.testing.assert_close(big.eval()(xe), small.eval()(xe), rtol=0, atol=1e-9)
