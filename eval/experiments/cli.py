@@ -5,6 +5,8 @@ scratch model at the same FLOPs.
 
     growlm-experiment                       # pilot + main on this CPU, results in eval/results/isoflop/
     growlm-experiment --phase pilot         # the pilot only
+    growlm-experiment --phase map           # the crossover map (budgets 1..64 C), results in
+                                            # eval/results/isoflop_map/ (eval/experiments/crossmap.py)
     growlm-experiment --report_only         # rebuild report.md, results.json and the plots from the curves
     growlm-experiment --quick --out runs/isoflop_quick      # the whole pipeline at toy size, under a minute
     growlm-experiment --profile gpu         # the GPU profile (16 seeds, larger budgets), results in
@@ -26,6 +28,7 @@ from growlm.runtime.commands import HelpFormatter, add_version, interruptible
 from growlm.runtime.lock import LockHeldError, output_held_message, output_lock
 
 DEFAULT_OUT = {"cpu": "eval/results/isoflop", "gpu": "eval/results/isoflop_gpu"}
+DEFAULT_MAP_OUT = {"cpu": "eval/results/isoflop_map", "gpu": "eval/results/isoflop_map_gpu"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,8 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "eval/results/isoflop_gpu with --profile gpu; runs/isoflop_quick with --quick)")  # fmt: skip
     p.add_argument("--profile", choices=("cpu", "gpu"), default="cpu", help="settings profile (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="the same protocol at toy size (2 seeds): the pipeline test")
-    p.add_argument("--phase", choices=("all", "pilot"), default="all",
-                   help="'pilot': stop after the pilot (default: %(default)s)")  # fmt: skip
+    p.add_argument("--phase", choices=("all", "pilot", "map"), default="all",
+                   help="'pilot': stop after the pilot; 'map': the crossover map instead (every size at 1..64 C, "
+                        "its own --out) (default: %(default)s)")  # fmt: skip
     p.add_argument("--seeds", type=int, default=None, help="main-run seeds (default: the profile's, 5 on cpu)")
     p.add_argument("--parallel", type=int, default=None,
                    help="runs at once, one thread each (default: 2 on cpu, 8 on gpu)")  # fmt: skip
@@ -80,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     parallel = args.parallel if args.parallel is not None else (8 if args.profile == "gpu" else 2)
     if parallel < 1:
         return fail(f"--parallel {parallel}: must be >= 1")
-    out = args.out or Path("runs/isoflop_quick" if args.quick else DEFAULT_OUT[args.profile])
+    if args.phase == "map":
+        out = args.out or Path("runs/isoflop_map_quick" if args.quick else DEFAULT_MAP_OUT[args.profile])
+    else:
+        out = args.out or Path("runs/isoflop_quick" if args.quick else DEFAULT_OUT[args.profile])
     if out.exists() and not out.is_dir():
         return fail(f"--out {out} is a file; give a folder")
     if args.dry_run and not args.report_only:  # writes nothing under --out
@@ -110,6 +117,8 @@ def _main_out(args, s, out: Path, parallel: int) -> int:
     """The report (--report_only), or the data check, the runs and the report, with --out held by this process."""
     from growlm.eval.experiments import plan, report, runner  # lazy: as in main
 
+    if args.phase == "map":
+        return _map(args, s, out, parallel)
     settings = s.as_dict()
     if args.report_only:
         done = runner.load_curves(out, settings, with_data=False)
@@ -181,6 +190,70 @@ def _run(s, args, done, data, out, settings, parallel) -> int:
     done = runner.load_curves(out, settings)
     rc = report.write(s, done, out)
     return 1 if failed else rc
+
+
+def _map(args, s, out: Path, parallel: int) -> int:
+    """The crossover map: its report (--report_only), or its data check, its rounds of runs and its report."""
+    from growlm.eval.experiments import crossmap, plan, protocol, runner  # lazy: as in main
+
+    m = crossmap.quick_map() if args.quick else crossmap.MAP
+    m.check(s)
+    settings = crossmap.settings_dict(s, m)
+    if args.report_only:
+        done = runner.load_curves(out, settings, with_data=False)
+        if not done:
+            return fail(f"no map curves under {out / 'curves'}; run growlm-experiment --phase map first")
+        return crossmap.write(s, m, done, out)
+    data = args.data
+    if data is None:
+        from growlm.data.tokens import cache_dir  # lazy: only without --data
+
+        data = cache_dir() / ("".join([f"bpe{s.vocab_size}", *(f"-{e}" for e in m.extra)]))
+    if not (data / "meta.json").is_file():
+        if args.data is not None:
+            return fail(f"--data {data} has no meta.json; prepare it with python -m growlm.data.small_vocab")
+        from growlm.data.small_vocab import prepare_small_vocab  # lazy: HF tokenizers, only when preparing
+
+        print(f"growlm-experiment: training a {s.vocab_size}-token BPE into {data}", flush=True)
+        try:
+            prepare_small_vocab(data, s.vocab_size, extra=m.extra)
+        except (FileExistsError, FileNotFoundError) as e:
+            return fail(f"preparing the map's token folder {data}: {e}")
+    have = (runner.train_tokens(data) - 1) // s.seq_len
+    settings["data"] = runner.data_fingerprint(data) | {"train_windows": have}
+    if settings["data"]["vocab_size"] != s.vocab_size:
+        return fail(f"--data {data} has a {settings['data']['vocab_size']}-token vocabulary; the protocol needs "
+                    f"{s.vocab_size}")  # fmt: skip
+    if (need := crossmap.max_train_windows(s, m)) > 2 * have:
+        return fail(f"--data {data} holds {have:,} training windows of {s.seq_len} tokens; the map's longest run "
+                    f"reads {need:,}, more than twice over: give a token folder of at least "
+                    f"{(need + 1) // 2 * s.seq_len + 1:,} training tokens (--data)")  # fmt: skip
+    done = runner.load_curves(out, settings)
+    try:
+        if args.dry_run:
+            specs, _ = crossmap.map_plan(s, m, done)
+            todo = [sp for sp in dict.fromkeys(specs) if sp.name not in done]
+            for sp in todo:
+                print(f"map   {sp.name:48s} steps {protocol.run_steps(s, sp)[-1]:6d}")
+            print(crossmap.eta_line(s, done, todo, parallel))
+            return 0
+        with runner.Workers(parallel) as workers:
+            rnd = 0
+            while True:
+                specs, _ = crossmap.map_plan(s, m, done)
+                todo = [sp for sp in dict.fromkeys(specs) if sp.name not in done]
+                if not todo:
+                    break
+                rnd += 1
+                plan.check_finished(done, specs)
+                print(f"growlm-experiment: map round {rnd}: {crossmap.eta_line(s, done, todo, parallel)}", flush=True)
+                failed = runner.run_all(s, todo, data, out, settings, workers, f"map round {rnd}")
+                done = runner.load_curves(out, settings)
+                if failed:
+                    return 1
+    except plan.CurveMismatch as e:
+        return fail(str(e))
+    return crossmap.write(s, m, done, out)
 
 
 def dry_run(s, todo, st, done) -> int:

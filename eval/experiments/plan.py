@@ -79,8 +79,9 @@ def check_finished(done: Mapping[str, dict], specs: list[RunSpec]) -> None:
         final_loss(done, sp)
 
 
-def _sweep(s: Settings, done: Mapping[str, dict], base: RunSpec) -> tuple[list[RunSpec], float | None]:
-    """The LR sweep of one size or arm: the specs it needs now and its best LR once it is complete."""
+def lr_sweep(s: Settings, done: Mapping[str, dict], base: RunSpec) -> tuple[list[RunSpec], float | None]:
+    """The LR sweep of one size or arm (``base`` with each LR of ``Settings.lrs``, widened by a factor of 2 while the
+    best sits at an edge, ``lr_grid_next``): the specs it needs now and its best LR once it is complete."""
     specs = [replace(base, lr=lr) for lr in s.lrs]
     while True:
         losses = {sp.lr: final_loss(done, sp) for sp in specs}
@@ -132,7 +133,7 @@ def pilot(s: Settings, done: Mapping[str, dict]) -> tuple[list[RunSpec], PilotSt
     specs: list[RunSpec] = []
     st = PilotState({}, {}, {}, {}, {}, None, False)
     for size in s.sizes:
-        need, lr = _sweep(s, done, RunSpec("pilot", "scratch", seed, 1.0, 0.0, size=size))
+        need, lr = lr_sweep(s, done, RunSpec("pilot", "scratch", seed, 1.0, 0.0, size=size))
         specs += need
         if lr is not None:
             st.lr[size] = lr
@@ -155,7 +156,7 @@ def pilot(s: Settings, done: Mapping[str, dict]) -> tuple[list[RunSpec], PilotSt
     for a in ARMS:
         st.growth[a.name], st.growth_flags[a.name] = growth_points(s, a, st.crossovers)
         base = RunSpec("pilot", "grow", seed, 1.0, 0.0, arm=a.name, grow_flops=st.growth[a.name])
-        need, lr = _sweep(s, done, base)
+        need, lr = lr_sweep(s, done, base)
         specs += need
         if lr is not None:
             st.lr[a.name] = lr

@@ -81,3 +81,34 @@ def test_the_gpu_profile_pipeline_runs_its_pilot_on_a_cpu_at_toy_size(tmp_path, 
     assert len({r["curve"]["machine"] for r in recs}) == 1 and "cores" in recs[0]["curve"]["machine"]
     assert experiment.main([*argv[:-2], "--dry_run"]) == 0  # the main runs come next, at 2 seeds
     assert capsys.readouterr().out.splitlines()[0].startswith("main ")
+
+
+def test_quick_crossover_map_runs_its_rounds_resumes_and_rebuilds_from_its_curves(tmp_path, small_vocab_data, capsys):
+    out = tmp_path / "map"
+    argv = ["--quick", "--phase", "map", "--out", str(out), "--data", str(small_vocab_data), "--parallel", "2"]
+    assert experiment.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "map round 1: 0 runs done, 15 to run" in printed  # five sizes, three LRs each at the tuned budget
+    assert "map round 2:" in printed and "s left)" in printed  # later rounds estimate from the finished runs
+    r = json.loads((out / "map.json").read_text())
+    assert r["protocol"] == "isoflop-map-v1" and r["budgets"] == [0.5, 1.0, 2.0]
+    assert set(r["crossovers"]) == {"L1->L2", "L2->L4", "L4->L8", "L4n->L4"}
+    for c in r["crossovers"].values():
+        assert c["flag"] in ("", "below", "beyond")
+        assert all(b is None or b in r["budgets"] for b in c["bracket"])
+    for z in r["sizes"].values():
+        assert set(z["points"]) == {"0.5", "1", "2"}
+        assert all(0 < p["epochs"] < 2 and p["wall_s"] > 0 for p in z["points"].values())
+        assert r["envelope"]["1"]["loss"] <= z["points"]["1"]["loss"]
+    assert (out / "map.png").stat().st_size > 10_000 and "## Crossovers" in (out / "map.md").read_text()
+    runs = _mtimes(out)
+    assert len(runs) == r["runs"] >= 25
+    assert experiment.main(argv) == 0 and _mtimes(out) == runs  # nothing left to run
+    shutil.copytree(out / "curves", tmp_path / "copy" / "curves")
+    assert experiment.main(["--quick", "--phase", "map", "--report_only", "--out", str(tmp_path / "copy")]) == 0
+    assert json.loads((tmp_path / "copy" / "map.json").read_text()) == r
+    assert (tmp_path / "copy" / "map.md").read_text() == (out / "map.md").read_text()
+    # the envelope experiment refuses the map's curves: another protocol, never mixed in
+    capsys.readouterr()
+    assert experiment.main(["--quick", "--report_only", "--out", str(tmp_path / "copy")]) == 2
+    assert "other settings" in capsys.readouterr().err

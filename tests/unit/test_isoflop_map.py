@@ -1,0 +1,122 @@
+"""The crossover map's planning and arithmetic (eval/experiments/crossmap.py) on fabricated curves: the rounds (LR
+sweeps at the tuned budgets, every budget at the nearest tuned LR, the crossing pairs on a second seed), the
+crossovers with their brackets and intervals, epochs, the progress line, the versioned settings, and the data
+refusal of the command."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from growlm.eval.experiments import crossmap
+from growlm.eval.experiments import protocol as P
+from growlm.eval.experiments.protocol import RunSpec
+
+S = P.PROFILES["cpu"]
+M = crossmap.MAP
+# final loss = base - slope * log2(budget) at the best LR; slopes chosen so that L1 -> L2 cross at 6 C, L2 -> L4 at
+# 24 C, L8 never overtakes L4 inside 64 C, and L4 beats L4n at every budget; the best LR is 2e-3 below 30 C and
+# 1e-3 above; the second seed's losses sit 0.01 higher
+BASE = {"L1": 3.0, "L2": 3.2, "L4": 3.5, "L8": 3.9, "L4n": 3.6}
+SLOPE = {"L1": 0.15, "L4n": 0.2}
+SLOPE["L2"] = 0.15 + 0.2 / math.log2(6.0)
+SLOPE["L4"] = SLOPE["L2"] + 0.3 / math.log2(24.0)
+SLOPE["L8"] = SLOPE["L4"] + 0.01
+
+
+def fake_loss(spec: RunSpec) -> float:
+    """The fabricated loss surface above."""
+    best = 2e-3 if spec.budget < 30 else 1e-3
+    loss = BASE[spec.size] - SLOPE[spec.size] * math.log2(spec.budget) + 0.05 * abs(math.log2(spec.lr / best))
+    return loss + (0.01 if spec.seed == M.second_seed else 0.0)
+
+
+def finish(specs: list[RunSpec], done: dict[str, dict]) -> None:
+    for sp in specs:
+        if sp.name not in done:
+            done[sp.name] = {"spec": sp, "settings": {"data": {"train_windows": 400_000}},
+                             "curve": {"final": {"val_loss": fake_loss(sp)}, "wall_s": 8.0 * sp.budget}}  # fmt: skip
+
+
+def run_map(m=M) -> tuple[dict[str, dict], crossmap.MapState, int]:
+    done: dict[str, dict] = {}
+    rounds = 0
+    while True:
+        specs, st = crossmap.map_plan(S, m, done)
+        todo = [sp for sp in specs if sp.name not in done]
+        if not todo:
+            return done, st, rounds
+        rounds += 1
+        finish(todo, done)
+
+
+def test_the_map_tunes_lr_at_each_tuned_budget_then_measures_every_budget_then_the_crossing_pairs_again():
+    done, st, rounds = run_map()
+    assert st.complete and rounds >= 4
+    # 8 C: grid (2e-3, 4e-3, 8e-3) widened once to 1e-3 -> best 2e-3; 64 C: grid centred on it -> 1e-3
+    assert all(st.lr[z] == {8.0: 2e-3, 64.0: 1e-3} for z in M.sizes())
+    for z in M.sizes():
+        for b in M.budgets:
+            lr = 2e-3 if b <= 16 else 1e-3  # 16 C is nearer 8 C than 64 C in log FLOPs, 32 C nearer 64 C
+            assert RunSpec("map", "scratch", S.pilot_seed, b, lr, size=z).name in done
+    second = {sp.size for sp in (r["spec"] for r in done.values()) if sp.seed == M.second_seed}
+    assert second == {"L1", "L2", "L4"}  # the sizes of the pairs that cross; L8 never overtakes L4
+    c = st.crossovers
+    assert c["L1->L2"]["budget"] == pytest.approx(6.0, rel=1e-6) and c["L1->L2"]["bracket"] == [4.0, 8.0]
+    assert c["L2->L4"]["budget"] == pytest.approx(24.0, rel=1e-6) and c["L2->L4"]["bracket"] == [16.0, 32.0]
+    assert c["L4->L8"]["flag"] == "beyond" and c["L4->L8"]["bracket"] == [64.0, None]
+    assert c["L4n->L4"]["flag"] == "below" and c["L4n->L4"]["bracket"] == [None, 1.0]
+    assert set(c["L1->L2"]["seeds"]) == {S.pilot_seed, M.second_seed}
+    lo, hi = c["L1->L2"]["interval"]
+    assert lo <= c["L1->L2"]["budget"] <= hi and list(c["L4->L8"]["seeds"]) == [S.pilot_seed]
+
+
+def test_summary_and_markdown_state_losses_epochs_and_where_each_pair_crosses():
+    done, _, _ = run_map()
+    r = crossmap.summarize(S, M, done, crossmap.train_windows_of(done))
+    assert r["protocol"] == crossmap.MAP_PROTOCOL and r["train_windows"] == 400_000
+    l1 = r["sizes"]["L1"]["points"]
+    steps64 = P.run_steps(S, RunSpec("map", "scratch", 0, 64.0, 0.0, size="L1"))[-1]
+    assert l1["64"]["epochs"] == pytest.approx(steps64 * S.batch / 400_000, rel=1e-3)
+    assert l1["64"]["loss_second_seed"] is not None and r["sizes"]["L8"]["points"]["64"]["loss_second_seed"] is None
+    assert r["envelope"]["1"]["size"] == "L1" and r["envelope"]["64"]["size"] == "L4"
+    md = crossmap.markdown(r)
+    assert "| `L1->L2` | 6 C (4-8 C measured; seeds" in md and "| `L4->L8` | beyond 64 C |" in md
+    assert "| `L4n->L4` | below 1 C |" in md
+
+
+def test_an_incomplete_map_has_no_report_and_the_progress_line_estimates_from_finished_runs():
+    done: dict[str, dict] = {}
+    specs, st = crossmap.map_plan(S, M, done)
+    assert not st.complete and len(specs) == 3 * len(M.sizes())  # round 1: the 8 C sweeps
+    assert crossmap.eta_line(S, done, specs, 2).endswith("about ? left)")
+    with pytest.raises(ValueError, match="the map is incomplete"):
+        crossmap.summarize(S, M, done, 400_000)
+    finish(specs[:2], done)
+    left = 8 * (len(specs) - 2)  # C of budget; the finished runs took 8 s per C, and 2 workers share the rest
+    line = crossmap.eta_line(S, done, specs[2:], 2)
+    assert (
+        line == f"2 runs done, {len(specs) - 2} to run ({left:g} C of budget, about {8 * left / 2 / 60:.0f} min left)"
+    )
+
+
+def test_map_settings_are_versioned_and_checked():
+    d = crossmap.settings_dict(S, M)
+    assert d["protocol"] == crossmap.MAP_PROTOCOL != S.as_dict()["protocol"]
+    assert d["map"]["budgets"] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
+    with pytest.raises(ValueError, match=r"sizes \['L16'\]"):
+        crossmap.MapSettings(ladders={"depth": ("L8", "L16")}).check(S)
+    with pytest.raises(ValueError, match="lr_budgets"):
+        crossmap.MapSettings(lr_budgets=(3.0,)).check(S)
+    assert crossmap.nearest_tuned(M, 16.0) == 8.0 and crossmap.nearest_tuned(M, 32.0) == 64.0
+
+
+@pytest.mark.bad_input
+def test_a_token_folder_too_small_for_the_map_is_refused_in_one_line(small_vocab_data, tmp_path, capsys):
+    from growlm.eval.experiments import cli
+
+    rc = cli.main(["--phase", "map", "--data", str(small_vocab_data), "--out", str(tmp_path / "m"), "--dry_run"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "the map's longest run reads" in err and "more than twice over" in err
