@@ -6,7 +6,8 @@ scheduler, loss scaler) plus growlm's files inside it:
 * ``growlm_state.json``: the run state DeepSpeed does not know (runtime.run_state.RunState). The same object is
   DeepSpeed's client state.
 * ``rng_state_rank{r}.pt``: per-rank RNG states (python, numpy, torch CPU and accelerator), tensors and numbers only.
-* ``growlm_manifest.json``: size and sha256 of every other file (runtime.manifest).
+* ``growlm_manifest.json``: size and sha256 of every other file (runtime.manifest), hashed by the ranks in
+  parallel, each its share (``split_files``), and written by rank 0.
 
 Nothing is ever overwritten or half-written: ranks write into ``.tmp-<tag>``, rank 0 renames it to ``<tag>`` once
 every rank has finished (runtime.atomic.commit_dir), and only then replaces the ``latest`` pointer. A crash leaves at
@@ -17,8 +18,9 @@ Every ``*.pt`` file growlm reads, and every one it hands to DeepSpeed's own load
 ``zero_to_fp32``, ``ds_to_universal``, which unpickle without restriction), is first unpickled here with
 ``torch.load(weights_only=True)`` and an allow-list of the few DeepSpeed and numpy types genuine checkpoints hold
 (``SAFE_GLOBALS``), memory-mapped so tensor data is not read: a file that would run code when unpickled is refused
-before anything executes it. ``open_checkpoint`` is the one way a checkpoint is opened (resume, growlm-grow,
-growlm-eval).
+before anything executes it. ``open_checkpoint`` is the one way a checkpoint is opened by one process
+(growlm-grow, growlm-eval); a resume opens it with ``open_for_resume`` before the ranks join (sizes only) and
+checks it with ``verify_shares`` after, each rank the files it loads.
 """
 
 from __future__ import annotations
@@ -42,7 +44,16 @@ from growlm.runtime.atomic import TMP_PREFIX, atomic_path, commit_dir, fix_mode,
 from growlm.runtime.crash_points import hold_point
 from growlm.runtime.dist import select_accelerator
 from growlm.runtime.engine import repair_adam_steps
-from growlm.runtime.manifest import ManifestError, verify_manifest, write_manifest
+from growlm.runtime.manifest import (
+    MANIFEST_FILE,
+    ManifestError,
+    check_sizes,
+    hash_files,
+    read_manifest,
+    verify_files,
+    verify_manifest,
+    write_manifest,
+)
 from growlm.runtime.run_state import STATE_FILE, STATE_FORMAT, RunState, RunStateError
 
 __all__ = [
@@ -251,6 +262,143 @@ def open_checkpoint(path: str | os.PathLike, *, verify: bool = True, check_files
     return OpenCheckpoint(ckpt_dir, tag, state)
 
 
+def open_for_resume(path: str | os.PathLike) -> OpenCheckpoint:
+    """Open the checkpoint named by ``path`` for a resume, before the ranks have joined: ``resolve``, the RunState,
+    and the manifest read and every file it lists present at its listed size (a stat each; no file's content is
+    read). The contents (sha256) and the pickles are checked after the ranks join, each rank its share
+    (``verify_shares``), so a job reads each file about once however many ranks it has.
+
+    Raises:
+        CheckpointError: see ``resolve`` and ``read_state``; the manifest is damaged, or a listed file is missing
+            or of another size.
+    """
+    ckpt_dir, tag = resolve(path)
+    state = read_state(ckpt_dir, tag, verify=False)
+    try:
+        files = read_manifest(ckpt_dir / tag)
+        if files is not None:
+            check_sizes(ckpt_dir / tag, files)
+    except ManifestError as e:
+        raise CheckpointError(str(e)) from e
+    return OpenCheckpoint(ckpt_dir, tag, state)
+
+
+# ----- files per rank: who hashes and checks what ------------------------------------------------------------------
+
+VERIFY_MARGIN_S = 120.0  # seconds a rank's wait for the others gets beyond the slowest share's reading
+MIN_READ_BYTES_PER_S = 25e6  # the slowest reading a share's wait allows for: a loaded network filesystem
+_RANK_FILE = re.compile(r"^(?:zero_pp_rank_(\d+)_.*|rng_state_rank(\d+)\.pt)$")
+
+
+def file_rank(rel: str) -> int | None:
+    """The rank a tag folder's file belongs to by its name (DeepSpeed's ``zero_pp_rank_R_...`` optimizer and ZeRO-3
+    model-state shards, growlm's ``rng_state_rankR.pt``: data-parallel rank R, which is the global rank in growlm),
+    or None for a file every rank may read (``mp_rank_00_model_states.pt``, ``growlm_state.json``, the universal
+    layout's ``zero/`` files)."""
+    found = _RANK_FILE.match(rel)
+    if found is None:
+        return None
+    return int(found.group(1) if found.group(1) is not None else found.group(2))
+
+
+def split_files(sizes: dict[str, int], world_size: int, *, by_name: bool = True) -> list[list[str]]:
+    """Each rank's share of a tag folder's files, for hashing on save and checking on resume.
+
+    Args:
+        sizes: relative path -> bytes, every file to share out.
+        world_size: the ranks sharing the work.
+        by_name: a file named for a rank below ``world_size`` (``file_rank``) goes to that rank: the rank that
+            wrote it, and on a resume at the saved world size the only rank that loads it. Off (a resume at another
+            world size, a universal checkpoint): every file is shared.
+
+    Returns:
+        ``world_size`` sorted lists of relative paths, together holding each file once. The shared files go, largest
+        first, to the rank with the fewest bytes so far (ties: the lowest rank), so no rank's share exceeds the
+        even split by more than the largest file; the result depends only on the arguments, so every rank computes
+        the same split.
+    """
+    shares: list[list[str]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    shared = []
+    for rel, size in sizes.items():
+        r = file_rank(rel) if by_name else None
+        if r is not None and r < world_size:
+            shares[r].append(rel)
+            load[r] += size
+        else:
+            shared.append(rel)
+    for rel in sorted(shared, key=lambda f: (-sizes[f], f)):
+        r = min(range(world_size), key=lambda i: (load[i], i))
+        shares[r].append(rel)
+        load[r] += sizes[rel]
+    return [sorted(s) for s in shares]
+
+
+def share_timeout_s(sizes: dict[str, int], shares: list[list[str]]) -> float:
+    """How long a rank waits for the others to hash or check their shares: ``VERIFY_MARGIN_S`` plus the largest
+    share's bytes read at ``MIN_READ_BYTES_PER_S``, so the limit follows the checkpoint's size (a 100 GB checkpoint
+    over 8 ranks: about 120 + 500 s; over 64: 120 + 63 s) instead of the process group's fixed timeout."""
+    largest = max((sum(sizes[f] for f in share) for share in shares), default=0)
+    return VERIFY_MARGIN_S + largest / MIN_READ_BYTES_PER_S
+
+
+def tag_files(tag_dir: Path) -> dict[str, int]:
+    """Relative path -> bytes of every file under a tag folder except its manifest and ``.tmp-`` names."""
+    return {
+        p.relative_to(tag_dir).as_posix(): p.stat().st_size
+        for p in sorted(tag_dir.rglob("*"))
+        if p.is_file() and p.name != MANIFEST_FILE and not p.name.startswith(TMP_PREFIX)
+    }
+
+
+def verify_shares(ckpt: OpenCheckpoint, *, rank: int, world_size: int) -> list[str]:
+    """Check a checkpoint opened with ``open_for_resume`` before it is loaded, each rank its share of the files (a
+    collective): the files this rank loads and only those (``split_files``: its own optimizer shard and RNG file at
+    the saved world size) plus its part of the shared ones, by size and sha256 against the manifest and, for
+    ``*.pt`` files, by the weights-only unpickling (``safe_load``, memory-mapped). The verdicts are exchanged
+    (``collectives.all_gather_object_within``, with a limit from the largest share: ``share_timeout_s``), so no rank
+    loads anything before every file has passed, and each rank reads its share only: the bytes a rank reads do not
+    grow with the world size. A checkpoint without a manifest gets the pickle checks only.
+
+    Returns:
+        The files this rank checked (relative paths).
+
+    Raises:
+        CheckpointError: on every rank, naming the first failing rank's first bad file (missing, truncated,
+            damaged, mixed in, or holding a pickled object outside the allow-list); or a rank did not report in
+            time.
+    """
+    tag_dir = ckpt.tag_dir
+    files = read_manifest(tag_dir)  # every rank reads the same small file (open_for_resume parsed it)
+    if files is not None:
+        sizes = {rel: int(f["bytes"]) for rel, f in files.items()}
+    else:  # an old checkpoint: rank 0's listing, so that every rank splits the same list
+        sizes = collectives.broadcast_object(tag_files(tag_dir) if rank == 0 else None, src=0)
+    same_world = ckpt.state.world_size == world_size and not ckpt.state.universal
+    shares = split_files(sizes, world_size, by_name=same_world)
+    mine, problem = shares[rank], ""
+    try:
+        if files is not None:
+            verify_files(tag_dir, files, mine)
+        for rel in mine:
+            if rel.endswith(".pt"):
+                safe_load(tag_dir / rel, "checkpoint file", mmap=True)
+    except (ManifestError, CheckpointError) as e:
+        problem = str(e)
+    except OSError as e:
+        problem = f"{tag_dir}: cannot read it ({e.strerror or e})"
+    try:
+        verdicts = collectives.all_gather_object_within(
+            problem, share_timeout_s(sizes, shares), f"checking checkpoint {tag_dir}"
+        )
+    except TimeoutError as e:
+        raise CheckpointError(f"{e}; is the checkpoint on a filesystem every rank reads?") from None
+    for r, verdict in enumerate(verdicts):
+        if verdict:
+            raise CheckpointError(verdict if r == rank else f"{verdict} (found by rank {r})")
+    return mine
+
+
 # ----- RNG --------------------------------------------------------------------------------------------------------
 
 
@@ -297,6 +445,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int) -> Path:
     """Save a checkpoint of ``engine`` and ``state`` as tag ``tag_for(state.global_step)``; a collective.
 
+    Every rank writes its files into ``.tmp-<tag>``, then hashes its share of the folder (``split_files``: the
+    files named for it, and the shared ones split by size) while the others hash theirs; the digests are gathered
+    with a limit derived from the largest share's bytes (``share_timeout_s``), rank 0 writes the manifest from them,
+    renames the folder into place and points ``latest`` at it, and every rank learns the outcome within a margin.
+
     Args:
         engine: the DeepSpeed engine (every rank calls this, as ``save_checkpoint`` requires).
         save_dir: checkpoint folder (created if needed).
@@ -310,38 +463,68 @@ def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int
         CheckpointError: that tag already exists (checkpoints are never overwritten); ``save_dir`` is not on a
             filesystem shared by every rank.
         CheckpointSaveError: writing failed (disk full, ...: ``save_failed_message``); the unfinished
-            ``.tmp-<tag>`` is removed, the earlier tags and ``latest`` are left as they were.
+            ``.tmp-<tag>`` is removed, the earlier tags and ``latest`` are left as they were. Also (every rank) when
+            a rank could not read its share back, or did not report within its limit.
     """
     save_dir = Path(save_dir)
     tag = tag_for(state.global_step)
     final, tmp_tag = save_dir / tag, f"{TMP_PREFIX}{tag}"
+    tmp_dir = save_dir / tmp_tag
     if final.exists():
         raise CheckpointError(f"{final} already exists; refusing to overwrite it (use another output folder)")
+    world = collectives.world_size() if collectives.is_initialized() else 1
     try:
         if rank == 0:
             fresh_dir(final)  # empty .tmp-<tag> (a crashed save may have left one), with the umask's mode
         collectives.barrier()
         doc = state.to_json()
         engine.save_checkpoint(str(save_dir), tag=tmp_tag, client_state={"growlm": doc}, save_latest=False)
-        with atomic_path(save_dir / tmp_tag / f"rng_state_rank{rank}.pt", overwrite=True) as tmp:
+        with atomic_path(tmp_dir / f"rng_state_rank{rank}.pt", overwrite=True) as tmp:
             torch.save(rng_state(), tmp)
-        collectives.barrier()
         if rank == 0:
-            write_text(save_dir / tmp_tag / STATE_FILE, state.dumps(), overwrite=True)
-            write_manifest(save_dir / tmp_tag)
-            hold_point(f"checkpoint.commit:{tag}")  # test-only (runtime.crash_points): a kill here must lose nothing
-            try:
-                commit_dir(save_dir / tmp_tag, final)
-            except FileExistsError as e:
-                raise CheckpointError(f"{final} already exists; refusing to overwrite it (use another folder)") from e
-            write_text(save_dir / LATEST, tag, overwrite=True)
-            for script in save_dir.glob("zero_to_*.py"):  # DeepSpeed's recovery scripts: 0744 -> the umask's 0755
-                fix_mode(script)
+            write_text(tmp_dir / STATE_FILE, state.dumps(), overwrite=True)
+        collectives.barrier()
     except OSError as e:  # disk full, quota, permissions: the half-written .tmp-<tag> goes, everything else stays
         if not final.exists():
-            shutil.rmtree(save_dir / tmp_tag, ignore_errors=True)
+            shutil.rmtree(tmp_dir, ignore_errors=True)
         raise CheckpointSaveError(save_failed_message(e, final)) from None
-    collectives.barrier()
+    # every rank hashes the files it wrote (its shards and RNG file; the shared ones split by size), all at once;
+    # rank 0 writes the manifest from the gathered digests (rank 0's listing: every rank splits the same list)
+    listing: tuple[dict[str, int], str] = ({}, "")
+    if rank == 0:
+        try:
+            listing = (tag_files(tmp_dir), "")
+        except OSError as e:
+            listing = ({}, f"rank 0 could not list {tmp_dir} ({e.strerror or e})")
+    sizes, problem = collectives.broadcast_object(listing, src=0)
+    shares = split_files(sizes, world)
+    hashed: dict[str, tuple[int, str]] = {}
+    try:
+        hashed = hash_files(tmp_dir, shares[rank])
+    except OSError as e:
+        problem = problem or (
+            f"rank {rank} could not read back {tmp_dir / Path(e.filename or '').name} ({e.strerror or e}) while "
+            "hashing its share; if the ranks run on several nodes, put --out_dir on a filesystem all of them share"
+        )
+    try:
+        digests = collectives.all_gather_object_within(
+            (hashed, problem), share_timeout_s(sizes, shares), f"hashing checkpoint {tag}"
+        )
+    except TimeoutError as e:
+        raise CheckpointSaveError(f"{e}; the unfinished save {tmp_dir} is left for the next save to replace") from None
+    verdict = next((p for _, p in digests if p), "")
+    if rank == 0 and not verdict:
+        verdict = _commit(save_dir, tmp_dir, final, {rel: d for h, _ in digests for rel, d in h.items()})
+    if verdict and rank == 0 and not final.exists():
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    try:  # rank 0's manifest and rename are its own small work: a margin, not the group's timeout
+        verdict = collectives.all_gather_object_within(verdict, VERIFY_MARGIN_S, f"committing checkpoint {tag}")[0]
+    except TimeoutError as e:
+        raise CheckpointSaveError(f"{e}; {final} may be unfinished") from None
+    if verdict.startswith("exists:"):
+        raise CheckpointError(verdict.removeprefix("exists:"))
+    if verdict:
+        raise CheckpointSaveError(verdict)
     # DeepSpeed writes the module states on rank 0 only, so every rank must see rank 0's folder: a save_dir that is
     # not shared by all nodes cannot be resumed, and every rank says so (no rank waits for another that failed)
     seen = collectives.all_reduce(torch.tensor([int((final / STATE_FILE).is_file())]), op="min")
@@ -350,6 +533,25 @@ def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int
             f"{final} is not visible on every node: put --out_dir on a filesystem that all nodes share"
         )
     return final
+
+
+def _commit(save_dir: Path, tmp_dir: Path, final: Path, known: dict[str, tuple[int, str]]) -> str:
+    """Rank 0's end of a save: the manifest from the ranks' digests (``known``; a file none of them hashed is hashed
+    here), then ``tmp_dir`` renamed to ``final`` and ``latest`` pointed at it. Returns "" when done, else the
+    failure's one-line message ("exists:" first when ``final`` appeared meanwhile)."""
+    try:
+        write_manifest(tmp_dir, known)
+        hold_point(f"checkpoint.commit:{final.name}")  # test-only (runtime.crash_points): a kill here loses nothing
+        try:
+            commit_dir(tmp_dir, final)
+        except FileExistsError:
+            return f"exists:{final} already exists; refusing to overwrite it (use another folder)"
+        write_text(save_dir / LATEST, final.name, overwrite=True)
+        for script in save_dir.glob("zero_to_*.py"):  # DeepSpeed's recovery scripts: 0744 -> the umask's 0755
+            fix_mode(script)
+    except OSError as e:
+        return save_failed_message(e, final)
+    return ""
 
 
 def save_failed_message(e: OSError, final: Path) -> str:
@@ -371,7 +573,8 @@ def load(engine: Any, ckpt: OpenCheckpoint, *, rank: int, world_size: int) -> Ru
     """Load an opened checkpoint into ``engine`` (module, optimizer, LR scheduler, loss scaler) and restore this
     rank's RNG (when the world size is the saved one).
 
-    The caller has opened it with ``open_checkpoint`` (manifest and pickles checked) and checked, with
+    The caller has opened it with ``open_checkpoint``, or ``open_for_resume`` and ``verify_shares`` (manifest and
+    pickles checked) and checked, with
     ``check_compatible``, that it fits the engine. DeepSpeed's ``load_checkpoint`` unpickles its files without
     restriction: ``open_checkpoint`` has refused any that is not plain tensor data.
 

@@ -24,7 +24,9 @@ unchecked. The tests run live growth and checkpoint saves with it on.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
+import pickle
 import sys
 import weakref
 from collections.abc import Iterator
@@ -188,6 +190,43 @@ def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=src, group=group, device=group_device(group))
     return box[0]
+
+
+_TIMED = {"calls": 0}  # calls of all_gather_object_within so far: every rank makes them in the same order
+
+
+def all_gather_object_within(obj: Any, timeout_s: float, what: str) -> list[Any]:
+    """Every rank's picklable ``obj`` in rank order (a list of world-size objects), waiting at most ``timeout_s``
+    seconds for the slowest rank instead of the process group's fixed timeout: for a wait whose length depends on
+    the work (hashing a checkpoint share), the caller derives the limit from that work's size.
+
+    The objects travel through the default group's key-value store (the rendezvous store every backend has), not
+    through the backend, so the wait needs no device and the limit is this call's own. Every rank calls it the same
+    number of times in the same order, like any collective. Keys of the call before are deleted once every rank has
+    passed it. Without a process group (one process) it returns ``[obj]``.
+
+    Raises:
+        TimeoutError: a rank had not reported after ``timeout_s`` s: the message names ``what``, the limit and the
+            ranks that were missing.
+    """
+    if not is_initialized():
+        return [obj]
+    store = dist.distributed_c10d._get_default_store()
+    n, me, world = _TIMED["calls"], rank(), world_size()
+    _TIMED["calls"] += 1
+    keys = [f"growlm/within/{n}/{r}" for r in range(world)]
+    store.set(keys[me], pickle.dumps(obj))
+    try:
+        store.wait(keys, datetime.timedelta(seconds=max(1.0, timeout_s)))
+    except Exception:  # noqa: BLE001 (the store raises RuntimeError or DistStoreError on a timeout)
+        missing = [r for r in range(world) if not store.check([keys[r]])]
+        raise TimeoutError(
+            f"{what}: rank(s) {', '.join(map(str, missing))} did not report within {timeout_s:.0f} s"
+        ) from None
+    out = [pickle.loads(store.get(k)) for k in keys]
+    if n:  # every rank has set this call's key, so every rank has read the call before's: drop this rank's
+        store.delete_key(f"growlm/within/{n - 1}/{me}")
+    return out
 
 
 # ---- strict mode ------------------------------------------------------------------------------------------------

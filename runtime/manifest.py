@@ -49,27 +49,44 @@ def write_manifest(tag_dir: str | os.PathLike, known: dict[str, tuple[int, str]]
     return write_text(out, json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=1), overwrite=True)
 
 
-def verify_manifest(tag_dir: str | os.PathLike) -> bool:
-    """Check the files of ``tag_dir`` against its manifest. Returns False when there is no manifest (nothing to
-    check: a checkpoint written before manifests existed), True when every listed file matches.
+def hash_files(tag_dir: str | os.PathLike, rels: list[str]) -> dict[str, tuple[int, str]]:
+    """Size in bytes and sha256 of each file ``rels`` (paths relative to ``tag_dir``), reading each once: the share
+    of a save's files one rank hashes (``write_manifest(known=...)`` takes the result)."""
+    tag_dir = Path(tag_dir)
+    return {rel: ((tag_dir / rel).stat().st_size, file_sha256(tag_dir / rel)) for rel in rels}
+
+
+def read_manifest(tag_dir: str | os.PathLike) -> dict[str, dict] | None:
+    """The files a tag folder's manifest lists (relative path -> {"bytes": int, "sha256": str}), reading nothing
+    else; None when the folder has no manifest (written before manifests existed).
 
     Raises:
-        ManifestError: the manifest is unreadable, or a listed file is missing, of another size (truncated) or of
-            another content (damaged, or copied in from another checkpoint).
+        ManifestError: the manifest is not valid JSON, lacks its file list, or has another format.
     """
-    tag_dir = Path(tag_dir)
-    path = tag_dir / MANIFEST_FILE
+    path = Path(tag_dir) / MANIFEST_FILE
     if not path.is_file():
-        return False
+        return None
     try:
         doc = json.loads(path.read_text())
         files = doc["files"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        if not isinstance(files, dict):
+            raise TypeError("'files' is not an object")
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as e:
         raise ManifestError(f"{path} is damaged ({e}); the checkpoint cannot be verified") from e
     if doc.get("format") != MANIFEST_FORMAT:
         raise ManifestError(f"{path}: format {doc.get('format')!r}, expected {MANIFEST_FORMAT!r}")
-    for rel, want in files.items():
-        p = tag_dir / rel
+    return files
+
+
+def check_sizes(tag_dir: str | os.PathLike, files: dict[str, dict], rels: list[str] | None = None) -> None:
+    """Every listed file (or those of ``rels``) present at its listed size; reads no file's content (a stat each).
+
+    Raises:
+        ManifestError: a listed file is missing or of another size (truncated or replaced).
+    """
+    tag_dir = Path(tag_dir)
+    for rel in files if rels is None else rels:
+        want, p = files[rel], tag_dir / rel
         if not p.is_file():
             raise ManifestError(f"{p} is missing; the checkpoint {tag_dir} is incomplete (its manifest lists it)")
         size = p.stat().st_size
@@ -77,8 +94,38 @@ def verify_manifest(tag_dir: str | os.PathLike) -> bool:
             raise ManifestError(
                 f"{p} has {size} bytes, the manifest says {want['bytes']}: the file is truncated or was replaced"
             )
-        if file_sha256(p) != want["sha256"]:
+
+
+def verify_files(tag_dir: str | os.PathLike, files: dict[str, dict], rels: list[str] | None = None) -> None:
+    """Check the listed files ``rels`` (default: all of ``files``, the manifest's list) by size and sha256, reading
+    each once: one rank's share of a resume's check.
+
+    Raises:
+        ManifestError: a file is missing, of another size, or of another content (damaged, or copied in from
+            another checkpoint); the message names it.
+    """
+    tag_dir = Path(tag_dir)
+    rels = list(files) if rels is None else rels
+    check_sizes(tag_dir, files, rels)
+    for rel in rels:
+        if file_sha256(tag_dir / rel) != files[rel]["sha256"]:
             raise ManifestError(
-                f"{p} does not match its sha256 in {path}: the file is damaged or comes from another checkpoint"
+                f"{tag_dir / rel} does not match its sha256 in {tag_dir / MANIFEST_FILE}: the file is damaged or comes "
+                "from another checkpoint"
             )
+
+
+def verify_manifest(tag_dir: str | os.PathLike) -> bool:
+    """Check the files of ``tag_dir`` against its manifest in this one process (growlm-grow, growlm-eval; a resume
+    splits the work between its ranks: ``runtime.checkpoint.verify_shares``). Returns False when there is no
+    manifest (nothing to check: a checkpoint written before manifests existed), True when every listed file matches.
+
+    Raises:
+        ManifestError: the manifest is unreadable, or a listed file is missing, of another size (truncated) or of
+            another content (damaged, or copied in from another checkpoint).
+    """
+    files = read_manifest(tag_dir)
+    if files is None:
+        return False
+    verify_files(tag_dir, files)
     return True

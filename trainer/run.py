@@ -363,6 +363,11 @@ def run(args: argparse.Namespace) -> int:
     pick_ds_config(args, select_accelerator())
     cfg = resolve(args)
     info = join(cfg)
+    if cfg.resume is not None:  # each rank checks the files it loads (and its part of the shared ones)
+        try:
+            checkpoint.verify_shares(cfg.resume, rank=info.rank, world_size=info.world_size)
+        except checkpoint.CheckpointError as e:
+            raise checkpoint.CheckpointError(f"--resume {e}") from None
     run_data = open_data(cfg, info)
     check_same_plan(cfg, info)
     lock = claim_out_dir(cfg, info)
