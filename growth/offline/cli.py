@@ -1,5 +1,5 @@
 """growlm-grow: grow a saved ZeRO checkpoint offline into one that resumes at any world size, or only reshard it, or
-export its weights to a transformers GPT-2 folder.
+export its weights to a transformers folder (GPT-2 or Llama, as the checkpoint's model).
 
     growlm-grow CKPT OUT --growth_plan growth/plans/tiny_msg.yaml [--stage deeper]     grow by a plan file's stage
     growlm-grow CKPT OUT --family masked --n_layer 4 [--ramp_steps 100 ...]      grow by flags
@@ -29,12 +29,12 @@ from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.preparation import same_shape
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.stages.plan import Stage, StageList, Trigger, load_stages
-from growlm.model.config import GPTConfig
+from growlm.model.config import ModelConfig
 from growlm.runtime.checkpoint import CheckpointError
 from growlm.runtime.commands import HelpFormatter, add_version, interruptible
 from growlm.runtime.manifest import ManifestError
 
-_SHAPE_FLAGS = ("n_layer", "n_embd", "n_head", "n_inner")
+_SHAPE_FLAGS = ("n_layer", "n_embd", "n_head", "n_inner", "n_kv_head")  # n_kv_head: Llama only
 
 
 def load_plan_file(path: str) -> StageList:
@@ -52,7 +52,7 @@ def load_plan_file(path: str) -> StageList:
 
 
 def stage_from_plan_file(
-    path: str, name: str | None, cfg: GPTConfig, sched: StageList | None = None
+    path: str, name: str | None, cfg: ModelConfig, sched: StageList | None = None
 ) -> tuple[Stage, int]:
     """The stage of a plan file that grows ``cfg`` (by ``name``, or the first whose start shape is ``cfg``), and
     the plan's seed. ``sched``: the plan already loaded from ``path`` (else it is loaded here).
@@ -80,12 +80,14 @@ def stage_from_plan_file(
     )
 
 
-def stage_from_flags(args: argparse.Namespace, cfg: GPTConfig, step: int) -> Stage | None:
+def stage_from_flags(args: argparse.Namespace, cfg: ModelConfig, step: int) -> Stage | None:
     """The stage described by the shape/family flags, or None when no shape flag is given (reshard only)."""
     given = {k: getattr(args, k) for k in _SHAPE_FLAGS if getattr(args, k) is not None}
     if not given:
         if args.family:
-            raise GrowthError("--family needs a target shape (--n_layer / --n_embd / --n_head / --n_inner)")
+            raise GrowthError(
+                "--family needs a target shape (--n_layer / --n_embd / --n_head / --n_inner / --n_kv_head)"
+            )
         return None
     options: dict[str, Any] = {}
     for item in args.option or []:
@@ -96,6 +98,11 @@ def stage_from_flags(args: argparse.Namespace, cfg: GPTConfig, step: int) -> Sta
             options[key] = json.loads(value)
         except json.JSONDecodeError:
             options[key] = value
+    if "n_kv_head" in given and cfg.arch != "llama":
+        raise GrowthError(
+            f"--n_kv_head sets a Llama's key/value heads, and the checkpoint's model is a GPT-2 ({cfg.shape_str()}, "
+            "one key/value head per query head); drop it"
+        )
     try:
         target = replace(cfg, **given)
         return Stage(
@@ -169,9 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="growlm-grow",
         description="Grow a saved growlm/DeepSpeed ZeRO-1/2/3 checkpoint offline into one that train.py --resume "
         "loads at any world size (optimizer state included), reshard it only (no growth flags), or export its "
-        "weights to a transformers GPT-2 folder (--export_hf). Files are read with weights-only unpickling, but "
-        "DeepSpeed's own loaders (train.py --resume) unpickle them fully: use checkpoints from a trusted source only "
-        "(growlm first refuses any file holding more than tensor data and a few known types).",
+        "weights to a transformers GPT-2 or Llama folder (--export_hf). Files are read with weights-only unpickling, "
+        "but DeepSpeed's own loaders (train.py --resume) unpickle them fully: use checkpoints from a trusted source "
+        "only (growlm first refuses any file holding more than tensor data and a few known types).",
         formatter_class=HelpFormatter,
     )
     p.add_argument("checkpoint", help="checkpoint folder (its 'latest' tag) or a tag folder")
@@ -179,7 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--export_hf",
         metavar="DIR",
-        help="write a transformers GPT-2 folder instead of OUT (default: no export)",
+        help="write a transformers folder (GPT-2 or Llama, as the checkpoint's model) instead of OUT (default: no "
+        "export)",
     )
     p.add_argument(
         "--tokenizer",
@@ -194,7 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     f = p.add_argument_group("growth stage from flags")
     f.add_argument("--family", choices=("masked", "duplicate"), help="operator family (default: masked)")
     for k in _SHAPE_FLAGS:
-        f.add_argument(f"--{k}", type=int, help=f"target {k}")
+        f.add_argument(
+            f"--{k}", type=int, help=f"target {k}" + (" (Llama checkpoints only)" if k == "n_kv_head" else "")
+        )
     f.add_argument("--option", action="append", metavar="KEY=VALUE", help="operator option (growth.ops.make_rules)")
     f.add_argument("--ramp_steps", type=int, help="masked family: mask ramp length in optimizer steps")
     f.add_argument("--moments", default="carry", help="Adam moments policy: carry | carry_old | reset")

@@ -47,7 +47,8 @@ from growlm.growth.ops.apply import apply_rules
 from growlm.growth.ops.preparation import GrowthPrep, prepare_growth, same_shape
 from growlm.growth.ops.rules import param_shapes
 from growlm.growth.stages.plan import Stage
-from growlm.model.config import GPTConfig, largest_param_numel, param_count
+from growlm.model.config import ModelConfig, largest_param_numel, param_count
+from growlm.model.families import embedding_name
 from growlm.model.masks import MaskSpec, mask_values, new_unit_flags
 from growlm.runtime import atomic, checkpoint, memory
 from growlm.runtime.atomic import atomic_dir
@@ -68,7 +69,7 @@ class Source:
     ckpt_dir: Path
     tag: str
     state: RunState
-    config: GPTConfig
+    config: ModelConfig
     universal: bool  # already in universal layout (an output of growlm-grow)
 
     @property
@@ -214,12 +215,12 @@ def check_target_stage(src: Source, target_zero_stage: int | None) -> None:
         )
 
 
-def check_fits_machine(src: Source, target: GPTConfig, out: Path) -> None:
+def check_fits_machine(src: Source, target: ModelConfig, out: Path) -> None:
     """Refuse, before any tensor is read or anything written, a growth (or reshard: ``target`` is ``src.config``) that
     cannot fit this machine: its host working set (runtime.memory.offline_growth_host_bytes: the largest old and
     grown parameters' fp32 state, as the one-parameter-at-a-time pass holds them) against the host memory free now,
     and the output checkpoint's size (runtime.memory.universal_checkpoint_bytes; ZeRO-1/2 add the tied
-    ``lm_head.weight`` alias) against the free space of ``out``'s filesystem.
+    ``lm_head.weight`` alias of a tied head) against the free space of ``out``'s filesystem.
 
     Raises:
         GrowthError: names the figures in GiB and the fix.
@@ -235,7 +236,7 @@ def check_fits_machine(src: Source, target: GPTConfig, out: Path) -> None:
             f"and Adam moments, old and grown), and this machine has {have / memory.GIB:,.1f} GiB free: choose a "
             "smaller target, or free memory"
         )
-    tied = target.vocab_size * target.n_embd if src.zero_stage != 3 else 0
+    tied = target.vocab_size * target.n_embd if src.zero_stage != 3 and is_tied(target) else 0
     msg = memory.disk_shortfall(
         memory.universal_checkpoint_bytes(param_count(target), tied),
         out,
@@ -272,8 +273,8 @@ def prepare_offline(src: Source, stage: Stage, seed: int) -> GrowthPrep:
     )
 
 
-def mask_buffers(masks: MaskSpec | None, cfg: GPTConfig, step: int) -> dict[str, torch.Tensor]:
-    """The grown model's mask buffers at ``step`` (what GPT(cfg, masks).set_growth_step(step) holds)."""
+def mask_buffers(masks: MaskSpec | None, cfg: ModelConfig, step: int) -> dict[str, torch.Tensor]:
+    """The grown model's mask buffers at ``step`` (what ``build_model(cfg, masks).set_growth_step(step)`` holds)."""
     if masks is None or masks.value(step) >= 1.0:
         return {}
     return {name: mask_values(is_new, masks.value(step)) for name, is_new in new_unit_flags(masks, cfg).items()}
@@ -328,14 +329,21 @@ def growth_record(src: Source, stage: Stage, prep: GrowthPrep, first_lr: float |
     }
 
 
+def is_tied(cfg: ModelConfig) -> bool:
+    """Whether the LM head shares the token embedding's weight: always for GPT-2, by ``tie_word_embeddings`` for a
+    Llama (an untied Llama's ``lm_head.weight`` is a parameter of its own, grown and written as any other)."""
+    return cfg.arch == "gpt2" or bool(getattr(cfg, "tie_word_embeddings", False))
+
+
 def tied_aliases(src: Source) -> dict[str, str]:
-    """alias -> parameter of the tied weights (``lm_head.weight`` -> ``transformer.wte.weight``) that get a
-    weights-only folder, as ds_to_universal writes them: ZeRO-1/2 only."""
-    if src.zero_stage == 3:
+    """alias -> parameter of the tied weights (``lm_head.weight`` -> the token embedding,
+    ``model.families.embedding_name``) that get a weights-only folder, as ds_to_universal writes them: ZeRO-1/2 and
+    a tied head only."""
+    if src.zero_stage == 3 or not is_tied(src.config):
         return {}
     if src.universal:
         has = (src.tag_dir / "zero" / "lm_head.weight").is_dir()
-        return {"lm_head.weight": "transformer.wte.weight"} if has else {}
+        return {"lm_head.weight": embedding_name(src.config)} if has else {}
     shared = checkpoint.safe_load(model_states_files(src.tag_dir)[0], "model states", mmap=True).get("shared_params")
     return dict(shared or {})
 

@@ -16,15 +16,18 @@ from torch import Tensor
 from growlm.growth.offline.shards import ZeroShardStore
 from growlm.growth.offline.universal import UniversalStore
 from growlm.growth.ops.rules import param_shapes
-from growlm.model.gpt import GPT
+from growlm.model.families import build_model
+from growlm.model.masks import GrowthMaskedModel
 from growlm.runtime.checkpoint import STATE_FILE, CheckpointError, OpenCheckpoint, safe_load
 
 MODULE_STATES = "mp_rank_00_model_states.pt"  # DeepSpeed's module state file of model-parallel rank 0
 
 
 def fp32_weights(ckpt: OpenCheckpoint) -> dict[str, Tensor]:
-    """name -> fp32 tensor of every parameter of the checkpoint's GPT (``growth.ops.rules.param_shapes``: HF GPT-2
-    names, Conv1D weights (in, out); the head is tied to ``transformer.wte.weight`` and not listed).
+    """name -> fp32 tensor of every parameter of the checkpoint's model (``growth.ops.rules.param_shapes``: GPT-2's
+    HF names with Conv1D weights (in, out), or Llama's ``LlamaForCausalLM`` names with Linear weights (out, in); a
+    tied head shares the token embedding (``model.families.embedding_name``) and is not listed, an untied Llama's
+    ``lm_head.weight`` is).
 
     Raises:
         CheckpointError: the shard or universal files are missing or do not fit ``model_config`` (the message
@@ -55,14 +58,15 @@ def fp32_weights(ckpt: OpenCheckpoint) -> dict[str, Tensor]:
     return out
 
 
-def fp32_model(ckpt: OpenCheckpoint) -> GPT:
-    """The checkpoint's GPT in fp32, eval mode, its growth masks (if still ramping) at the saved step's value.
+def fp32_model(ckpt: OpenCheckpoint) -> GrowthMaskedModel:
+    """The checkpoint's model (``GPT`` or ``Llama``, by its config's arch) in fp32, eval mode, its growth masks (if
+    still ramping) at the saved step's value.
 
     Raises:
         CheckpointError: see ``fp32_weights``.
     """
     state = ckpt.state
-    model = GPT(state.model_config, masks=state.growth_masks)
+    model = build_model(state.model_config, state.growth_masks)
     weights = fp32_weights(ckpt)
     for name, p in model.named_parameters():
         p.data.copy_(weights.pop(name))

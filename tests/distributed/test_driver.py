@@ -21,7 +21,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_utils import REPO, assert_close_tree, base_env, read_metrics, run_ranks, write_ds_config
+from dist_utils import (
+    REPO,
+    SMALL_DATA,
+    SMALL_VOCAB,
+    assert_close_tree,
+    base_env,
+    read_metrics,
+    run_ranks,
+    write_ds_config,
+)
 
 from growlm.runtime.processes import group_members
 
@@ -31,7 +40,7 @@ pytestmark = pytest.mark.skipif(
 )
 MAX_STEPS = 7
 PLAN = """seed: 0
-start: {{preset: tiny, resources: {{ranks_per_node: 1, zero_stage: {zero}, micro_batch: 4, grad_accum: 2}}}}
+start: {{preset: {preset}, resources: {{ranks_per_node: 1, zero_stage: {zero}, micro_batch: 4, grad_accum: 2}}}}
 stages:
   - name: deeper
     target: {{n_layer: 3}}
@@ -49,13 +58,17 @@ ONE_NODE = "{ranks_per_node: 2, grad_accum: 1}"
 TWO_NODES = "{nodes: 2, ranks_per_node: 1, no_ssh: true, grad_accum: 1}"
 
 
-def setup_run(tmp: Path, zero: int, last: str) -> tuple[Path, list[str]]:
-    """The plan file and TRAIN_ARGS (without --out_dir) of a run at ZeRO ``zero``."""
+def setup_run(tmp: Path, zero: int, last: str, preset: str = "tiny") -> tuple[Path, list[str]]:
+    """The plan file and TRAIN_ARGS (without --out_dir) of a run at ZeRO ``zero`` starting from ``preset`` (a
+    Llama preset trains on the small-vocabulary corpus)."""
     plan = tmp / f"plan_zero{zero}.yaml"
-    plan.write_text(PLAN.format(zero=zero, last=last))
+    start = preset if preset == "tiny" else f"{preset}, vocab_size: {SMALL_VOCAB}"
+    plan.write_text(PLAN.format(zero=zero, last=last, preset=start))
     ds = write_ds_config(tmp / f"zero{zero}.json", f"zero{zero}_fp32", train_micro_batch_size_per_gpu=4, lr=3e-3,
                          scheduler_warmup_num_steps=2, gradient_accumulation_steps=2)  # fmt: skip
     args = ["--seq_len", "32", "--no_final_eval", "--log_interval", "1", "--save_interval", "2", "--ds_config", str(ds)]
+    if preset != "tiny":
+        args += ["--data", str(SMALL_DATA)]
     return plan, [*args, "--max_steps", str(MAX_STEPS)]
 
 
@@ -70,8 +83,8 @@ def run_driver(plan: Path, train_args: list[str], out: Path) -> subprocess.Compl
     return r
 
 
-def reference(tmp: Path, zero: int) -> Path:
-    plan, args = setup_run(tmp, zero, ONE_NODE)
+def reference(tmp: Path, zero: int, preset: str = "tiny") -> Path:
+    plan, args = setup_run(tmp, zero, ONE_NODE, preset)
     r = run_ranks([*args, "--growth_plan", str(plan), "--out_dir", str(tmp / "ref")], nproc=1)
     assert r.returncode == 0, r.stdout[-3000:]
     return tmp / "ref"
@@ -144,6 +157,24 @@ def test_zero3_and_the_last_stage_on_two_no_ssh_nodes(tmp_path, builtin_data):
     assert (tmp_path / "run" / "driver" / "hostfile.segment1").read_text() == "node0 slots=1\nnode1 slots=1\n"
     final = tag_state(tmp_path / "run", MAX_STEPS)
     assert (final["world_size"], final["zero_stage"], final["model_config"]["n_embd"]) == (2, 3, 96)
+
+
+def test_a_llama_plan_with_a_resource_change_matches_fixed_resources(tmp_path, small_vocab_data):
+    """The same plan from llama-tiny (masked depth live, then masked width with heads and key/value heads on 2 ranks
+    after an offline growth) at ZeRO-1: every step's loss and LR equal the reference's."""
+    ref = reference(tmp_path, 1, "llama-tiny")
+    plan, args = setup_run(tmp_path, 1, ONE_NODE, "llama-tiny")
+    run_driver(plan, args, tmp_path / "run")
+    assert_same_losses(ref, tmp_path / "run")
+    growths = read_metrics(tmp_path / "run", "growth")
+    assert [(g["stage"], bool(g.get("driver"))) for g in growths] == [("deeper", False), ("wider", True)]
+    final = tag_state(tmp_path / "run", MAX_STEPS)
+    assert final["model_config"]["arch"] == "llama" and final["world_size"] == 2
+    assert (final["model_config"]["n_embd"], final["model_config"]["n_head"], final["model_config"]["n_layer"]) == (
+        96,
+        6,
+        3,
+    )
 
 
 def kill_at(point: str, plan: Path, args: list[str], out: Path, holds: Path) -> None:

@@ -1,5 +1,6 @@
 """growlm-grow end to end: checkpoints saved by 2 real ranks (ZeRO-1/2/3, fp32 and bf16) are grown or resharded
-offline and resumed by train.py at 1 and 2 ranks; HF export; bad input. CPU, gloo, preset tiny, seq_len 32."""
+offline and resumed by train.py at 1 and 2 ranks; HF export; bad input. CPU, gloo, presets tiny and llama-tiny,
+seq_len 32."""
 
 from __future__ import annotations
 
@@ -16,13 +17,14 @@ from growlm.data.prepare import open_tokens
 from growlm.data.sampler import TokenWindows
 from growlm.growth.offline.cli import main as grow_main
 from growlm.growth.offline.cli import parse_args, stage_from_flags
-from growlm.growth.offline.pipeline import open_source
+from growlm.growth.offline.pipeline import is_tied, open_source
 from growlm.growth.offline.universal import UniversalStore, convert
 from growlm.growth.offline.weights import fp32_model
 from growlm.growth.ops.apply import grow_param
 from growlm.growth.ops.rules import param_shapes
 from growlm.model.config import param_count
-from growlm.model.gpt import GPT
+from growlm.model.families import embedding_name
+from growlm.model.masks import GrowthMaskedModel
 from growlm.runtime import checkpoint
 from growlm.runtime.atomic import current_umask
 from growlm.runtime.memory import universal_checkpoint_bytes
@@ -36,7 +38,13 @@ SAVE_STEP, MAX_STEPS = 3, 5
 GROW = {
     "masked": ["--family", "masked", "--n_layer", "3", "--n_embd", "96", "--n_head", "6", "--ramp_steps", "4"],
     "duplicate": ["--family", "duplicate", "--n_embd", "128", "--n_head", "8"],
-}
+    # llama-tiny (L 2, d 64, H 4, K 2, F 128): width x2, heads and key/value heads, FFN and depth at once (exact), or
+    # the masked family to sizes that are no multiples
+    "llama-duplicate": ["--family", "duplicate", "--n_embd", "128", "--n_head", "12", "--n_kv_head", "6",
+                        "--n_inner", "320", "--n_layer", "4"],
+    "llama-masked": ["--family", "masked", "--n_layer", "3", "--n_embd", "96", "--n_head", "6", "--n_kv_head", "3",
+                     "--n_inner", "200", "--ramp_steps", "4"],
+}  # fmt: skip
 TEMPLATES = {  # template: growth family
     "zero1_fp32": "masked",
     "zero2_fp32": "masked",
@@ -44,10 +52,13 @@ TEMPLATES = {  # template: growth family
     "zero1_bf16": "duplicate",
     "zero2_bf16": "masked",
     "zero3_bf16": "duplicate",
+    "llama/zero2_fp32": "llama-duplicate",  # llama/TEMPLATE: a llama-tiny source run
+    "llama/zero3_fp32": "llama-masked",
 }
 
 
 def ds_config(tmp: Path, template: str, gas: int = 1) -> Path:
+    template = template.removeprefix("llama/")
     return write_ds_config(
         tmp / f"{template}_gas{gas}.json",
         template,
@@ -67,7 +78,8 @@ def sources(tmp_path_factory, small_vocab_data):
     def get(template: str) -> tuple[Path, list[dict]]:
         if template not in made:
             out = root / template
-            args = [*TINY, "--preset", "tiny", "--vocab_size", str(SMALL_VOCAB)]
+            preset = "llama-tiny" if template.startswith("llama/") else "tiny"
+            args = [*TINY, "--preset", preset, "--vocab_size", str(SMALL_VOCAB)]
             args += ["--ds_config", str(ds_config(root, template))]
             args += ["--max_steps", str(MAX_STEPS), "--save_interval", str(SAVE_STEP), "--no_final_save"]
             r = run_ranks([*args, "--out_dir", str(out)])
@@ -86,8 +98,9 @@ def fixed_batch(data: Path) -> tuple[torch.Tensor, torch.Tensor]:
     return TokenWindows(open_tokens(data, "train"), 32).batch(torch.arange(100, 108))
 
 
-def universal_model(tag_dir: Path) -> GPT:
-    """A single-process fp32 GPT (eval mode, masks at the checkpoint's step) from a universal checkpoint's fp32."""
+def universal_model(tag_dir: Path) -> GrowthMaskedModel:
+    """A single-process fp32 GPT or Llama (eval mode, masks at the checkpoint's step) from a universal checkpoint's
+    fp32."""
     return fp32_model(checkpoint.open_checkpoint(tag_dir))  # the one checkpoint-weights reader
 
 
@@ -143,25 +156,33 @@ def test_grow_offline_keeps_loss_and_applies_adam_rule(tmp_path, sources, small_
         for a, b in zip(want, got, strict=True):
             assert torch.equal(a, b), name
     if not flat:  # the Adam step is carried
+        embedding = embedding_name(plan.new)  # transformer.wte.weight or model.embed_tokens.weight
         assert torch.equal(
-            torch.load(new_tag / "zero/transformer.wte.weight/step.pt"),
-            torch.tensor(3.0).reshape(torch.load(old_tag / "zero/transformer.wte.weight/step.pt").shape),
+            torch.load(new_tag / f"zero/{embedding}/step.pt"),
+            torch.tensor(3.0).reshape(torch.load(old_tag / f"zero/{embedding}/step.pt").shape),
         )
     state = json.loads((new_tag / "growlm_state.json").read_text())
     assert state["model_config"] == plan.new.to_dict() and state["universal"] and state["global_step"] == 3
     assert state["consumed_samples"] == 3 * 8
-    assert (state["growth_masks"] is not None) == (family == "masked")
+    assert (state["growth_masks"] is not None) == family.endswith("masked")
     # the disk figure growlm-grow checks before writing (runtime.memory.universal_checkpoint_bytes) is this output's
     # size less what it leaves out, a few KiB per file (pickle framing, metadata, RNG and manifest files): 4-7% here
     size = sum(p.stat().st_size for p in (tmp_path / "new").rglob("*") if p.is_file())
-    figure = universal_checkpoint_bytes(param_count(plan.new), 0 if flat else plan.new.vocab_size * plan.new.n_embd)
+    tied = not flat and is_tied(plan.new)  # ZeRO-1/2 write a tied head's alias (an untied head is a parameter)
+    figure = universal_checkpoint_bytes(param_count(plan.new), plan.new.vocab_size * plan.new.n_embd if tied else 0)
     assert figure <= size <= 1.1 * figure + 2**20, (figure, size)
     print(f"{template}: output {size:,} bytes, figure {figure:,}")
 
 
 @pytest.mark.parametrize(
     "template, nprocs, tol",
-    [("zero2_fp32", (1, 2), 1e-5), ("zero3_fp32", (1,), 1e-5), ("zero1_bf16", (2,), 3e-2)],
+    [
+        ("zero2_fp32", (1, 2), 1e-5),
+        ("zero3_fp32", (1,), 1e-5),
+        ("zero1_bf16", (2,), 3e-2),
+        ("llama/zero2_fp32", (1,), 1e-5),
+        ("llama/zero3_fp32", (1,), 1e-5),
+    ],
 )
 def test_grown_checkpoint_resumes_at_any_world_size(tmp_path, sources, template, nprocs, tol):
     run, ref = sources(template)
@@ -186,7 +207,8 @@ def test_grown_checkpoint_resumes_at_any_world_size(tmp_path, sources, template,
         assert all(m["loss"] == m["loss"] and m["loss"] < 12 for m in b)  # training continues
         # grow -> train -> save: the growth history growlm-grow wrote is carried into the next checkpoint
         saved = RunState.from_json((out / "checkpoints" / "global_step5" / "growlm_state.json").read_text())
-        assert saved.growth == state["growth"] and [g["family"] for g in saved.growth] == [TEMPLATES[template]]
+        family = TEMPLATES[template].removeprefix("llama-")
+        assert saved.growth == state["growth"] and [g["family"] for g in saved.growth] == [family]
         assert saved.growth[0]["to"] == saved.model_config.to_dict() and not saved.universal
         assert saved.version == VERSION and saved.global_step == 5
 
@@ -366,7 +388,7 @@ def test_overwrite_mixed_file_and_masks_in_ramp(tmp_path, sources, capsys):
     assert grow(out, tmp_path / "again", "--n_layer", "4") == 2
     assert "mask ramp is still running" in capsys.readouterr().err
     assert grow(out, "--export_hf", tmp_path / "hf") == 2
-    assert "not a GPT-2" in capsys.readouterr().err
+    assert "a masked model is not a transformers" in capsys.readouterr().err
 
     # a tensor file swapped in from another checkpoint (same size): the manifest names it
     tag = out / "global_step3"

@@ -8,6 +8,8 @@ import pytest
 from cli_utils import train_fails as fails
 
 from growlm import train
+from growlm.growth.errors import GrowthError
+from growlm.growth.offline import cli as grow_cli
 from growlm.model.config import GPTConfig, LlamaConfig
 from growlm.runtime.run_state import RunState
 from growlm.trainer.config import model_config_from_args, resolve
@@ -83,3 +85,14 @@ def test_llama_flags_are_refused_on_a_gpt2_checkpoint_and_kept_on_a_llama_one():
     llama = LlamaConfig(n_layer=2, n_embd=64, n_head=4, n_kv_head=2, n_inner=128, n_positions=32, vocab_size=99)
     assert model_config_from_args(args, state(llama)) == llama  # equal values: the checkpoint's shape
     assert model_config_from_args(train.parse_args([]), state(llama)) == llama
+
+
+@pytest.mark.bad_input
+def test_growlm_grow_takes_n_kv_head_for_a_llama_checkpoint_only():
+    llama = LlamaConfig(n_layer=2, n_embd=64, n_head=4, n_kv_head=2, n_inner=128, n_positions=32, vocab_size=99)
+    argv = ["ck", "out", "--family", "masked", "--n_head", "8", "--n_kv_head", "4"]
+    stage = grow_cli.stage_from_flags(grow_cli.parse_args(argv), llama, step=3)
+    assert (stage.target.n_head, stage.target.n_kv_head, stage.target.head_dim) == (8, 4, 16)
+    gpt = GPTConfig(n_layer=2, n_embd=64, n_head=4, n_positions=32, vocab_size=99)
+    with pytest.raises(GrowthError, match="^--n_kv_head sets a Llama's key/value heads, and the checkpoint's model"):
+        grow_cli.stage_from_flags(grow_cli.parse_args(argv), gpt, step=3)
