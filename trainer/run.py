@@ -158,7 +158,7 @@ def announce(log: MetricsLogger, run: RunConfig, p: Progress, data: Batches, run
     """Print the run's model, parallelism, batch and data on rank 0."""
     info, cfg = data.info, run.model
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(run.precision, torch.float32)
-    kernel = attention_kernel(cfg.n_embd // cfg.n_head, dtype, info.device)
+    kernel = attention_kernel(cfg.head_dim, dtype, info.device)
     log.console(
         f"growlm: model {cfg.shape_str()} ({param_count(cfg) / 1e6:.2f}M parameters), ZeRO stage {run.zero_stage}, "
         f"{run.precision}, {info.world_size} rank(s) on {info.device.type}, micro batch {data.micro} x accumulation "
