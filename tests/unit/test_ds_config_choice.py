@@ -80,3 +80,20 @@ def test_train_py_says_which_config_it_chose_on_rank_0(capsys, monkeypatch, rank
     args = argparse.Namespace(ds_config=str(DS_CONFIG_DIR / "zero3_bf16.json"))
     pick_ds_config(args, "cpu")
     assert args.ds_config == str(DS_CONFIG_DIR / "zero3_bf16.json") and capsys.readouterr().out == ""
+
+
+def test_growlm_run_gives_its_jobs_the_gpu_variant_too(tmp_path, capsys, monkeypatch):
+    from growlm.trainer.driver import cli as run_cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run_cli, "select_accelerator", lambda: "cuda")
+    (tmp_path / "plan.yaml").write_text(
+        "start: {preset: tiny, resources: {ranks_per_node: 1, zero_stage: 2, micro_batch: 1}}\n"
+        "stages:\n  - {name: deeper, target: {n_layer: 3}, family: masked, when: {step: 2}}\n"
+    )
+    shipped = str(DS_CONFIG_DIR / "zero2_fp32.json")
+    argv = ["plan.yaml", "--dry_run", "--", "--seq_len", "32", "--out_dir", "runs/x", "--ds_config", shipped]
+    assert run_cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"growlm-run: --ds_config {shipped} is a shipped config" in out
+    assert "ds_configs/gpu/zero2_fp32.json is used" in out

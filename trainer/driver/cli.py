@@ -27,6 +27,7 @@ from growlm.runtime.atomic import write_json
 from growlm.runtime.checkpoint import CheckpointError
 from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import select_accelerator
+from growlm.runtime.ds_config import choose_ds_config
 from growlm.runtime.launch import free_port
 from growlm.runtime.lock import LockHeldError, hold_lock
 from growlm.runtime.manifest import ManifestError
@@ -213,11 +214,15 @@ def hold_driver_lock(driver_dir: Path) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """growlm-run: 0 when the plan ran to --max_steps, 2 on bad input, a failed job's exit status otherwise."""
-    select_accelerator()  # DS_ACCELERATOR=cpu without CUDA, inherited by the jobs
+    accelerator = select_accelerator()  # DS_ACCELERATOR=cpu without CUDA, inherited by the jobs
 
     args, train_args = parse_args(argv)
     try:
         ns = train_namespace(train_args)
+        # a shipped config's GPU variant on CUDA, as train.py would choose it: the jobs get the driver's copies
+        ns.ds_config, note = choose_ds_config(ns.ds_config, accelerator)
+        if note:
+            print(note.replace("growlm:", "growlm-run:", 1), flush=True)
         plan = load_growth_plan(args.plan)
         base_cfg = load_ds_config(ns.ds_config, ns.max_steps)
         segments = make_segments(plan, base_cfg)
