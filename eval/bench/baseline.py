@@ -26,15 +26,15 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from growlm.model.config import GPTConfig
-from growlm.model.gpt import GPT
+from growlm.model.config import ModelConfig, config_from_dict
+from growlm.model.families import build_model
 from growlm.runtime.dist import end_plain_group, keep_freed_memory, start_plain_group
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def step_times(
-    cfg: GPTConfig,
+    cfg: ModelConfig,
     *,
     batch: int,
     seq_len: int,
@@ -49,8 +49,9 @@ def step_times(
     world_size: int = 1,
     rank: int = 0,
 ) -> dict:
-    """Time ``steps`` plain PyTorch training steps of GPT(cfg) on a global batch of ``batch`` sequences of
-    ``seq_len`` tokens, split over ``world_size`` ranks (DDP over the initialised default process group when > 1).
+    """Time ``steps`` plain PyTorch training steps of the model of ``cfg`` (``GPT`` or ``Llama``) on a global batch of
+    ``batch`` sequences of ``seq_len`` tokens, split over ``world_size`` ranks (DDP over the initialised default process
+    group when > 1).
 
     Returns ``{"step_times_s": [...], "losses": [...], "peak_device_bytes": int | None}`` (this rank's; the losses
     are this rank's share).
@@ -61,7 +62,7 @@ def step_times(
     if batch % (grad_accum * world_size):
         raise ValueError(f"global batch {batch} is not a multiple of grad_accum {grad_accum} x {world_size} ranks")
     torch.manual_seed(seed)
-    model = GPT(cfg).to(device).train()
+    model = build_model(cfg).to(device).train()
     net = model
     if world_size > 1:
         net = DistributedDataParallel(model, device_ids=[torch.device(device).index] if device != "cpu" else None)
@@ -111,7 +112,7 @@ def step_times(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m growlm.eval.bench.baseline", description=__doc__.splitlines()[0])
-    p.add_argument("--config_json", required=True, help="GPTConfig.to_dict() as JSON")
+    p.add_argument("--config_json", required=True, help="the model config's to_dict() as JSON (GPT-2 or Llama)")
     p.add_argument("--batch", type=int, required=True, help="global batch (sequences per optimizer step)")
     p.add_argument("--grad_accum", type=int, default=1)
     p.add_argument("--seq_len", type=int, required=True)
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         start_plain_group(device)
     try:
         out = step_times(
-            GPTConfig.from_dict(json.loads(args.config_json)),
+            config_from_dict(json.loads(args.config_json)),
             batch=args.batch,
             seq_len=args.seq_len,
             precision=args.precision,

@@ -59,7 +59,7 @@ from growlm.data.prepare import ensure_builtin_prepared
 from growlm.eval.bench import throughput as bench
 from growlm.eval.bench.peak import format_mfu
 from growlm.growth.offline.cli import main as grow_main
-from growlm.model.config import GPTConfig, from_preset, param_count
+from growlm.model.config import ModelConfig, from_preset, param_count
 from growlm.model.gpt import attention_kernel
 from growlm.runtime import launch
 from growlm.runtime.atomic import write_json, write_text
@@ -146,7 +146,9 @@ class GpuCheckError(Exception):
     """Bad input: printed as one line, exit status 2."""
 
 
-def fit_micro_batch(cfg: GPTConfig, seq_len: int, device_bytes: int, *, recompute: bool, fraction: float = 0.85) -> int:
+def fit_micro_batch(
+    cfg: ModelConfig, seq_len: int, device_bytes: int, *, recompute: bool, fraction: float = 0.85
+) -> int:
     """The largest power-of-two micro batch whose estimated peak memory fits ``fraction`` of one device (ZeRO-1 on
     one rank, bf16/fp16 with fp32 Adam).
 

@@ -59,6 +59,13 @@ STAGES = (0, 1, 2, 3)
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
+SHAPE_FLAGS = ("n_layer", "n_embd", "n_head", "n_inner", "n_kv_head", "vocab_size")  # train.py's, passed through
+SHAPE_HELP = {
+    "n_kv_head": " (Llama presets only)",
+    "vocab_size": " (at least the data's: a Llama preset on the built-in corpus needs 50257)",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The growlm-bench argument parser (its flags; arguments after '--' go to train.py: ``parse_args``)."""
     p = argparse.ArgumentParser(
@@ -68,8 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     p.add_argument("--preset", default="cpu-small", help="model shape preset (see train.py --help)")
-    for name in ("n_layer", "n_embd", "n_head", "n_inner"):
-        p.add_argument(f"--{name}", type=int, help=f"override the preset's {name}")
+    for name in SHAPE_FLAGS:
+        p.add_argument(f"--{name}", type=int, help=f"override the preset's {name}" + SHAPE_HELP.get(name, ""))
     p.add_argument("--seq_len", type=int, default=128, help="tokens per sequence T")
     p.add_argument("--zero_stage", type=int, nargs="+", default=[2], choices=STAGES, help="ZeRO stage(s)")
     p.add_argument("--precision", nargs="+", default=["bf16"], choices=PRECISIONS, help="precision(s)")
@@ -188,7 +195,7 @@ def bench_deepspeed(
     run_dir = work / name
     cfg_path = ds_config(stage, precision, args.micro_batch, args.grad_accum, args.max_steps, work / f"{name}.json",
                          base["device_type"])  # fmt: skip
-    shape = [f"--{k}={getattr(args, k)}" for k in ("n_layer", "n_embd", "n_head", "n_inner") if getattr(args, k)]
+    shape = [f"--{k}={getattr(args, k)}" for k in SHAPE_FLAGS if getattr(args, k)]
     shape = [] if args.growth_plan else ["--preset", args.preset, *shape]  # a plan sets its own starting shape
     cmd = [sys.executable, str(TRAIN_SCRIPT), *shape, "--seq_len", str(args.seq_len)]
     cmd += ["--ds_config", str(cfg_path), "--max_steps", str(args.max_steps), "--no_final_eval", "--no_final_save"]
@@ -288,6 +295,8 @@ _MIN = {
     "n_embd": (1, "embedding width"),
     "n_head": (1, "attention heads"),
     "n_inner": (1, "MLP width"),
+    "n_kv_head": (1, "key/value heads"),
+    "vocab_size": (1, "vocabulary"),
 }
 
 
@@ -336,7 +345,7 @@ def _resolve(args: argparse.Namespace):
     if args.threads_per_rank is None:
         args.threads_per_rank = max(1, (os.cpu_count() or 1) // args.world_size)
     try:
-        shape = {k: getattr(args, k) for k in ("n_layer", "n_embd", "n_head", "n_inner")}
+        shape = {k: getattr(args, k) for k in SHAPE_FLAGS}
         if args.growth_plan:  # the model starts at the plan's shape (the baseline trains that one)
             try:
                 cfg = load_stages(args.growth_plan).start

@@ -40,7 +40,9 @@ from growlm.growth.ops.apply import OptimizerPolicy, apply_rules
 from growlm.growth.ops.rules import RuleSet
 from growlm.growth.ops.single_process import make_optimizer
 from growlm.growth.ops.stores import ModuleStore
+from growlm.model.families import build_model
 from growlm.model.gpt import GPT
+from growlm.model.masks import GrowthMaskedModel
 
 
 class TokenBatches:
@@ -73,19 +75,20 @@ def train_steps(model: GPT, optimizer: torch.optim.Optimizer, batches: Iterable[
 
 
 def grow_trained(
-    model: GPT,
+    model: GrowthMaskedModel,
     optimizer: torch.optim.Optimizer,
     plan: RuleSet,
     hparams: dict[str, Any],
     policy: OptimizerPolicy | None = None,
-) -> tuple[GPT, torch.optim.AdamW]:
+) -> tuple[GrowthMaskedModel, torch.optim.AdamW]:
     """The grown model and its AdamW (``hparams``: lr, betas, eps, weight_decay), grown by ``plan`` from copies of
-    ``model`` and ``optimizer`` (which are left as they were) with the Adam-state ``policy`` (default: the plan's
-    rules); the plan's masks, if any, start their ramp at the current Adam step."""
+    ``model`` (GPT-2 or Llama: the grown one is built by ``build_model``) and ``optimizer`` (which are left as they
+    were) with the Adam-state ``policy`` (default: the plan's rules); the plan's masks, if any, start their ramp at the
+    current Adam step."""
     small, small_opt = clone_training(model, optimizer)
     step = adam_step_of(small_opt)
     masks = None if plan.masks is None else replace(plan.masks, start_step=step)
-    big = GPT(plan.new, masks=masks)
+    big = build_model(plan.new, masks)
     big_opt = make_optimizer(big, hparams)
     apply_rules(plan, ModuleStore(small, small_opt), ModuleStore(big, big_opt, step=step), policy)
     return big, big_opt

@@ -4,16 +4,24 @@ model (a GPT-2 preset, the default one, or a GPT-2 checkpoint) refuses them in o
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 from cli_utils import train_fails as fails
 
 from growlm import train
+from growlm.eval.bench import baseline
+from growlm.eval.bench import throughput as bench
 from growlm.growth.errors import GrowthError
 from growlm.growth.offline import cli as grow_cli
-from growlm.model.config import GPTConfig, LlamaConfig
+from growlm.growth.stages.plan import load_stages
+from growlm.model.config import PRESETS, GPTConfig, LlamaConfig, flops_per_token
 from growlm.runtime.run_state import RunState
 from growlm.trainer.config import model_config_from_args, resolve
 from growlm.trainer.errors import UsageError
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _model(argv: list[str]):
@@ -96,3 +104,39 @@ def test_growlm_grow_takes_n_kv_head_for_a_llama_checkpoint_only():
     gpt = GPTConfig(n_layer=2, n_embd=64, n_head=4, n_positions=32, vocab_size=99)
     with pytest.raises(GrowthError, match="^--n_kv_head sets a Llama's key/value heads, and the checkpoint's model"):
         grow_cli.stage_from_flags(grow_cli.parse_args(argv), gpt, step=3)
+
+
+def test_the_llama_main_job_plan_loads_and_fits_the_demo_run():
+    """make demo ARCH=llama: growth/plans/llama_cpu_small.yaml starts at llama-cpu-small on the built-in corpus's
+    vocabulary and grows it once; train.py accepts it with the demo's flags (validation only, nothing launched)."""
+    plan = load_stages(REPO / "growth" / "plans" / "llama_cpu_small.yaml")
+    assert plan.start == replace(PRESETS["llama-cpu-small"], vocab_size=50257)
+    (stage,) = plan.stages
+    assert stage.target == replace(plan.start, n_layer=6) and stage.family == "masked"
+    argv = ["--growth_plan", str(REPO / "growth" / "plans" / "llama_cpu_small.yaml"), "--seq_len", "128"]
+    argv += ["--max_steps", "80", "--ds_config", str(REPO / "ds_configs" / "zero2_fp32.json"), "--no_final_eval"]
+    run = resolve(train.parse_args(argv))
+    assert run.model == plan.start and run.growth.stages[0].when.value == 40
+
+
+def test_growlm_bench_measures_a_llama_and_its_baseline_trains_one(monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "available_precisions", lambda: ("cpu", ["fp32"]))
+    args = bench.parse_args(
+        ["--preset", "llama-tiny", "--vocab_size", "320", "--n_kv_head", "1", "--precision", "fp32"]
+    )
+    _, _, _, cfg, fpt = bench._resolve(args)
+    assert isinstance(cfg, LlamaConfig) and (cfg.vocab_size, cfg.n_kv_head) == (320, 1)
+    assert fpt == flops_per_token(cfg, 128)
+    seen = {}
+    monkeypatch.setattr(bench, "_launch", lambda cmd, *a, **kw: seen.setdefault("cmd", cmd) and [0])
+    monkeypatch.setattr(bench, "read_records", lambda run_dir: [])
+    summary = {"model_flops_per_s_per_rank": 1.0, "cuda_max_allocated_bytes_rank0": None}
+    monkeypatch.setattr(bench, "summarize_train", lambda *a, **kw: summary)
+    peak = type("Peak", (), {"flops_per_s": 2.0, "source": "test", "mfu": lambda self, x: x / 2.0})()
+    base = {"device_type": "cpu", "peaks": {("fp32", 1): peak}, "common": {}}
+    args.world_size, args.threads_per_rank, args.train_extra = 2, 1, []
+    bench.bench_deepspeed(args, 2, "fp32", tmp_path, base)
+    assert ["--preset", "llama-tiny"] == seen["cmd"][2:4] and {"--vocab_size=320", "--n_kv_head=1"} <= set(seen["cmd"])
+    # the PyTorch baseline builds the same family from the record's config (one process, 2 steps)
+    out = baseline.step_times(cfg, batch=2, seq_len=16, precision="fp32", steps=2)
+    assert len(out["step_times_s"]) == 2 and all(0 < loss < 10 for loss in out["losses"])
