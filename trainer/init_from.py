@@ -35,11 +35,11 @@ from safetensors import SafetensorError, safe_open
 from growlm.data import tokenizer as tok
 from growlm.eval.metrics.load import HF_CLASSES, model_type_problem, quiet_transformers
 from growlm.growth.live.engine import refresh_working_copies
+from growlm.growth.ops.rules import param_shapes
 from growlm.growth.stages.plan import StageList
 from growlm.model import hf as gpt2_hf
 from growlm.model import llama_hf
 from growlm.model.config import ModelConfig, from_preset
-from growlm.model.families import build_model
 from growlm.model.hf import safetensors_problem
 from growlm.runtime import run_state
 from growlm.trainer.errors import UsageError
@@ -124,14 +124,6 @@ def read_config(path: Path) -> ModelConfig:
         raise _fail(path, f"config.json: {e}") from None
 
 
-def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every parameter of ``build_model(cfg)`` (a tied head listed once, as ``named_parameters``
-    does), built on the meta device (no memory)."""
-    with torch.device("meta"):
-        model = build_model(cfg)
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
-
-
 def weight_files(path: Path, family: str) -> tuple[Path, list[Path], dict[str, str] | None]:
     """The folder's safetensors files: (what names them: model.safetensors or the index, the files, the index's
     tensor name -> file name map or None). Each file is checked whole (``model.hf.safetensors_problem``).
@@ -183,7 +175,7 @@ def weight_files(path: Path, family: str) -> tuple[Path, list[Path], dict[str, s
 
 def map_tensors(path: Path, files: list[Path], cfg: ModelConfig, weight_map: dict[str, str] | None = None):
     """Match the tensors of the safetensors ``files`` (read from their headers only) to the parameters of
-    ``build_model(cfg)``.
+    ``build_model(cfg)`` (growth.ops.rules.param_shapes).
 
     Returns:
         (growlm parameter name -> tensor name, tensor name -> the file holding it).
