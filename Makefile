@@ -10,8 +10,17 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # the main job: a small GPT on the built-in corpus, 2 ranks, ZeRO-2; bf16 where the CPU computes it natively
 # (AVX512-BF16 or AMX-BF16), else fp32: without them a bf16 matmul is emulated, about 15x slower than fp32
 DEMO_PRECISION ?= $(shell grep -qsE 'avx512_bf16|amx_bf16' /proc/cpuinfo && echo bf16 || echo fp32)
+# ARCH=llama: the Llama main job instead, llama-cpu-small grown once on the way (growth/plans/llama_cpu_small.yaml;
+# output in runs/demo-llama)
+ARCH ?= gpt2
+ifeq ($(ARCH),llama)
+DEMO_ARGS ?= --growth_plan growth/plans/llama_cpu_small.yaml --seq_len 128 --max_steps 80 --eval_interval 20 \
+	--log_interval 5 --ds_config ds_configs/zero2_$(DEMO_PRECISION).json --final_eval_tokens 65536 \
+	--out_dir runs/demo-llama
+else
 DEMO_ARGS ?= --preset cpu-small --seq_len 128 --max_steps 80 --eval_interval 20 --log_interval 5 \
 	--ds_config ds_configs/zero2_$(DEMO_PRECISION).json --final_eval_tokens 65536 --out_dir runs/demo
+endif
 
 # GPU nodes without internet: `make wheelhouse` here (PY_VERSION, PLATFORM: the nodes' Python and platform tags;
 # NODE_FREEZE: a node's `python -m pip list --format=freeze`, copied here: then only what the node lacks, resolved
@@ -39,7 +48,8 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 demo: setup
-	rm -rf runs/demo
+	@case "$(ARCH)" in gpt2|llama) ;; *) echo "make demo: ARCH=$(ARCH): use gpt2 (the default) or llama" >&2; exit 2;; esac
+	rm -rf runs/demo$(if $(filter llama,$(ARCH)),-llama)
 	MASTER_ADDR=127.0.0.1 OMP_NUM_THREADS=1 $(BIN)/deepspeed --num_gpus 2 --master_addr 127.0.0.1 \
 		--master_port 29500 train.py $(DEMO_ARGS)
 
