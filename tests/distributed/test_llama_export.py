@@ -42,6 +42,14 @@ def test_export_is_a_llama_folder_with_growlms_logits_and_the_tokenizer(tmp_path
     ckpts = train_from(tmp_path, folder, template, nproc)
     hf_dir = tmp_path / "hf"
     assert grow_main([str(ckpts), "--export_hf", str(hf_dir)]) == 0
+    names = {p.name for p in hf_dir.iterdir()}
+    assert names == {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "growlm_export.json",
+        *tok.HF_TOKENIZER_FILES,
+    }  # fmt: skip (as GPT-2's export)
     config = json.loads((hf_dir / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
     assert (config["num_key_value_heads"], config["tie_word_embeddings"], config["eos_token_id"]) == (2, tied, 1)
