@@ -115,6 +115,26 @@ def test_damaged_checkpoint_state(capsys, one_rank_checkpoint, tmp_path):
 
 
 @pytest.mark.bad_input
+def test_a_damaged_or_truncated_shard_is_refused_before_anything_loads(capsys, one_rank_checkpoint, tmp_path):
+    import shutil
+
+    copy = tmp_path / "ck"
+    shutil.copytree(one_rank_checkpoint / "checkpoints", copy)
+    shard = copy / "global_step2" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    argv = ["--resume", str(copy), "--max_steps", "4", "--seq_len", "32", "--no_final_eval",
+            "--ds_config", "ds_configs/zero2_fp32.json", "--out_dir", str(tmp_path / "run")]  # fmt: skip
+    # after the ranks joined: the rank that loads the shard hashes it (runtime.checkpoint.verify_shares)
+    line = fails(capsys, argv, f"--resume {shard} does not match its sha256", "damaged or comes from another")
+    assert "found by rank" not in line  # one rank: it found it itself
+    shard.write_bytes(bytes(data[:-10]))  # before the ranks join: a stat against the manifest's size
+    fails(capsys, argv, f"--resume {shard} has {len(data) - 10} bytes, the manifest says {len(data)}")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # nothing trained or written
+
+
+@pytest.mark.bad_input
 def test_existing_checkpoints_are_never_overwritten(capsys, one_rank_checkpoint):
     ck = one_rank_checkpoint / "checkpoints" / "global_step2"
     before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in ck.iterdir()}
