@@ -212,6 +212,12 @@ def hold_driver_lock(driver_dir: Path) -> Any:
         ) from None
 
 
+def _say_config(note: str | None) -> None:
+    """Print the DeepSpeed-config choice's note (a shipped config's GPU variant), if any, as growlm-run's."""
+    if note:
+        print(note.replace("growlm:", "growlm-run:", 1), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """growlm-run: 0 when the plan ran to --max_steps, 2 on bad input, a failed job's exit status otherwise."""
     accelerator = select_accelerator()  # DS_ACCELERATOR=cpu without CUDA, inherited by the jobs
@@ -220,9 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ns = train_namespace(train_args)
         # a shipped config's GPU variant on CUDA, as train.py would choose it: the jobs get the driver's copies
-        ns.ds_config, note = choose_ds_config(ns.ds_config, accelerator)
-        if note:
-            print(note.replace("growlm:", "growlm-run:", 1), flush=True)
+        ns.ds_config, note = choose_ds_config(ns.ds_config, accelerator)  # said once the checks have passed
         plan = load_growth_plan(args.plan)
         base_cfg = load_ds_config(ns.ds_config, ns.max_steps)
         segments = make_segments(plan, base_cfg)
@@ -233,9 +237,11 @@ def main(argv: list[str] | None = None) -> int:
         check_plan_fits_run(plan, 0, ns, segment_ds_config(base_cfg, segments[0].resources), this_run=False)
         out_dir = Path(ns.out_dir).resolve()  # absolute: the jobs' command lines name it (procs.kill_stale)
         if args.dry_run:
+            _say_config(note)
             return print_dry_run(plan, segments, base_cfg, ns, args, train_args)
         for line in check_jobs_fit_here(plan, segments, base_cfg):  # before anything is launched or written
             print(line, file=sys.stderr, flush=True)
+        _say_config(note)
         run = Run(plan, segments, out_dir, ns.max_steps)
         run.driver_dir.mkdir(parents=True, exist_ok=True)
         lock = hold_driver_lock(run.driver_dir)  # noqa: F841 (held until this process ends)
