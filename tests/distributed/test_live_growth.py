@@ -28,10 +28,12 @@ SCENARIOS = [
     ("gpu/zero2_fp32", "duplicate"),
     ("gpu/zero3_fp32", "masked"),
     # the Llama family: one exact growth of every dimension at once per ZeRO stage (width x2, heads and key/value
-    # heads, FFN, depth; ZeRO-1 with tied embeddings), and the masked family at ZeRO-3
+    # heads, FFN, depth; ZeRO-1 with tied embeddings), and the masked family likewise at every ZeRO stage
     ("zero1_fp32", "llama-duplicate-tied"),
     ("zero2_fp32", "llama-duplicate"),
     ("zero3_fp32", "llama-duplicate"),
+    ("zero1_fp32", "llama-masked"),
+    ("zero2_fp32", "llama-masked"),
     ("zero3_fp32", "llama-masked"),
 ]
 
