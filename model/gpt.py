@@ -92,16 +92,21 @@ class Attention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
 
-def attention_kernel(head_dim: int, dtype: torch.dtype, device: torch.device | str) -> str:
+def attention_kernel(
+    head_dim: int, dtype: torch.dtype, device: torch.device | str, n_rep: int = 1, enable_gqa: bool = False
+) -> str:
     """The SDPA kernel PyTorch picks for growlm's causal attention (no attention mask, no dropout) at this head size
     Q, dtype and device: "flash", "efficient" (memory-efficient), or "math" (the unfused reference, which keeps the
     (T, T) score matrix). Probed in the dispatcher's order (flash, efficient, math; cuDNN comes after math) with one
-    (1, 1, 8, Q) call per kernel allowed alone.
+    call per kernel allowed alone: queries (1, n_rep, 8, Q) and one key/value head shared with ``enable_gqa`` when
+    it is set (a Llama with n_rep = H / K query heads per key/value head that passes the flag; model.llama), else
+    keys and values of the queries' shape.
 
     On CUDA in bf16/fp16 with Q <= 256 it is "flash" (FlashAttention-2, Dao 2023, arXiv 2307.08691); "math" there
     means a head size or dtype the fused kernels refuse, and attention memory then grows as T^2.
     """
-    q = torch.zeros(1, 1, 8, head_dim, dtype=dtype, device=device)
+    q = torch.zeros(1, n_rep, 8, head_dim, dtype=dtype, device=device)
+    kv = q[:, :1] if enable_gqa else q
     order = (
         ("flash", SDPBackend.FLASH_ATTENTION),
         ("efficient", SDPBackend.EFFICIENT_ATTENTION),
@@ -110,7 +115,7 @@ def attention_kernel(head_dim: int, dtype: torch.dtype, device: torch.device | s
     for name, backend in order:
         try:
             with sdpa_kernel(backend):
-                F.scaled_dot_product_attention(q, q, q, is_causal=True)
+                F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=enable_gqa)
             return name
         except RuntimeError:
             continue

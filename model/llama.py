@@ -20,6 +20,7 @@ group would attend with q = 0 (uniform weights) and return the mean of the old v
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -76,11 +77,29 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.cat((-b, a), dim=-1) * sin
 
 
+def flash_takes_gqa(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether SDPA should share key/value heads itself (``enable_gqa``) for queries of this device, dtype and head
+    size. On the CPU always (its fused kernel takes the flag). On CUDA only the flash kernel takes it
+    (FlashAttention-2, Dao 2023, arXiv 2307.08691), and PyTorch's flash kernel needs fp16 or bf16, head_dim <= 256 and
+    a GPU of compute capability 8.0 or newer; anywhere else the flag would send attention to the unfused kernel and
+    its T^2 memory, so the key/value heads are expanded instead (``grouped_kv``) and the memory-efficient kernel runs.
+    """
+    if device.type != "cuda":
+        return True
+    if dtype not in (torch.float16, torch.bfloat16) or head_dim > 256:
+        return False
+    return _capability(device.index if device.index is not None else torch.cuda.current_device()) >= (8, 0)
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    """The compute capability of CUDA device ``index`` (asked once per process)."""
+    return tuple(torch.cuda.get_device_capability(index))
+
+
 def native_gqa(q: Tensor) -> bool:
-    """Whether SDPA should share key/value heads itself (``enable_gqa``) for queries like ``q``: on the CPU always;
-    on CUDA only in fp16/bf16, where the flash kernel (the only CUDA kernel that takes ``enable_gqa``) runs; fp32
-    there would fall back to the unfused kernel and its T^2 memory."""
-    return not q.is_cuda or q.dtype in (torch.float16, torch.bfloat16)
+    """``flash_takes_gqa`` for queries ``q`` (B, H, T, Q)."""
+    return flash_takes_gqa(q.device, q.dtype, q.shape[-1])
 
 
 def grouped_kv(k: Tensor, v: Tensor, n_rep: int, *, native: bool) -> tuple[Tensor, Tensor, bool]:

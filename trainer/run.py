@@ -21,6 +21,7 @@ from growlm.data.prepare import ensure_builtin_prepared, load_meta, open_tokens
 from growlm.data.sampler import ResumableSampler, TokenWindows
 from growlm.model.config import param_count
 from growlm.model.gpt import attention_kernel
+from growlm.model.llama import flash_takes_gqa
 from growlm.runtime import checkpoint, collectives, stop
 from growlm.runtime.crash_points import hold_point
 from growlm.runtime.dist import DistInfo, init_distributed, launch_rank, select_accelerator
@@ -158,7 +159,9 @@ def announce(log: MetricsLogger, run: RunConfig, p: Progress, data: Batches, run
     """Print the run's model, parallelism, batch and data on rank 0."""
     info, cfg = data.info, run.model
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(run.precision, torch.float32)
-    kernel = attention_kernel(cfg.head_dim, dtype, info.device)
+    n_rep = cfg.n_head // cfg.n_kv_head  # query heads per key/value head (1 for GPT-2)
+    gqa = n_rep > 1 and flash_takes_gqa(torch.device(info.device), dtype, cfg.head_dim)
+    kernel = attention_kernel(cfg.head_dim, dtype, info.device, n_rep, gqa)
     log.console(
         f"growlm: model {cfg.shape_str()} ({param_count(cfg) / 1e6:.2f}M parameters), ZeRO stage {run.zero_stage}, "
         f"{run.precision}, {info.world_size} rank(s) on {info.device.type}, micro batch {data.micro} x accumulation "

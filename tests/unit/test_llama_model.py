@@ -166,3 +166,20 @@ def test_expanded_key_value_heads_give_the_attention_of_native_gqa():
         outs.append(torch.nn.functional.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=flag))
     torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=1e-6)
     assert grouped_kv(k, v, 1, native=True)[2] is False
+
+
+def test_gqa_is_left_to_sdpa_only_where_its_flash_kernel_runs(monkeypatch):
+    from growlm.model import llama
+    from growlm.model.gpt import attention_kernel
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert llama.flash_takes_gqa(cpu, torch.float32, 64)  # the CPU's fused kernel takes the flag
+    assert not llama.flash_takes_gqa(gpu, torch.float32, 64)  # fp32 on CUDA: no flash kernel
+    assert not llama.flash_takes_gqa(gpu, torch.bfloat16, 320)  # flash stops at head_dim 256
+    for capability, expected in (((7, 5), False), ((8, 0), True), ((9, 0), True)):  # flash needs sm80+
+        llama._capability.cache_clear()
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index, c=capability: c)
+        assert llama.flash_takes_gqa(gpu, torch.bfloat16, 128) is expected
+    llama._capability.cache_clear()
+    # the probe of shared key/value heads finds the kernel the CPU runs for plain attention
+    assert attention_kernel(16, torch.float32, "cpu", n_rep=4, enable_gqa=True) == "flash"
