@@ -49,7 +49,7 @@ setup(
     install_requires=[
         "torch>=2.11",  # the oldest torch the unit tests ran on (2.11.0, as GPU images ship it; and 2.13.0)
         "deepspeed>=0.19,<0.20",
-        "transformers>=4.40",
+        "transformers>=4.45",  # the first whose Llama reads config.head_dim (earlier: hidden_size // n_head)
         "datasets>=2.19",
         "tensorboard>=2.15",
         "tiktoken>=0.7",

@@ -1,9 +1,15 @@
 """Conversion between growlm's Llama and ``transformers.LlamaForCausalLM`` (both directions).
 
 Both use the same parameter names and the same ``nn.Linear`` (out, in) layout, so conversion is a name filter
-(transformers lists a tied ``lm_head.weight`` beside ``model.embed_tokens.weight``). Only the rotary base moved in
-transformers 5 (``rope_parameters["rope_theta"]``; earlier versions: ``rope_theta``): both are read, and
-``rope_theta`` is written, which every version accepts. This module imports ``transformers`` lazily.
+(transformers lists a tied ``lm_head.weight`` beside ``model.embed_tokens.weight``). This module imports
+``transformers`` lazily.
+
+The rotary base moved in transformers 5: it lives only in ``rope_parameters["rope_theta"]`` (``to_hf_config`` passes
+``rope_theta=``, which transformers 5 moves there; its ``save_pretrained`` writes a top-level ``"rope_theta": null``),
+while transformers 4 reads only the top-level ``rope_theta`` and ignores ``rope_parameters`` (a missing one is 10000).
+Both are read here (``_rope``), and a written ``config.json`` gets both (``with_rope_theta``), so every version loads
+the same model. A ``head_dim`` other than ``n_embd // n_head`` needs transformers >= 4.45, the first release whose
+Llama reads ``config.head_dim`` (earlier ones use ``hidden_size // num_attention_heads``).
 """
 
 from __future__ import annotations
@@ -53,6 +59,13 @@ def to_hf_config(cfg: LlamaConfig, bos_token_id: int | None = None, eos_token_id
         eos_token_id=eos_token_id,
         pad_token_id=None,
     )
+
+
+def with_rope_theta(config_json: dict[str, Any], cfg: LlamaConfig) -> dict[str, Any]:
+    """``config_json`` (the dict of a ``config.json`` that ``save_pretrained`` wrote for ``cfg``) with a top-level
+    ``rope_theta`` equal to ``cfg.rope_theta``, which transformers 4 reads, beside transformers 5's
+    ``rope_parameters`` (kept as written). A new dict; ``config_json`` is not changed."""
+    return {**config_json, "rope_theta": cfg.rope_theta}
 
 
 def from_hf_config(hf_cfg: HFLlamaConfig) -> LlamaConfig:

@@ -33,12 +33,20 @@ def train_from(tmp_path: Path, folder: Path, template: str, nproc: int, lr: floa
     return out / "checkpoints"
 
 
-@pytest.mark.parametrize(("tied", "template", "nproc"), [(False, "zero2_fp32", 1), (True, "zero3_fp32", 2)])
-def test_export_is_a_llama_folder_with_growlms_logits_and_the_tokenizer(tmp_path, tied, template, nproc):
+ODD_SHAPE = {"rope_theta": 5e5, "head_dim": 32}  # not the defaults: head_dim != n_embd / n_head = 16, theta != 1e4
+
+
+@pytest.mark.parametrize(
+    ("tied", "template", "nproc", "over"), [(False, "zero2_fp32", 1, ODD_SHAPE), (True, "zero3_fp32", 2, {})]
+)
+def test_export_is_a_llama_folder_with_growlms_logits_and_the_tokenizer(tmp_path, tied, template, nproc, over):
+    """... and its config.json carries the rotary base both where transformers 4 reads it (top-level rope_theta) and
+    where transformers 5 does (rope_parameters), and head_dim: the export of a Llama with rope_theta 5e5 and head_dim
+    32 (n_embd 64, n_head 4) loads with the checkpoint's logits from either key alone."""
     from safetensors import safe_open
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    folder = make_llama_folder(tmp_path / "src", tied=tied)
+    folder = make_llama_folder(tmp_path / "src", tied=tied, **over)
     ckpts = train_from(tmp_path, folder, template, nproc)
     hf_dir = tmp_path / "hf"
     assert grow_main([str(ckpts), "--export_hf", str(hf_dir)]) == 0
@@ -68,6 +76,24 @@ def test_export_is_a_llama_folder_with_growlms_logits_and_the_tokenizer(tmp_path
     assert theirs.shape == (1, ids.shape[1], VOCAB)
     assert float((theirs - mine).abs().max()) < 1e-5
     assert float((theirs - before).abs().max()) > 1e-3  # the two steps moved the weights: this is the trained model
+
+    theta, head_dim = over.get("rope_theta", 1e4), over.get("head_dim", 16)
+    assert (config["rope_theta"], config["rope_parameters"], config["head_dim"]) == (
+        theta, {"rope_theta": theta, "rope_type": "default"}, head_dim
+    )  # fmt: skip
+    assert (ours.config.rope_theta, ours.config.head_dim) == (theta, head_dim)
+    # a transformers 4 reader sees only the top-level keys: the folder without rope_parameters loads the same model
+    # (transformers 5 takes a lone top-level rope_theta as 4 does), and with a wrong top-level theta it would not
+    for name, edit in [("v4", {"rope_theta": theta}), ("wrong", {"rope_theta": 1e4 if theta != 1e4 else 5e5})]:
+        other = tmp_path / name
+        other.mkdir()
+        for f in ("model.safetensors", "generation_config.json"):
+            (other / f).write_bytes((hf_dir / f).read_bytes())
+        legacy = {k: v for k, v in config.items() if k != "rope_parameters"} | edit
+        (other / "config.json").write_text(json.dumps(legacy))
+        with torch.no_grad():
+            logits = LlamaForCausalLM.from_pretrained(str(other), dtype=torch.float32).eval()(ids).logits
+        assert (float((logits - mine).abs().max()) < 1e-5) == (name == "v4"), name
 
 
 def test_folder_init_from_grown_by_width_and_depth_then_exported_scores_as_growlm_eval(tmp_path):
