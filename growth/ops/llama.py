@@ -68,6 +68,17 @@ def _plus(a: Map, b: Map) -> Map:
     return lambda x: a(x) + b(x)
 
 
+def _check_symmetry(symmetry: str, noise_std: float) -> None:
+    """Raises GrowthError for a symmetry option other than ``SYMMETRIES`` or a negative noise_std."""
+    if symmetry not in SYMMETRIES or noise_std < 0:
+        raise GrowthError(f"symmetry={symmetry!r} must be one of {SYMMETRIES} and noise_std={noise_std} >= 0")
+
+
+def _rms(x: Tensor) -> float:
+    """Root mean square of every entry of ``x`` (float64)."""
+    return x.double().square().mean().sqrt().item()
+
+
 # ----- width x k ---------------------------------------------------------------------------------------------------
 
 
@@ -104,8 +115,7 @@ def llama_width_growth(
     """
     if not isinstance(factor, int) or factor < 2:
         raise GrowthError(f"width factor={factor!r} must be an integer >= 2 (use the FFN or heads growth alone)")
-    if symmetry not in SYMMETRIES or noise_std < 0:
-        raise GrowthError(f"symmetry={symmetry!r} must be one of {SYMMETRIES} and noise_std={noise_std} >= 0")
+    _check_symmetry(symmetry, noise_std)
     k = factor
     p = width_pattern(k, pattern, alpha)
     m_pat, v_pat = moment_patterns(p)
@@ -191,7 +201,9 @@ def _head_units(heads: Tensor, q: int) -> Tensor:
     return (heads[:, None] * q + torch.arange(q)[None, :]).flatten()
 
 
-def llama_heads_growth(old: LlamaConfig, n_head: int, n_kv_head: int) -> RuleSet:
+def llama_heads_growth(
+    old: LlamaConfig, n_head: int, n_kv_head: int, *, symmetry: str = "none", noise_std: float = 0.3, seed: int = 0
+) -> RuleSet:
     """Query heads H -> H' and key/value heads K -> K' at fixed n_embd and head_dim (Llama allows H Q != d). Exact.
 
     Old query heads go to ``model.masks.llama_head_index`` (each keeps its key/value head), old key/value heads stay
@@ -199,15 +211,23 @@ def llama_heads_growth(old: LlamaConfig, n_head: int, n_kv_head: int) -> RuleSet
     its key/value head copies (``head_sources``), q_proj rows with it. The new heads' o_proj columns are zero, so
     they add nothing (exact), as depth growth's identity blocks: exp_avg 0 and exp_avg_sq their source columns' /
     ZERO_ENTRY_UPDATE^2 (the gradient of a zero column equals its source column's, the head computing the same
-    output). Copied q/k/v rows copy their source's Adam state, as depth growth's copied blocks do (their gradient is
-    0 while the o_proj columns are; DESIGN.md, "Llama growth").
+    output). The new heads' q rows and the new key/value heads' k/v rows get exp_avg 0, their gradient at growth
+    (only new query heads read a new key/value head, and every new query head's o_proj columns are 0), and their
+    source's exp_avg_sq, so that their first updates stay as small as their source's (DESIGN.md, "Llama growth").
+
+    Symmetry: two new heads that copy one source (or a new head and its source, once its o_proj columns move) would
+    stay equal for ever. ``symmetry='noise'`` adds N(0, (noise_std rms(W))^2) to those q rows and k/v rows (W the
+    old q_proj, k_proj or v_proj; seeded by parameter name and ``seed``, the same on every rank): still exact, since
+    no output reads them while their o_proj columns are 0. 'none' leaves them equal and says so in the plan's notes.
 
     Shapes ((out, in)): q_proj (H Q, d) -> (H' Q, d), k_proj and v_proj (K Q, d) -> (K' Q, d), o_proj (d, H Q) ->
     (d, H' Q); everything else unchanged.
 
     Raises:
-        GrowthError: H' < H, K' < K, (H', K') = (H, K), or an old key/value group would split (H' / K' < H / K).
+        GrowthError: H' < H, K' < K, (H', K') = (H, K), or an old key/value group would split (H' / K' < H / K); a
+            bad symmetry or noise_std < 0.
     """
+    _check_symmetry(symmetry, noise_std)
     if n_head < old.n_head or n_kv_head < old.n_kv_head or (n_head, n_kv_head) == (old.n_head, old.n_kv_head):
         raise GrowthError(
             f"heads growth needs n_head >= {old.n_head} and n_kv_head >= {old.n_kv_head}, one of them larger; got "
@@ -222,9 +242,35 @@ def llama_heads_growth(old: LlamaConfig, n_head: int, n_kv_head: int) -> RuleSet
     # where the old heads' units sit, in old order
     old_q_pos = _head_units(llama_head_index(old.n_head, old.n_kv_head, n_head, n_kv_head), q)
     new_units = _head_units(torch.nonzero(is_new).flatten(), q)
+    new_kv_units = torch.arange(old.n_kv_head * q, n_kv_head * q)
+    noisy = symmetry == "noise" and noise_std > 0
 
     def rows(index: Tensor) -> Map:
         return lambda x: x[index.to(x.device)]
+
+    def rows_new_zero(index: Tensor, fresh: Tensor) -> Map:
+        """Rows gathered from their sources, the rows of new heads (``fresh``) zeroed."""
+
+        def f(x: Tensor) -> Tensor:
+            y = x[index.to(x.device)]
+            if not y.is_meta:
+                y[fresh.to(x.device)] = 0.0
+            return y
+
+        return f
+
+    def rows_noisy(index: Tensor, fresh: Tensor, name: str) -> Map:
+        """Rows gathered from their sources, N(0, (noise_std rms(W))^2) added to the new heads' rows (``noisy``)."""
+
+        def f(x: Tensor) -> Tensor:
+            y = x[index.to(x.device)]
+            if not noisy or y.is_meta or fresh.numel() == 0:
+                return y
+            z = seeded_normal((fresh.numel(), x.shape[1]), noise_std * _rms(x), f"{name}/new heads", seed, x.double())
+            y[fresh.to(x.device)] += z.to(y.dtype)
+            return y
+
+        return f
 
     def placed(axis: int, pos: Tensor, n: int) -> Map:
         """Old tensor's units at ``pos`` along ``axis`` (of new length n), zeros elsewhere."""
@@ -258,14 +304,21 @@ def llama_heads_growth(old: LlamaConfig, n_head: int, n_kv_head: int) -> RuleSet
     nq, nkv = n_head * q, n_kv_head * q
     rules: dict[str, Rule] = {}
     for i in range(old.n_layer):
-        rules[block_name(i, "self_attn.q_proj.weight")] = Rule(
-            weight=rows(q_rows), exp_avg=rows(q_rows), exp_avg_sq=rows(q_rows), place=placed(0, old_q_pos, nq)
+        name = block_name(i, "self_attn.q_proj.weight")
+        rules[name] = Rule(
+            weight=rows_noisy(q_rows, new_units, name),
+            exp_avg=rows_new_zero(q_rows, new_units),
+            exp_avg_sq=rows(q_rows),
+            place=placed(0, old_q_pos, nq),
         )
         for s in ("self_attn.k_proj.weight", "self_attn.v_proj.weight"):
-            rules[block_name(i, s)] = Rule(
-                weight=rows(kv_rows), exp_avg=rows(kv_rows), exp_avg_sq=rows(kv_rows),
+            name = block_name(i, s)
+            rules[name] = Rule(
+                weight=rows_noisy(kv_rows, new_kv_units, name),
+                exp_avg=rows_new_zero(kv_rows, new_kv_units),
+                exp_avg_sq=rows(kv_rows),
                 place=placed(0, torch.arange(old.n_kv_head * q), nkv),
-            )  # fmt: skip
+            )
         rules[block_name(i, "self_attn.o_proj.weight")] = Rule(
             weight=o_map(None),
             exp_avg=o_map(None),
@@ -273,13 +326,21 @@ def llama_heads_growth(old: LlamaConfig, n_head: int, n_kv_head: int) -> RuleSet
             place=placed(1, old_q_pos, nq),
         )
     rules.update(_same_names(old, rules))
-    return RuleSet(old=old, new=new, rules=rules, family="duplicate", exact=True)
+    notes = ()
+    if symmetry == "none":
+        notes = (
+            f"heads {old.n_head} (kv {old.n_kv_head}) -> {n_head} (kv {n_kv_head}): new heads copy old ones and the "
+            "copies stay identical; symmetry 'noise' breaks that",
+        )
+    return RuleSet(old=old, new=new, rules=rules, family="duplicate", exact=True, notes=notes)
 
 
 # ----- FFN ---------------------------------------------------------------------------------------------------------
 
 
-def llama_ffn_growth(old: LlamaConfig, n_inner: int) -> RuleSet:
+def llama_ffn_growth(
+    old: LlamaConfig, n_inner: int, *, symmetry: str = "none", noise_std: float = 0.3, seed: int = 0
+) -> RuleSet:
     """SwiGLU width F -> F' (any F' > F) by Net2Net replication (Chen et al. 2016, arXiv 1511.05641, section 3.1,
     eq. 2). Exact: unit j copies old unit g(j) (``ops.width.replica_map``), h_j = silu(gate_g(j) x) up_g(j) x equals
     the old unit's, and down_proj's column j is the old column g(j) divided by its replica count n(g(j)).
@@ -289,9 +350,17 @@ def llama_ffn_growth(old: LlamaConfig, n_inner: int) -> RuleSet:
     exp_avg_sq / n^2; down_proj columns see the old gradient (exp_avg copied) but hold 1/n of the weight, so
     exp_avg_sq x n^2 (first update 1/n; the n replicas together move the output as the old column did).
 
+    Symmetry: replicas with equal down_proj columns get equal gradients and stay copies for ever. ``symmetry='noise'``
+    adds to down_proj (d, F') a noise N with columns N_j ~ N(0, (noise_std rms(W))^2) (W the old down_proj; seeded by
+    parameter name and ``seed``) minus their mean over the replicas of one old unit: sum_{j: g(j) = u} N_j = 0 for
+    every old unit u (a unit without replicas gets none), and the replicas' SwiGLU outputs are equal at growth, so the
+    FFN output is unchanged (exact to rounding) while each replica now gets its own gradient. 'none' says so in the
+    plan's notes.
+
     Raises:
-        GrowthError: n_inner <= F.
+        GrowthError: n_inner <= F; a bad symmetry or noise_std < 0.
     """
+    _check_symmetry(symmetry, noise_std)
     f_old = old.ffn_dim
     if n_inner <= f_old:
         raise GrowthError(f"n_inner={n_inner} must exceed the current FFN width {f_old} (use a larger n_inner)")
@@ -313,6 +382,19 @@ def llama_ffn_growth(old: LlamaConfig, n_inner: int) -> RuleSet:
 
         return f
 
+    def replica_noise(name: str) -> Map:
+        """W (d, F) -> N (d, F'): zero-sum over each old unit's replicas (see the docstring)."""
+
+        def f(x: Tensor) -> Tensor:
+            if x.is_meta:
+                return torch.empty(x.shape[0], n_inner, dtype=x.dtype, device="meta")
+            z = seeded_normal((x.shape[0], n_inner), noise_std * _rms(x), f"{name}/replicas", seed, x.double())
+            gi = g.to(z.device)
+            mean = z.new_zeros(x.shape[0], f_old).index_add_(1, gi, z) / n.to(z.device)
+            return (z - mean[:, gi]).to(x.dtype)
+
+        return f
+
     def pad_rows(x: Tensor) -> Tensor:
         return torch.cat([x, x.new_zeros(n_inner - f_old, *x.shape[1:])], dim=0)
 
@@ -325,11 +407,16 @@ def llama_ffn_growth(old: LlamaConfig, n_inner: int) -> RuleSet:
             rules[block_name(i, s)] = Rule(
                 weight=rows(None), exp_avg=rows(inv), exp_avg_sq=rows(inv**2), place=pad_rows
             )
-        rules[block_name(i, "mlp.down_proj.weight")] = Rule(
-            weight=cols(inv), exp_avg=cols(None), exp_avg_sq=cols(inv**-2), place=pad_cols
-        )
+        name = block_name(i, "mlp.down_proj.weight")
+        down = cols(inv)
+        if symmetry == "noise" and noise_std > 0:
+            down = _plus(down, replica_noise(name))
+        rules[name] = Rule(weight=down, exp_avg=cols(None), exp_avg_sq=cols(inv**-2), place=pad_cols)
     rules.update(_same_names(old, rules))
-    return RuleSet(old=old, new=new, rules=rules, family="duplicate", exact=True)
+    notes = ()
+    if symmetry == "none":
+        notes = (f"FFN {f_old} -> {n_inner} (Net2Net replicas): copies stay identical; symmetry 'noise' breaks that",)
+    return RuleSet(old=old, new=new, rules=rules, family="duplicate", exact=True, notes=notes)
 
 
 # ----- depth -------------------------------------------------------------------------------------------------------
@@ -406,7 +493,8 @@ def check_llama_duplicate_target(old: LlamaConfig, new: LlamaConfig) -> int:
 def llama_duplicate_growth(old: LlamaConfig, new: LlamaConfig, **options: Any) -> RuleSet:
     """The duplication-family plan from ``old`` to ``new`` (Llama): width x k (if n_embd grows), then heads (if H or
     K grows beyond k H, k K), then FFN (if F grows beyond k F), then depth, composed per parameter
-    (``rules.compose``). Options as ``growth.ops.make_rules``'s duplicate family.
+    (``rules.compose``). Options as ``growth.ops.make_rules``'s duplicate family: pattern and alpha go to the width
+    step, symmetry, noise_std and seed to the width, heads and FFN steps (each breaks its own copies' symmetry).
 
     Raises:
         GrowthError: see ``check_llama_duplicate_target``, or nothing grows.
@@ -414,15 +502,16 @@ def llama_duplicate_growth(old: LlamaConfig, new: LlamaConfig, **options: Any) -
     k = check_llama_duplicate_target(old, new)
     plans: list[RuleSet] = []
     cfg = old
+    sym_opts = {o: options[o] for o in ("symmetry", "noise_std", "seed") if o in options}
     if k > 1:
-        width_opts = {o: options[o] for o in ("pattern", "alpha", "symmetry", "noise_std", "seed") if o in options}
+        width_opts = {o: options[o] for o in ("pattern", "alpha") if o in options} | sym_opts
         plans.append(llama_width_growth(cfg, k, **width_opts))
         cfg = plans[-1].new
     if (new.n_head, new.n_kv_head) != (cfg.n_head, cfg.n_kv_head):
-        plans.append(llama_heads_growth(cfg, new.n_head, new.n_kv_head))
+        plans.append(llama_heads_growth(cfg, new.n_head, new.n_kv_head, **sym_opts))
         cfg = plans[-1].new
     if new.ffn_dim > cfg.ffn_dim:
-        plans.append(llama_ffn_growth(cfg, new.ffn_dim))
+        plans.append(llama_ffn_growth(cfg, new.ffn_dim, **sym_opts))
         cfg = plans[-1].new
     if new.n_layer > cfg.n_layer:
         plans.append(

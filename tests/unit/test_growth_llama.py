@@ -75,7 +75,11 @@ DUPLICATE = {
     "heads_in_groups": (dict(n_head=8), {}),  # g 2 -> 4
     "heads_and_kv": (dict(n_head=8, n_kv_head=4), {}),
     "heads_6_3": (dict(n_head=6, n_kv_head=3), {}),
+    "heads_noise": (dict(n_head=12), dict(symmetry="noise")),
+    "heads_and_kv_noise": (dict(n_head=8, n_kv_head=4), dict(symmetry="noise", noise_std=1.0)),
     "ffn": (dict(n_inner=53), {}),
+    "ffn_noise": (dict(n_inner=96), dict(symmetry="noise")),
+    "ffn_53_noise": (dict(n_inner=53), dict(symmetry="noise", noise_std=1.0)),
     "depth_interleave": (dict(n_layer=3), {}),
     "depth_stack": (dict(n_layer=4), dict(layer_order="stack")),
     "all": (dict(n_embd=64, n_head=12, n_kv_head=4, n_inner=100, n_layer=3), dict(symmetry="noise")),
@@ -115,13 +119,64 @@ def test_plain_depth_copy_is_not_exact():
     assert (logits(grow_state(state, plan), x) - logits(state, x)).abs().max().item() > 1e-3
 
 
-def test_kron_tiling_keeps_every_query_heads_kv_group():
-    """Width x k puts copy j of query head h at j H + h and of key/value head i at j K + i: (j H + h) // g is
-    j K + h // g, copy j of the head's own key/value head."""
-    for h_, k_ in ((4, 2), (8, 2), (6, 3), (4, 4), (4, 1)):
-        g = h_ // k_
-        for k in (2, 3):
-            assert all((j * h_ + h) // g == j * k_ + h // g for j in range(k) for h in range(h_))
+def _attention_io(model: Llama, x: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+    """Per block: the k_proj and v_proj outputs (B, T, K Q) and o_proj's input (B, T, H Q: the query heads' attention
+    outputs side by side), of one eval forward of ``model`` on ``x``."""
+    out: list[dict[str, torch.Tensor]] = [{} for _ in model.model.layers]
+    hooks = []
+    for i, layer in enumerate(model.model.layers):
+        attn = layer.self_attn
+        for s, mod in (("k", attn.k_proj), ("v", attn.v_proj)):
+            hooks.append(mod.register_forward_hook(lambda _m, _a, y, i=i, s=s: out[i].__setitem__(s, y.detach())))
+        hooks.append(attn.o_proj.register_forward_pre_hook(lambda _m, a, i=i: out[i].__setitem__("o", a[0].detach())))
+    with torch.no_grad():
+        model.eval()(x)
+    for h in hooks:
+        h.remove()
+    return out
+
+
+READS = {  # target, options, source of grown query head p (H = 4 old heads)
+    "width_x2": (dict(n_embd=64, n_head=8, n_kv_head=4, n_inner=96), {}, lambda p: p % 4),
+    "width_x3_split_noise": (
+        dict(n_embd=96, n_head=12, n_kv_head=6, n_inner=144),
+        dict(pattern="split", alpha=0.6, symmetry="noise"),
+        lambda p: p % 4,
+    ),
+    "heads_12_2": (dict(n_head=12), {}, lambda p: head_sources(cfg(), 12, 2)[0][p].item()),
+    "heads_8_4": (dict(n_head=8, n_kv_head=4), {}, lambda p: head_sources(cfg(), 8, 4)[0][p].item()),
+    "width_then_heads": (  # width x2 gives 8 heads (kv 4): copy j of head h at 4 j + h; then heads 8 -> 12
+        dict(n_embd=64, n_head=12, n_kv_head=4, n_inner=96),
+        {},
+        lambda p: head_sources(cfg(n_embd=64, n_head=8, n_kv_head=4, n_inner=96), 12, 4)[0][p].item() % 4,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(READS))
+def test_grown_query_heads_read_their_sources_kv_head(case):
+    """Grow a trained model with the operator, run both models, and for every block and every grown query head p
+    (source h): the key/value head p reads (p // g', Llama's grouping) holds the keys and values of h's key/value head
+    (h // g) in the small model, and p's attention output equals h's. A head reading any other key/value head would
+    see other keys and values (the small model's two key/value heads differ)."""
+    target, opts, source = READS[case]
+    state = trained(False)
+    plan = make_rules(state.config, cfg(**target), "duplicate", **opts)
+    x = tokens(state.config)
+    small = _attention_io(to_modules(state)[0], x)
+    big = _attention_io(to_modules(grow_state(state, plan))[0], x)
+    q, g, g_new = 8, 2, plan.new.group_size
+    assert (small[0]["k"][..., :q] - small[0]["k"][..., q:]).abs().max() > 1e-2  # the two kv heads differ
+
+    def head(t: torch.Tensor, j: int) -> torch.Tensor:
+        return t[..., j * q : (j + 1) * q]
+
+    for i in range(state.config.n_layer):
+        for p in range(plan.new.n_head):
+            h = source(p)
+            for s in ("k", "v"):
+                torch.testing.assert_close(head(big[i][s], p // g_new), head(small[i][s], h // g), rtol=0, atol=1e-5)
+            torch.testing.assert_close(head(big[i]["o"], p), head(small[i]["o"], h), rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
@@ -210,8 +265,9 @@ def test_ffn_moments_by_rule():
 @pytest.mark.parametrize(("n_head", "n_kv_head"), [(8, 2), (8, 4), (6, 3)])
 def test_heads_moments_by_rule(n_head, n_kv_head):
     """Old query heads at llama_head_index with their rows and moments; new heads copy an old head of the group
-    their key/value head copies (rows and moments), their o_proj columns 0 with exp_avg 0 and exp_avg_sq the
-    source's / s0^2; old key/value heads stay at 0..K-1, new ones copy j mod K."""
+    their key/value head copies (rows and exp_avg_sq; exp_avg 0, their gradient at growth), their o_proj columns 0
+    with exp_avg 0 and exp_avg_sq the source's / s0^2; old key/value heads stay at 0..K-1, new ones copy j mod K
+    (rows and exp_avg_sq; exp_avg 0)."""
     state = trained(True)
     q = 8
     target = cfg(tie_word_embeddings=True, n_head=n_head, n_kv_head=n_kv_head)
@@ -229,16 +285,20 @@ def test_heads_moments_by_rule(n_head, n_kv_head):
         for p in range(n_head):
             h = q_src[p].item()
             rows, new_rows = slice(h * q, (h + 1) * q), slice(p * q, (p + 1) * q)
-            for t_new, t_old in zip(new_q, old_q, strict=True):
-                torch.testing.assert_close(t_new[new_rows], t_old[rows], **EXACT)
             z = 0.0 if is_new[p] else 1.0
+            torch.testing.assert_close(new_q.weight[new_rows], old_q.weight[rows], **EXACT)
+            torch.testing.assert_close(new_q.exp_avg[new_rows], z * old_q.exp_avg[rows], **EXACT)
+            torch.testing.assert_close(new_q.exp_avg_sq[new_rows], old_q.exp_avg_sq[rows], **EXACT)
             torch.testing.assert_close(new_o.weight[:, new_rows], z * old_o.weight[:, rows], **EXACT)
             torch.testing.assert_close(new_o.exp_avg[:, new_rows], z * old_o.exp_avg[:, rows], **EXACT)
             v_scale = 1 / Z2 if is_new[p] else 1.0
             torch.testing.assert_close(new_o.exp_avg_sq[:, new_rows], v_scale * old_o.exp_avg_sq[:, rows], **EXACT)
+        kept = (torch.arange(n_kv_head) < 2).double()[:, None, None]  # old key/value heads keep their exp_avg
         for s in ("k_proj.weight", "v_proj.weight"):
-            for t_new, t_old in zip(grown.params[pre + s], state.params[pre + s], strict=True):
-                torch.testing.assert_close(t_new, t_old.view(2, q, -1)[kv_src].reshape(n_kv_head * q, -1), **EXACT)
+            new, old = grown.params[pre + s], state.params[pre + s]
+            for t_new, t_old, scale in zip(new, old, (1.0, kept, 1.0), strict=True):
+                want = (t_old.view(2, q, -1)[kv_src] * scale).reshape(n_kv_head * q, -1)
+                torch.testing.assert_close(t_new, want.to(t_old.dtype), **EXACT)
 
 
 def test_masked_moments_old_carried_new_zero():
@@ -299,8 +359,9 @@ def loss64(model, x):
 def test_moment_rule_matches_real_gradients(tie, target):
     """exp_avg maps like the real gradient of the grown model (where momentum is carried); exp_avg_sq like the
     gradient squared / s^2, s the entry's first-update scale: 1 for copies, s0 for entries 0 at growth, 1/k for the
-    tied final norm and the untied lm_head, 1/n for Net2Net down_proj columns. Heads growth's copied q/k/v rows of
-    new heads carry their source's state (as depth copies do) while their real gradient is 0: checked to be 0."""
+    tied final norm and the untied lm_head, 1/n for Net2Net down_proj columns. Heads growth's q/k/v rows of new
+    heads: real gradient 0 (their o_proj columns are 0) and exp_avg 0, checked; their exp_avg_sq is the source's
+    (first updates as small as the source's), not the zero gradient's square."""
     old = cfg(tie_word_embeddings=tie)
     small = random_llama(old, torch.float64)
     plan = make_rules(old, cfg(tie_word_embeddings=tie, **target), "duplicate")
@@ -326,6 +387,7 @@ def test_moment_rule_matches_real_gradients(tie, target):
             new_rows = is_new_head if "q_proj" in name else torch.arange(plan.new.n_kv_head) >= old.n_kv_head
             checked = ~new_rows.repeat_interleave(old.head_dim)[:, None].expand_as(g_new)
             assert g_new[~checked].abs().max().item() == 0.0, name
+            assert rule.exp_avg(g_old)[~checked].abs().max().item() == 0.0, name
         scale = g_new.abs().max().item()  # RMSNorm's statistics are fp32 even in a float64 model
         sel = momentum & checked
         torch.testing.assert_close(rule.exp_avg(g_old)[sel], g_new[sel], rtol=0, atol=1e-6 * scale)
@@ -367,6 +429,113 @@ def test_symmetry_noise_breaks_the_copies_exactly():
     grown = grow_state(state, make_rules(state.config, target, "duplicate", symmetry="noise"))
     w = grown.params["model.layers.0.mlp.up_proj.weight"].weight
     assert w[:48, 32:].abs().max() > 1e-3 and (w[:48, :32] - w[48:, 32:]).abs().max() > 1e-3
+
+
+def _ffn_pairs(n_inner: int) -> list[tuple[str, list[int], list[int]]]:
+    """(parameter, rows, their copies' rows) of every FFN replica: gate/up rows j >= 48 copy row g(j)."""
+    g, _ = replica_map(48, n_inner)
+    new = list(range(48, n_inner))
+    names = [f"model.layers.{i}.mlp.{s}.weight" for i in range(2) for s in ("gate_proj", "up_proj")]
+    return [(name, new, g[48:].tolist()) for name in names]
+
+
+def _head_pairs(n_head: int) -> list[tuple[str, list[int], list[int]]]:
+    """(q_proj, rows, rows) of every two new query heads that copy one old head (same weights at growth)."""
+    q_src, _, is_new = head_sources(cfg(), n_head, 2)
+    new = torch.nonzero(is_new).flatten().tolist()
+    pairs = [(a, b) for a in new for b in new if a < b and q_src[a] == q_src[b]]
+    assert pairs
+    a = [u for h, _ in pairs for u in range(h * 8, h * 8 + 8)]
+    b = [u for _, h in pairs for u in range(h * 8, h * 8 + 8)]
+    return [(f"model.layers.{i}.self_attn.q_proj.weight", a, b) for i in range(2)]
+
+
+SYMMETRY = {"ffn": (dict(n_inner=96), _ffn_pairs(96)), "heads": (dict(n_head=12), _head_pairs(12))}
+
+
+@pytest.mark.parametrize("case", list(SYMMETRY))
+def test_symmetry_noise_parts_ffn_and_head_copies(case):
+    """FFN 48 -> 96 (every unit replicated) and heads 4 -> 12 at K = 2 (new heads 2 and 4 copy head 0, 3 and 5 head
+    1, ...): with symmetry 'none' the plan says the copies stay identical, and after 5 AdamW steps they still are
+    bit for bit; with 'noise' there is no such note, the logits stay within 1e-5 (fp32), the copies differ at growth
+    and after the 5 steps."""
+    target, pairs = SYMMETRY[case]
+    state = trained(False)
+    x = tokens(state.config)
+    for symmetry in ("none", "noise"):
+        plan = make_rules(state.config, cfg(**target), "duplicate", symmetry=symmetry)
+        note = [n for n in plan.notes if "copies stay identical; symmetry 'noise' breaks that" in n]
+        assert len(note) == (symmetry == "none") == len(plan.notes), plan.notes
+        grown = grow_state(state, plan)
+        assert (logits(grown, x) - logits(state, x)).abs().max().item() <= 1e-5
+        model, opt, _ = to_modules(grown)
+        model.train()
+        for name, a, b in pairs:  # at growth: gate/up replicas are still copies (the noise is in down_proj)
+            w = model.get_parameter(name)
+            assert torch.equal(w[a], w[b]) == (symmetry == "none" or case == "ffn"), name
+        for step in range(5):
+            xb = tokens(state.config, seed=100 + step, t=16)
+            opt.zero_grad()
+            model(xb[:, :-1], xb[:, 1:]).backward()
+            opt.step()
+        for name, a, b in pairs:
+            w = model.get_parameter(name).detach()
+            if symmetry == "none":
+                assert torch.equal(w[a], w[b]), name
+            else:  # every copy has come apart
+                assert (w[a] - w[b]).abs().amax(dim=1).min().item() > 1e-6, name
+
+
+def test_ffn_noise_sums_to_zero_over_each_units_replicas():
+    """F 48 -> 53: units 0-4 get one replica each (48-52), the others none. down_proj = W[:, g] / n + N with N's
+    columns summing to 0 over each unit's replicas (to rounding), N = 0 exactly on units without replicas, every
+    replicated column noisy with rms about noise_std rms(W) sqrt(1 - 1/2) (0.21 at 0.3); gate/up rows and every
+    moment as without noise."""
+    state = trained(False)
+    target = cfg(n_inner=53)
+    grown = grow_state(state, make_rules(state.config, target, "duplicate", symmetry="noise", noise_std=0.3))
+    plain = grow_state(state, make_rules(state.config, target, "duplicate"))
+    g, n = replica_map(48, 53)
+    replicated = n[g] > 1
+    for i in range(2):
+        name = f"model.layers.{i}.mlp.down_proj.weight"
+        w_old = state.params[name].weight.double()
+        noise = grown.params[name].weight.double() - w_old[:, g] / n[g]
+        sums = torch.zeros_like(w_old).index_add_(1, g, noise)
+        assert sums.abs().max().item() <= 1e-6 * w_old.abs().max().item()
+        assert (noise[:, ~replicated] == 0).all() and noise[:, replicated].abs().amax(dim=0).min().item() > 1e-4
+        ratio = (noise[:, replicated].square().mean().sqrt() / w_old.square().mean().sqrt()).item()
+        assert 0.15 < ratio < 0.27, ratio
+    for name, p in grown.params.items():
+        ref = plain.params[name]
+        assert torch.equal(p.exp_avg, ref.exp_avg) and torch.equal(p.exp_avg_sq, ref.exp_avg_sq), name
+        if not name.endswith("down_proj.weight"):
+            assert torch.equal(p.weight, ref.weight), name
+
+
+@pytest.mark.parametrize(("n_head", "n_kv_head"), [(12, 2), (8, 4)])
+def test_heads_noise_only_on_new_heads_rows(n_head, n_kv_head):
+    """symmetry 'noise' in heads growth changes only the new query heads' q_proj rows and the new key/value heads'
+    k_proj/v_proj rows (every such row, by N(0, (0.3 rms(W))^2)); every other weight and every moment is as without
+    noise."""
+    state = trained(True)
+    target = cfg(tie_word_embeddings=True, n_head=n_head, n_kv_head=n_kv_head)
+    grown = grow_state(state, make_rules(state.config, target, "duplicate", symmetry="noise"))
+    plain = grow_state(state, make_rules(state.config, target, "duplicate"))
+    new_q = head_sources(state.config, n_head, n_kv_head)[2].repeat_interleave(8)
+    new_kv = (torch.arange(n_kv_head) >= 2).repeat_interleave(8)
+    for name, p in grown.params.items():
+        ref = plain.params[name]
+        assert torch.equal(p.exp_avg, ref.exp_avg) and torch.equal(p.exp_avg_sq, ref.exp_avg_sq), name
+        fresh = new_q if "q_proj" in name else new_kv if name.endswith(("k_proj.weight", "v_proj.weight")) else None
+        if fresh is None or not fresh.any():
+            assert torch.equal(p.weight, ref.weight), name
+            continue
+        assert torch.equal(p.weight[~fresh], ref.weight[~fresh]), name
+        noise = (p.weight - ref.weight)[fresh].double()
+        assert noise.abs().amax(dim=1).min().item() > 1e-4, name
+        ratio = (noise.square().mean().sqrt() / state.params[name].weight.double().square().mean().sqrt()).item()
+        assert 0.24 < ratio < 0.36, (name, ratio)
 
 
 def test_masked_ramp_ends_in_a_plain_llama():
