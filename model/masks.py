@@ -1,10 +1,11 @@
-"""Growth masks (Masked Structural Growth, Yao et al. 2023, arXiv 2305.02869): which units of a grown GPT are new
-and the linear ramp that fades them in. The masked forward pass itself is the one of ``model/gpt.py`` (the masks
-are optional inputs of its blocks).
+"""Growth masks (Masked Structural Growth, Yao et al. 2023, arXiv 2305.02869): which units of a grown model (GPT-2
+or Llama) are new and the linear ramp that fades them in. The masked forward passes themselves are those of
+``model/gpt.py`` and ``model/llama.py`` (the masks are optional inputs of their blocks).
 
 A masked model multiplies every new unit by a value r in [0, 1]; old units by 1. At r = 0 it computes exactly the
-function of the model it was grown from (whatever the new weights are); at r = 1 it is a plain GPT-2 and the masks
-are dropped. Masks are registered (persistent) buffers of ``GPT`` so that they are saved and resumed with the model:
+function of the model it was grown from (whatever the new weights are); at r = 1 it is a plain model of its family
+and the masks are dropped. Masks are registered (persistent) buffers of the model so that they are saved and
+resumed with it:
 
     growth_mask_hidden (d,)    hidden units: the embedding output, every norm output and every sublayer output;
                                LayerNorm / RMSNorm statistics are mask-weighted (DESIGN.md, section "Model and growth
