@@ -622,7 +622,12 @@ def resolve(args: argparse.Namespace) -> RunConfig:
     config_scheduler = copy.deepcopy(ds_cfg.get("scheduler"))
     if state is not None:
         keep_saved_scheduler(ds_cfg, state, new_schedule)
-    cfg = model_config_from_args(args, state) if init is None else init.config
+    if init is not None:
+        cfg = init.config
+    elif args.growth_plan and state is None:  # the plan's start is the shape: plan_config refuses every shape flag
+        cfg = None  # (before a preset's family or validity could be blamed for flags the plan makes moot)
+    else:
+        cfg = model_config_from_args(args, state)
     stage_index = state.growth_stage if state else 0
     growth = None
     if args.growth_plan:

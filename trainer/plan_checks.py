@@ -48,8 +48,9 @@ def shape_of(cfg: ModelConfig) -> dict:
     return {k: v for k, v in cfg.to_dict().items() if k != "dropout"}
 
 
-def plan_config(args, growth: StageList, cfg: ModelConfig, resume_state: RunState | None, stage_index: int):
-    """The model shape when a growth plan drives the run: the plan's start, or after ``stage_index`` stages.
+def plan_config(args, growth: StageList, cfg: ModelConfig | None, resume_state: RunState | None, stage_index: int):
+    """The model shape when a growth plan drives the run: the plan's start, or after ``stage_index`` stages
+    (``cfg``: the checkpoint's shape when resuming; unused, and may be None, for a fresh run).
 
     Raises:
         UsageError: shape flags given with a plan, or a checkpoint that is not a point of the plan.

@@ -67,6 +67,21 @@ def test_llama_flags_are_refused_for_a_gpt2_model(capsys, argv, needles):
 
 @pytest.mark.bad_input
 @pytest.mark.parametrize(
+    "argv, dropped",
+    [
+        (["--n_kv_head", "2"], "--n_kv_head"),  # no preset named: the default (GPT-2) preset is not blamed
+        (["--preset", "tiny", "--rope_theta", "5e5"], "--preset, --rope_theta"),
+        (["--preset", "llama-tiny", "--n_kv_head", "3"], "--preset, --n_kv_head"),  # not "n_head=4 ... n_kv_head=3"
+    ],
+)
+def test_a_growth_plan_refuses_shape_flags_before_the_family_check(capsys, argv, dropped):
+    line = fails(capsys, ["--growth_plan", str(REPO / "growth/plans/llama_cpu_small.yaml"), *argv])
+    assert line.endswith(f"--growth_plan sets the starting shape (its 'start'); drop {dropped}"), line
+    assert "Llama-only" not in line and "GPT-2" not in line
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
     "argv, needle",
     [
         (["--n_kv_head", "3"], "n_head=4 is not a multiple of n_kv_head=3"),
