@@ -188,12 +188,20 @@ class LlamaConfig:
         return cls(**d)
 
     def shape_str(self) -> str:
-        """Short human-readable shape, e.g. 'llama L=22 d=2048 H=32 K=4 Q=64 F=5632 P=2048 V=32000'."""
+        """Short human-readable shape with every field that changes the function (all but dropout), e.g.
+        'llama L=22 d=2048 H=32 K=4 Q=64 F=5632 P=2048 V=32000 untied theta=1e4 eps=1e-5'."""
         c = self
         return (
             f"llama L={c.n_layer} d={c.n_embd} H={c.n_head} K={c.n_kv_head} Q={c.head_dim} F={c.ffn_dim} "
-            f"P={c.n_positions} V={c.vocab_size}"
+            f"P={c.n_positions} V={c.vocab_size} {'tied' if c.tie_word_embeddings else 'untied'} "
+            f"theta={_short(c.rope_theta)} eps={_short(c.rms_norm_eps)}"
         )
+
+
+def _short(x: float) -> str:
+    """``x`` in short scientific notation with every significant digit: 10000.0 -> '1e4', 2.5e-06 -> '2.5e-6'."""
+    mantissa, exponent = f"{x:.15e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
 ModelConfig: TypeAlias = GPTConfig | LlamaConfig

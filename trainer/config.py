@@ -38,6 +38,7 @@ from growlm.trainer.plan_checks import (
     check_stop_stage,
     load_growth_plan,
     plan_config,
+    shape_flag,
 )
 
 DEFAULT_PRESET = "cpu-small"
@@ -162,10 +163,7 @@ def check_family_flags(args: argparse.Namespace, base: ModelConfig, what: str) -
         return
     given = [k for k in LLAMA_FLAGS if getattr(args, k, None) is not None]
     if given:
-        untie = args.tie_word_embeddings is False
-        flags = ", ".join(
-            "--untie_word_embeddings" if k == "tie_word_embeddings" and untie else f"--{k}" for k in given
-        )
+        flags = ", ".join(shape_flag(k, getattr(args, k)) for k in given)
         llama = [name for name, c in PRESETS.items() if c.arch == "llama"]
         raise UsageError(
             f"{flags}: Llama-only flag(s), but {what} is a GPT-2 model; drop them, or choose a Llama preset "

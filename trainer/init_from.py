@@ -43,7 +43,7 @@ from growlm.model.config import ModelConfig, from_preset
 from growlm.model.hf import safetensors_problem
 from growlm.runtime import run_state
 from growlm.trainer.errors import UsageError
-from growlm.trainer.plan_checks import SHAPE_FLAGS, shape_of
+from growlm.trainer.plan_checks import SHAPE_FLAGS, shape_flag, shape_of
 
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"  # a sharded folder: {"weight_map": {tensor name: shard file}}
@@ -230,7 +230,7 @@ def check_flags(args: argparse.Namespace, path: Path, cfg: ModelConfig) -> None:
         )
     folder = {**shape_of(cfg), "n_inner": cfg.ffn_dim}
     given = {k: getattr(args, k) for k in SHAPE_FLAGS if getattr(args, k, None) is not None}
-    conflicts = [f"--{k} {v}" for k, v in given.items() if v != folder.get(k)]
+    conflicts = [shape_flag(k, v, with_value=True) for k, v in given.items() if v != folder.get(k)]
     if args.preset is not None:
         try:
             preset = from_preset(args.preset)

@@ -26,6 +26,14 @@ LLAMA_FLAGS = ("n_kv_head", "head_dim", "rope_theta", "rms_norm_eps", "tie_word_
 SHAPE_FLAGS = ("n_layer", "n_embd", "n_head", "n_inner", "n_positions", "vocab_size", *LLAMA_FLAGS)  # config overrides
 
 
+def shape_flag(key: str, value: Any, with_value: bool = False) -> str:
+    """The command-line flag that sets the config field ``key`` to ``value``, for messages: ``--KEY`` (``--KEY
+    VALUE`` with ``with_value``), but --tie_word_embeddings / --untie_word_embeddings (no value) for the head's tie."""
+    if key == "tie_word_embeddings":
+        return "--tie_word_embeddings" if value else "--untie_word_embeddings"
+    return f"--{key} {value}" if with_value else f"--{key}"
+
+
 def load_growth_plan(path: str) -> StageList:
     """The validated growth plan at ``path``.
 
@@ -55,7 +63,7 @@ def plan_config(args, growth: StageList, cfg: ModelConfig | None, resume_state: 
     Raises:
         UsageError: shape flags given with a plan, or a checkpoint that is not a point of the plan.
     """
-    shape_flags = [f"--{k}" for k in ("preset", *SHAPE_FLAGS) if getattr(args, k) is not None]
+    shape_flags = [shape_flag(k, getattr(args, k)) for k in ("preset", *SHAPE_FLAGS) if getattr(args, k) is not None]
     if resume_state is None:
         if shape_flags:
             raise UsageError(f"--growth_plan sets the starting shape (its 'start'); drop {', '.join(shape_flags)}")

@@ -16,8 +16,10 @@ from cli_utils import one_error_line
 from llama_folder_helpers import make_llama_folder
 
 from growlm import train
+from growlm.growth.stages.plan import load_stages
 from growlm.model.config import LlamaConfig
-from growlm.trainer.init_from import open_init_from
+from growlm.trainer.errors import UsageError
+from growlm.trainer.init_from import check_plan_start, open_init_from
 
 FLAGS = ["--seq_len", "32", "--no_final_eval", "--max_steps", "1", "--ds_config", "ds_configs/zero2_fp32.json"]
 NAMES = ("resume", "preset", "n_layer", "n_embd", "n_head", "n_inner", "n_positions", "vocab_size", "dropout")
@@ -155,5 +157,44 @@ def test_shape_flags_that_differ_from_the_folder_are_refused(capsys, untied):
     capsys.readouterr()
     assert train.main([*FLAGS, "--init_from", str(untied), "--n_inner", "128"]) == 2
     line = one_error_line(capsys.readouterr().err, "growlm-train")
-    assert "the model shape comes from its config.json (llama L=2 d=64 H=4 K=2 Q=16 F=96" in line
-    assert line.endswith("drop --n_inner 128")
+    shape = "llama L=2 d=64 H=4 K=2 Q=16 F=96 P=64 V=300 untied theta=1e4 eps=1e-6"
+    assert f"the model shape comes from its config.json ({shape}); drop --n_inner 128" in line
+
+
+@pytest.mark.bad_input
+def test_a_head_tie_that_differs_from_the_folder_names_the_real_flag(capsys, tmp_path, untied):
+    """--untie_word_embeddings on a tied folder is named as given (there is no '--tie_word_embeddings False'), and
+    the folder's shape says tied or untied, rope_theta and rms_norm_eps."""
+    tied = make_llama_folder(tmp_path / "tied", tied=True)
+    for folder, argv, end in [
+        (tied, ["--untie_word_embeddings"], "V=300 tied theta=1e4 eps=1e-6); drop --untie_word_embeddings"),
+        (untied, ["--tie_word_embeddings", "--rope_theta", "5e5"],
+         "V=300 untied theta=1e4 eps=1e-6); drop --rope_theta 500000.0, --tie_word_embeddings"),
+    ]:  # fmt: skip
+        capsys.readouterr()
+        assert train.main([*FLAGS, "--init_from", str(folder), *argv, "--out_dir", str(tmp_path / "run")]) == 2
+        line = one_error_line(capsys.readouterr().err, "growlm-train")
+        assert line.endswith(end) and "True" not in line and "False" not in line, line
+
+
+def test_a_plan_start_that_differs_only_in_tie_or_theta_names_two_different_shapes(tmp_path, untied):
+    """check_plan_start's message names the folder's and the plan's shapes; they differ even where only the head's
+    tie, rope_theta or rms_norm_eps does (shape_str names them)."""
+    src = opened(untied)
+    mine = src.config.shape_str()
+    assert mine == "llama L=2 d=64 H=4 K=2 Q=16 F=96 P=64 V=300 untied theta=1e4 eps=1e-6"
+    same = "preset: llama-tiny, n_inner: 96, n_positions: 64, vocab_size: 300"
+    for change, theirs in [
+        ("tie_word_embeddings: true, rms_norm_eps: 1.0e-6", "V=300 tied theta=1e4 eps=1e-6"),
+        ("rope_theta: 500000.0, rms_norm_eps: 1.0e-6", "V=300 untied theta=5e5 eps=1e-6"),
+        ("rms_norm_eps: 1.0e-5", "V=300 untied theta=1e4 eps=1e-5"),
+    ]:
+        plan = tmp_path / "plan.yaml"
+        plan.write_text(
+            f"start: {{{same}, {change}}}\n"
+            "stages:\n  - {name: deeper, target: {n_layer: 3}, family: duplicate, when: {step: 2}}\n"
+        )
+        with pytest.raises(UsageError) as e:
+            check_plan_start(src, load_stages(str(plan)), str(plan))
+        shape = f"llama L=2 d=64 H=4 K=2 Q=16 F=96 P=64 {theirs}"
+        assert f"holds a {mine} model but --growth_plan {plan} starts at {shape}; " in str(e.value)

@@ -72,6 +72,7 @@ def test_llama_flags_are_refused_for_a_gpt2_model(capsys, argv, needles):
         (["--n_kv_head", "2"], "--n_kv_head"),  # no preset named: the default (GPT-2) preset is not blamed
         (["--preset", "tiny", "--rope_theta", "5e5"], "--preset, --rope_theta"),
         (["--preset", "llama-tiny", "--n_kv_head", "3"], "--preset, --n_kv_head"),  # not "n_head=4 ... n_kv_head=3"
+        (["--untie_word_embeddings"], "--untie_word_embeddings"),  # the flag given, not --tie_word_embeddings
     ],
 )
 def test_a_growth_plan_refuses_shape_flags_before_the_family_check(capsys, argv, dropped):
