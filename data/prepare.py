@@ -17,8 +17,13 @@ Hub datasets ("hf:NAME[:CONFIG][@SPLIT]", only where the Hub is reachable) go th
 e.g. SmolLM's or TinyLlama's; its end-of-text token is tokenizer_config.json's ``eos_token``) or a ``tokenizers``
 JSON file, through the ``tokenizers`` library. The file is copied into the token folder, and meta.json records it
 (``tokenizer_file``), its end-of-text token (``eot_token``) and its sha256 (``tokenizer_sha256``, checked whenever the
-folder's tokenizer is read back), so that train.py --init_from can check that the data fits the model. Its ids must
-fit the uint16 token files (vocab_size <= 65536: Llama 3's 128,256 tokens do not).
+folder's tokenizer is read back), so that train.py --init_from can check that the data fits the model. The folder's
+special tokens (bos, eos, unk, pad: tokenizer_config.json / special_tokens_map.json, else config.json's ids) are
+recorded too (``special_tokens``, ``add_bos_token``), and when its tokenizer puts a bos token before a text (a
+post-processor template in tokenizer.json such as TinyLlama's ``<s> $A``; tokenizer_config.json's ``add_bos_token``
+only for a tokenizer.json without a post-processor) every document starts with that token, as the model saw it in
+pretraining (docs/models.md). Its ids must fit the uint16 token files (vocab_size <= 65536: Llama 3's 128,256
+tokens do not).
 
 Each source record in meta.json is {"path", "sha256", "n_documents", "n_tokens"}. A source's sha256 is that of
 its decompressed bytes, so it equals the corpus MANIFEST.json value.
@@ -86,10 +91,17 @@ def _encoder(spec: str, eot: str) -> tok.Tokenizer:
 
 
 def _tokenize_batch(
-    batch: dict, indices: list[int], sources: list[str], offsets: list[int], tokenizer: str = "gpt2", eot: str = tok.EOT
+    batch: dict,
+    indices: list[int],
+    sources: list[str],
+    offsets: list[int],
+    tokenizer: str = "gpt2",
+    eot: str = tok.EOT,
+    bos: int | None = None,
 ) -> dict:
-    """datasets.map function: text -> ids + end-of-text id (``tokenizer``: 'gpt2' or a tokenizers JSON file whose
-    end-of-text token is ``eot``); empty text -> no tokens (the row is skipped).
+    """datasets.map function: text -> [bos id] + ids + end-of-text id (``tokenizer``: 'gpt2' or a tokenizers JSON
+    file whose end-of-text token is ``eot``; ``bos``: the id put first, None for none); empty text -> no tokens (the
+    row is skipped).
 
     Raises:
         InputError: a null or non-string text (parquet / Hub rows; local files are checked when read), naming
@@ -105,7 +117,8 @@ def _tokenize_batch(
                 "point --text_field at a string field, or drop the row",
             )  # fmt: skip
     ids = enc.encode_batch(texts)
-    return {"ids": [(x + [enc.eot_token_id]) if t else [] for x, t in zip(ids, texts, strict=True)]}
+    head = [] if bos is None else [bos]
+    return {"ids": [(head + x + [enc.eot_token_id]) if t else [] for x, t in zip(ids, texts, strict=True)]}
 
 
 def _tokenized(
@@ -127,7 +140,13 @@ def _tokenized(
         batched=True,
         batch_size=64,
         with_indices=True,
-        fn_kwargs={"sources": [str(s) for s in sources], "offsets": offsets, "tokenizer": t.name, "eot": t.eot_token},
+        fn_kwargs={
+            "sources": [str(s) for s in sources],
+            "offsets": offsets,
+            "tokenizer": t.name,
+            "eot": t.eot_token,
+            "bos": t.bos_token_id,
+        },
         remove_columns=["text"],
         num_proc=n_proc if n_proc > 1 else None,
         desc=f"tokenizing {split}",
@@ -181,12 +200,14 @@ def prepare_dataset(
 ) -> Path:
     """Tokenize train_files and val_files into out_dir/{train.bin, val.bin, meta.json} with GPT-2 BPE, or with the
     ``tokenizer`` given (data.tokenizer.for_prepare: a model folder's tokenizer.json or a tokenizers JSON file; then
-    also out_dir/tokenizer.json, a copy, recorded in meta.json with its end-of-text token and sha256).
+    also out_dir/tokenizer.json, a copy, recorded in meta.json with its end-of-text token and sha256, and the
+    folder's special tokens and ``add_bos_token`` where it declares any; when the tokenizer adds a bos token, each
+    document starts with it).
 
     Written by the one token-folder writer (data/tokens.py): into a temporary sibling of out_dir, renamed into
     place when complete, so out_dir is either the old dataset or the new one, never half of each. num_proc:
     worker processes for the tokenizing map (None or 1: this process; tiktoken also uses threads inside each).
-    Units: n_tokens counts tokens including one EOT per document. Returns out_dir.
+    Units: n_tokens counts tokens including one EOT per document (and one bos, when added). Returns out_dir.
 
     Raises:
         FileExistsError: out_dir exists and overwrite is False.
@@ -220,9 +241,12 @@ def prepare_dataset(
                 return w.finish(tokenizer="gpt2", vocab_size=t.vocab_size, eot_token_id=t.eot_token_id, splits=splits)
             copy = w.staging / "tokenizer.json"
             shutil.copyfile(t.name, copy)
+            special = {}
+            if t.special_tokens:  # a model folder's declared tokens; a plain tokenizer.json (small vocab) has none
+                special = {"special_tokens": t.special_record(), "add_bos_token": t.add_bos_token}
             return w.finish(
                 tokenizer=f"tokenizers JSON from {t.name}", tokenizer_file=copy.name,
-                tokenizer_sha256=tok.file_sha256(copy), eot_token=t.eot_token, vocab_size=t.vocab_size,
+                tokenizer_sha256=tok.file_sha256(copy), eot_token=t.eot_token, **special, vocab_size=t.vocab_size,
                 eot_token_id=t.eot_token_id, splits=splits,
             )  # fmt: skip
     except Exception as err:

@@ -17,6 +17,7 @@ has been checked, so a corrupted or edited copy is refused rather than silently 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -39,6 +40,7 @@ EOT_TOKEN_ID = 50256  # <|endoftext|>, the last id
 GPT2_VOCAB_SIZE = 50257  # V: 50,000 merges + 256 byte tokens + <|endoftext|>
 EOT = "<|endoftext|>"
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+SPECIAL_ROLES = ("bos_token", "eos_token", "unk_token", "pad_token")  # transformers' names, the order recorded
 
 
 _RESTORE_HINT = (
@@ -119,7 +121,10 @@ class Tokenizer:
     """``encode(text) -> ids`` (no special tokens added), the end-of-text id and the vocabulary size.
 
     ``name`` is "gpt2" for OpenAI's BPE (tiktoken) or the path of a ``tokenizers`` JSON file; ``eot_token`` is the
-    end-of-text string (documents are separated by it in growlm token files).
+    end-of-text string (documents are separated by it in growlm token files). ``special_tokens`` are a model
+    folder's declared special tokens, ``(role, token, id)`` with role one of ``SPECIAL_ROLES`` (empty for GPT-2 and
+    a plain tokenizer.json without a beginning-of-sequence template); ``add_bos_token`` says whether the tokenizer
+    puts its bos token before each text (growlm-prepare then starts every document with it).
     """
 
     name: str
@@ -127,6 +132,23 @@ class Tokenizer:
     vocab_size: int
     _impl: Any
     eot_token: str = EOT
+    special_tokens: tuple[tuple[str, str, int], ...] = ()
+    add_bos_token: bool = False
+
+    def special(self, role: str) -> tuple[str, int] | None:
+        """``(token, id)`` of the special token ``role`` (``bos_token``, ``eos_token``, ``unk_token``, ``pad_token``)
+        when the tokenizer declares one, else None."""
+        return next(((t, i) for r, t, i in self.special_tokens if r == role), None)
+
+    @property
+    def bos_token_id(self) -> int | None:
+        """The id growlm-prepare puts before each document, or None when the tokenizer adds no bos token."""
+        bos = self.special("bos_token")
+        return bos[1] if self.add_bos_token and bos is not None else None
+
+    def special_record(self) -> dict[str, dict[str, Any]]:
+        """meta.json's ``special_tokens``: ``{role: {"token": str, "id": int}}`` for each declared role."""
+        return {r: {"token": t, "id": i} for r, t, i in self.special_tokens}
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; special-token strings in it are encoded as ordinary text."""
@@ -145,13 +167,29 @@ class Tokenizer:
         return self._impl.decode(list(ids))
 
     def tokenizers_json(self) -> str:
-        """This tokenizer as a ``tokenizers`` JSON document (what ``tokenizer.json`` holds)."""
-        return gpt2_tokenizers().to_str() if self.name == "gpt2" else self._impl.to_str()
+        """This tokenizer as a ``tokenizers`` JSON document (what ``tokenizer.json`` holds). A tokenizer that adds
+        its bos token (``add_bos_token``) without a post-processor of its own doing it gets the template
+        ``"<bos> $A"`` (what transformers builds from ``add_bos_token``), so that every reader of the file adds it."""
+        if self.name == "gpt2":
+            return gpt2_tokenizers().to_str()
+        bos = self.special("bos_token")
+        if not self.add_bos_token or bos is None or _template_bos(self._impl) is not None:
+            return self._impl.to_str()
+        from tokenizers import Tokenizer as HFTokenizer  # lazy: only for a trained BPE
+        from tokenizers import processors  # lazy: only for a trained BPE
+
+        impl = HFTokenizer.from_str(self._impl.to_str())
+        impl.post_processor = processors.TemplateProcessing(
+            single=f"{bos[0]}:0 $A:0", pair=f"{bos[0]}:0 $A:0 {bos[0]}:1 $B:1", special_tokens=[bos]
+        )
+        return impl.to_str()
 
     def save_hf(self, out_dir: str | Path, model_max_length: int) -> list[Path]:
         """Write ``HF_TOKENIZER_FILES`` into ``out_dir`` (atomically each, the umask's modes), the form
         ``transformers.AutoTokenizer.from_pretrained(out_dir)`` loads without a download: a
-        ``PreTrainedTokenizerFast`` whose bos/eos/unk token is ``eot_token``.
+        ``PreTrainedTokenizerFast`` whose bos/eos/unk (and pad) tokens are the declared ``special_tokens``, each
+        role without one ``eot_token`` (so GPT-2's are all ``<|endoftext|>``); tokenizer.json is
+        ``tokenizers_json()``, whose post-processor puts the bos token first exactly when ``add_bos_token``.
 
         Args:
             out_dir: an existing folder (usually the temporary folder of an export).
@@ -162,7 +200,7 @@ class Tokenizer:
         """
 
         out_dir = Path(out_dir)
-        special = {"bos_token": self.eot_token, "eos_token": self.eot_token, "unk_token": self.eot_token}
+        special = {r: self.eot_token for r in SPECIAL_ROLES[:3]} | {r: t for r, t, _ in self.special_tokens}
         config = {
             "tokenizer_class": "PreTrainedTokenizerFast",
             **special,
@@ -230,7 +268,21 @@ def from_file(path: str | Path, eot: str = EOT) -> Tokenizer:
     if eot_id is None:
         raise TokenizerError(f"{path} has no {eot!r} token; documents are separated by it in growlm token files")
     tok.encode_special_tokens = True  # "<|endoftext|>" in a text is text (tiktoken's encode_ordinary does the same)
-    return Tokenizer(str(path), eot_id, tok.get_vocab_size(), tok, eot)
+    bos = _template_bos(tok)
+    special = (("bos_token", tok.id_to_token(bos), bos), ("eos_token", eot, eot_id)) if bos is not None else ()
+    return Tokenizer(str(path), eot_id, tok.get_vocab_size(), tok, eot, special, bos is not None)
+
+
+_PROBE = "growlm probe: the quick brown fox."
+
+
+def _template_bos(impl: Any) -> int | None:
+    """The id a ``tokenizers.Tokenizer``'s post-processor puts before a single text (a ``TemplateProcessing`` such as
+    ``"<s> $A"``, as Llama and TinyLlama ship), or None when it adds nothing in front. Found by encoding a probe
+    text with and without special tokens."""
+    plain = impl.encode(_PROBE, add_special_tokens=False).ids
+    full = impl.encode(_PROBE, add_special_tokens=True).ids
+    return full[0] if len(full) > len(plain) and full[1 : 1 + len(plain)] == plain else None
 
 
 def from_data_dir(data_dir: str | Path) -> Tokenizer:
@@ -255,10 +307,32 @@ def from_data_dir(data_dir: str | Path) -> Tokenizer:
                 f"{path} has sha256 {file_sha256(path)[:12]}..., but {meta_path} records {want[:12]}... (the file the "
                 "folder was tokenized with): it was changed since; prepare the folder again"
             )
-        return from_file(path, meta.get("eot_token") or EOT)
+        return _with_recorded_specials(from_file(path, meta.get("eot_token") or EOT), meta, meta_path)
     if meta.get("tokenizer") == "gpt2":
         return gpt2()
     raise TokenizerError(f"{meta_path}: unknown tokenizer {meta.get('tokenizer')!r}; pass --tokenizer")
+
+
+def _with_recorded_specials(t: Tokenizer, meta: dict, meta_path: Path) -> Tokenizer:
+    """``t`` with the special tokens and ``add_bos_token`` a token folder's meta.json records (none and False when
+    it records none: a folder prepared before they were recorded has no bos before its documents).
+
+    Raises:
+        TokenizerError: a recorded token is not in the tokenizer at its recorded id.
+    """
+    record = meta.get("special_tokens") or {}
+    special = []
+    for role in SPECIAL_ROLES:
+        if role not in record:
+            continue
+        token, want = record[role].get("token"), record[role].get("id")
+        if not isinstance(token, str) or t._impl.token_to_id(token) != want:
+            raise TokenizerError(f"{meta_path}: special_tokens.{role} {record[role]!r} is not a token of {t.name}")
+        special.append((role, token, want))
+    add_bos = bool(meta.get("add_bos_token", False))
+    if add_bos and not any(r == "bos_token" for r, _, _ in special):
+        raise TokenizerError(f"{meta_path}: add_bos_token is true but no special_tokens.bos_token is recorded")
+    return dataclasses.replace(t, special_tokens=tuple(special), add_bos_token=add_bos)
 
 
 def file_sha256(path: str | Path) -> str:
@@ -291,27 +365,79 @@ def from_run_data(data_dir: str | None, train_sha256: str | None) -> Tokenizer:
 
 
 def from_hf_dir(path: str | Path) -> Tokenizer | None:
-    """The tokenizer of a ``transformers`` model folder (its tokenizer.json, end-of-text token from
-    tokenizer_config.json / special_tokens_map.json ``eos_token``, else ``<|endoftext|>``), or None if the folder
-    has no tokenizer.json.
+    """The tokenizer of a ``transformers`` model folder, or None if the folder has no tokenizer.json: its
+    tokenizer.json, with the folder's special tokens (``_hf_declared``: bos, unk and pad as the folder names them,
+    a bos only its tokenizer.json's template names taken from there) and ``add_bos_token``: whether tokenizer.json's
+    post-processor puts a token first (a template such as ``"<s> $A"``: transformers' fast tokenizers apply it
+    whatever tokenizer_config.json says), and only when tokenizer.json has no post-processor at all,
+    tokenizer_config.json's ``add_bos_token`` (transformers builds the template from it then); the end-of-text token
+    (and eos) is tokenizer_config.json's or special_tokens_map.json's ``eos_token``, else ``<|endoftext|>``.
 
     Raises:
-        TokenizerError: tokenizer.json is invalid or lacks the end-of-text token.
+        TokenizerError: tokenizer.json is invalid or lacks the end-of-text token; tokenizer_config.json or
+            special_tokens_map.json names a bos token it lacks; the folder asks for a bos token (``add_bos_token``)
+            without naming one, or its template puts another token first than the bos token it names.
     """
     path = Path(path)
     if not (path / HF_TOKENIZER_FILES[0]).is_file():
         return None
-    eot = EOT
-    for name in HF_TOKENIZER_FILES[1:]:
-        try:
-            eos = json.loads((path / name).read_text(encoding="utf-8")).get("eos_token")
-        except (OSError, ValueError, AttributeError):
+    declared, add_bos = _hf_declared(path)
+    eos = declared.get("eos_token")
+    t = from_file(path / HF_TOKENIZER_FILES[0], eos if isinstance(eos, str) else EOT)
+    special = []
+    for role in SPECIAL_ROLES:
+        got = t.eot_token if role == "eos_token" else declared.get(role)  # the eos is what ends each document
+        if got is None and role == "bos_token" and t.special("bos_token") is not None:
+            got = t.special("bos_token")[0]  # the template's, when no file names one
+        if got is None:
             continue
-        eos = eos.get("content") if isinstance(eos, dict) else eos
-        if isinstance(eos, str) and eos:
-            eot = eos
-            break
-    return from_file(path / HF_TOKENIZER_FILES[0], eot)
+        if isinstance(got, int):  # only config.json names it, by id (a model-side number, possibly stale)
+            got = t._impl.id_to_token(got)
+            if got is None:
+                continue  # not an id of tokenizer.json: nothing to record
+        tid = t._impl.token_to_id(got)
+        if tid is None:
+            if role in ("unk_token", "pad_token"):
+                continue  # transformers would add it as a new token; growlm's data never holds it
+            raise TokenizerError(f"{path}: the {role} {got!r} is not a token of tokenizer.json")
+        special.append((role, got, tid))
+    template = _template_bos(t._impl)
+    if add_bos is None or t._impl.post_processor is not None:
+        add_bos = template is not None  # a post-processor of its own is what transformers' fast tokenizer applies
+    bos = next((i for r, _, i in special if r == "bos_token"), None)
+    if add_bos and bos is None:
+        raise TokenizerError(f"{path}: tokenizer_config.json sets add_bos_token but names no bos_token")
+    if add_bos and template is not None and template != bos:
+        raise TokenizerError(
+            f"{path}: tokenizer.json's template puts id {template} first but the folder's bos_token is id {bos}"
+        )
+    return dataclasses.replace(t, special_tokens=tuple(special), add_bos_token=add_bos)
+
+
+def _hf_declared(path: Path) -> tuple[dict[str, str | int], bool | None]:
+    """A model folder's declared special tokens, ``{role: token string}`` from tokenizer_config.json, else
+    special_tokens_map.json, else ``{role: id}`` from config.json's ``bos_token_id`` / ``eos_token_id`` /
+    ``pad_token_id``; and tokenizer_config.json's ``add_bos_token`` (None when it does not say). Unreadable or
+    missing files count as saying nothing."""
+    found: dict[str, str | int] = {}
+    add_bos = None
+    for name in (*HF_TOKENIZER_FILES[1:], "config.json"):
+        try:
+            data = json.loads((path / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        if name == HF_TOKENIZER_FILES[1] and isinstance(data.get("add_bos_token"), bool):
+            add_bos = data["add_bos_token"]
+        for role in SPECIAL_ROLES:
+            if role in found:
+                continue
+            value = data.get(f"{role}_id") if name == "config.json" else data.get(role)
+            value = value.get("content") if isinstance(value, dict) else value
+            if (isinstance(value, str) and value) or (isinstance(value, int) and not isinstance(value, bool)):
+                found[role] = value
+    return found, add_bos
 
 
 def resolve(spec: str | None, default: Tokenizer | None = None) -> Tokenizer:

@@ -3,8 +3,13 @@
 Each .bin is a flat little-endian uint16 array of token ids (np.memmap(path, dtype=np.uint16, mode="r")).
 meta.json:
     {"format": "growlm-tokens-v1", "dtype": "uint16", "tokenizer": "gpt2" | a description, "vocab_size": V,
-     "eot_token_id": id, ["tokenizer_file": "tokenizer.json",] "splits": {"train": {"file": "train.bin",
-     "n_tokens": N, "n_documents": D, "sources": [...], "sha256": <of train.bin>}, "val": {...}}}
+     "eot_token_id": id, ["tokenizer_file": "tokenizer.json", "tokenizer_sha256": hex, "eot_token": str,]
+     ["special_tokens": {"bos_token": {"token": "<s>", "id": 1}, "eos_token": ..., "unk_token": ..., "pad_token": ...},
+     "add_bos_token": bool,] "splits": {"train": {"file": "train.bin", "n_tokens": N, "n_documents": D,
+     "sources": [...], "sha256": <of train.bin>}, "val": {...}}}
+``special_tokens`` (a model folder's declared special tokens) and ``add_bos_token`` (every document starts with
+the bos token) are written by growlm-prepare --tokenizer for a tokenizer that declares them; a folder without them
+has no bos before its documents.
 
 ``TokenFolderWriter`` is used by growlm-prepare (data/prepare.py) and the small-vocabulary builder
 (data/small_vocab.py): everything goes into a temporary sibling of out_dir that is renamed into place only when

@@ -11,8 +11,9 @@ say (no folder recorded, the folder gone or rebuilt), the export is refused with
 
 The weights are the fp32 masters of any ZeRO stage 1-3 checkpoint at any world size (growth.offline.weights, the one
 checkpoint-weights reader); the transformers naming and layout are model.hf's (GPT-2) and model.llama_hf's (Llama). The
-tokenizer's end-of-text id is written as the config's bos_token_id and eos_token_id (for a Llama whose tokenizer came
-from a model folder, e.g. ``</s>``; growlm training documents carry no separate beginning-of-text token).
+tokenizer's end-of-text id is written as the config's (and generation config's) eos_token_id; its bos_token_id is the
+bos token the token folder records (growlm-prepare --tokenizer of a model folder, e.g. TinyLlama's ``<s>``), else the
+end-of-text id too (GPT-2 BPE and small-vocabulary data). The tokenizer files name the same bos/eos/unk tokens.
 """
 
 from __future__ import annotations
@@ -110,16 +111,20 @@ def export_hf(
     return out
 
 
-def to_transformers(model: Any, eot_token_id: int) -> Any:
+def to_transformers(model: Any, eot_token_id: int, bos_token_id: int | None = None) -> Any:
     """The transformers model of ``model``'s family holding its fp32 weights: ``GPT2LMHeadModel`` (model.hf.to_hf)
-    or ``LlamaForCausalLM`` (model.llama_hf.to_hf), with ``eot_token_id`` as bos and eos token id.
+    or ``LlamaForCausalLM`` (model.llama_hf.to_hf), with ``eot_token_id`` as eos token id and ``bos_token_id`` (None:
+    ``eot_token_id``) as bos token id, in its config and generation config.
 
     Raises:
         ValueError: the model still carries growth masks.
     """
+    bos = eot_token_id if bos_token_id is None else bos_token_id
     if model.config.arch == "llama":
-        return llama_hf.to_hf(model, bos_token_id=eot_token_id, eos_token_id=eot_token_id)
-    return gpt2_hf.to_hf(model, eot_token_id)
+        return llama_hf.to_hf(model, bos_token_id=bos, eos_token_id=eot_token_id)
+    hf = gpt2_hf.to_hf(model, eot_token_id)
+    hf.config.bos_token_id = hf.generation_config.bos_token_id = bos
+    return hf
 
 
 def _write(src: Source, out: Path, t: tok.Tokenizer, overwrite: bool) -> None:
@@ -127,7 +132,8 @@ def _write(src: Source, out: Path, t: tok.Tokenizer, overwrite: bool) -> None:
     step = src.state.global_step
     with atomic_dir(out, overwrite=overwrite) as tmp:
         model = fp32_model(src)  # masks done ramping (checked above): a plain GPT-2 or Llama
-        hf = to_transformers(model, t.eot_token_id)
+        bos = t.special("bos_token")  # the token folder's record (a model folder's bos), else end-of-text
+        hf = to_transformers(model, t.eot_token_id, None if bos is None else bos[1])
         hf.save_pretrained(str(tmp), safe_serialization=True)
         if model.config.arch == "llama":  # transformers 4 reads the rotary base only from a top-level rope_theta
             cfg_json = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
