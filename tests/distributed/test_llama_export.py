@@ -40,9 +40,10 @@ ODD_SHAPE = {"rope_theta": 5e5, "head_dim": 32}  # not the defaults: head_dim !=
     ("tied", "template", "nproc", "over"), [(False, "zero2_fp32", 1, ODD_SHAPE), (True, "zero3_fp32", 2, {})]
 )
 def test_export_is_a_llama_folder_with_growlms_logits_and_the_tokenizer(tmp_path, tied, template, nproc, over):
-    """... and its config.json carries the rotary base both where transformers 4 reads it (top-level rope_theta) and
-    where transformers 5 does (rope_parameters), and head_dim: the export of a Llama with rope_theta 5e5 and head_dim
-    32 (n_embd 64, n_head 4) loads with the checkpoint's logits from either key alone."""
+    """The export loads as a LlamaForCausalLM with the checkpoint's logits and the folder's tokenizer, and its
+    config.json carries the rotary base both where transformers 4 reads it (top-level rope_theta) and where
+    transformers 5 does (rope_parameters), and head_dim: the export of a Llama with rope_theta 5e5 and head_dim 32
+    (n_embd 64, n_head 4) loads with the checkpoint's logits from either key alone."""
     from safetensors import safe_open
     from transformers import AutoTokenizer, LlamaForCausalLM
 
