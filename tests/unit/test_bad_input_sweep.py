@@ -82,8 +82,10 @@ SWEEP: dict[str, list[str]] = {
         "unit/test_llama_init_from_unit.py::test_a_tokenizer_larger_than_the_vocabulary_is_refused",
         "unit/test_llama_eval_load.py::test_growlm_eval_refuses_what_it_cannot_score_exactly",
     ],
-    "growlm-prepare --tokenizer: no --out, a folder without tokenizer.json, a damaged one, more ids than uint16": [
+    "growlm-prepare --tokenizer: no --out, a folder without tokenizer.json, a damaged one, more ids than uint16, a bos "
+    "token the tokenizer lacks": [
         "unit/test_prepare_model_tokenizer.py::test_tokenizers_that_cannot_make_a_token_folder_are_refused",
+        "unit/test_prepare_bos.py::test_a_folder_asking_for_a_bos_it_does_not_have_is_refused",
     ],
     "Llama-only shape flags (--n_kv_head, --head_dim, --rope_theta, --rms_norm_eps, --tie_word_embeddings, "
     "--untie_word_embeddings) with a GPT-2 preset or checkpoint, and Llama shapes that cannot be built": [
