@@ -151,6 +151,11 @@ class LlamaConfig:
                 f"the same number of query heads: choose n_kv_head among "
                 f"{[k for k in range(1, self.n_head + 1) if self.n_head % k == 0]}"
             )
+        for name in ("rope_theta", "rms_norm_eps", "dropout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                hint = " (YAML reads a number such as 5e5 without a decimal point as text: write 5.0e+5)"
+                raise ValueError(f"{name}={value!r} must be a number" + (hint if isinstance(value, str) else ""))
         if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
             raise ValueError(f"rope_theta={self.rope_theta} and rms_norm_eps={self.rms_norm_eps} must be positive")
         if not 0.0 <= self.dropout < 1.0:

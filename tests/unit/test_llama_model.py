@@ -96,6 +96,10 @@ def test_config_round_trip_and_refusals():
         LlamaConfig(n_embd=64, n_head=8, n_kv_head=3)
     with pytest.raises(ValueError, match="head_dim=15 must be even"):
         LlamaConfig(n_embd=60, n_head=4, n_kv_head=2)
+    with pytest.raises(ValueError, match=r"rope_theta='5e5' must be a number \(YAML reads .* write 5.0e\+5\)"):
+        LlamaConfig(rope_theta="5e5")  # what a plan file's 5e5 arrives as
+    with pytest.raises(ValueError, match="rms_norm_eps=True must be a number"):
+        LlamaConfig(rms_norm_eps=True)
     with pytest.raises(ValueError, match="unknown model arch 'mamba'"):
         config_from_dict({"arch": "mamba"})
     with pytest.raises(ValueError, match=r"unknown LlamaConfig fields \['n_kv_heads'\] for preset 'llama-tiny'"):
