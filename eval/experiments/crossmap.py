@@ -217,7 +217,7 @@ def summarize(s: Settings, m: MapSettings, done: Mapping[str, dict], train_windo
                 "loss_second_seed": _round(st.loss.get(m.second_seed, {}).get(size, {}).get(b)),
                 "lr": sp.lr,
                 "epochs": float(f"{epochs(s, sp, train_windows):.4g}"),
-                "wall_s": round(rec["wall_s"], 1),
+                "wall_s": round(rec["wall_s"], 3),
             }
         sizes[size] = {"params": param_count(s.config(size)), "shape": list(s.sizes[size]),
                        "lr": {f"{k:g}": v for k, v in st.lr[size].items()}, "points": pts}  # fmt: skip
