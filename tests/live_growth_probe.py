@@ -56,9 +56,11 @@ if family == "llama-masked":  # every dimension at once: width to no multiple, h
     new_cfg = replace(old_cfg, n_layer=2, n_embd=48, n_head=4, n_kv_head=2, n_inner=100)
     plan = make_rules(old_cfg, new_cfg, "masked", seed=3, ramp_steps=3)
     policy = OptimizerPolicy(moments="carry", fresh_exp_avg_sq="mean")
-elif family.startswith("llama-duplicate"):  # exact: width x2 (4 heads, 2 kv), then heads 6 (3 kv), FFN, depth x2
-    new_cfg = replace(old_cfg, n_layer=2, n_embd=64, n_head=6, n_kv_head=3, n_inner=160)
-    plan = make_rules(old_cfg, new_cfg, "duplicate")
+elif family.startswith("llama-duplicate"):  # exact: width x2 (4 heads, 2 kv), then heads 8 over the same 2 kv heads
+    # (4 query heads per key/value head where there were 2: new heads join the old groups), FFN, depth x2; the
+    # copies' symmetry broken by zero-sum noise (exact at growth)
+    new_cfg = replace(old_cfg, n_layer=2, n_embd=64, n_head=8, n_kv_head=2, n_inner=160)
+    plan = make_rules(old_cfg, new_cfg, "duplicate", symmetry="noise", seed=3)
     policy = OptimizerPolicy(moments="carry")
 elif family == "masked":  # every dimension at once, FFN to a size that is no multiple of the old one
     new_cfg = GPTConfig(n_layer=2, n_embd=48, n_head=3, n_inner=160, n_positions=16, vocab_size=97)

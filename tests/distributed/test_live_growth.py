@@ -27,11 +27,13 @@ SCENARIOS = [
     # the GPU variants' settings (DeepSpeed's buckets; at ZeRO-3 small parameters persist whole on every rank)
     ("gpu/zero2_fp32", "duplicate"),
     ("gpu/zero3_fp32", "masked"),
-    # the Llama family: one exact growth of every dimension at once per ZeRO stage (width x2, heads and key/value
-    # heads, FFN, depth; ZeRO-1 with tied embeddings), and the masked family likewise at every ZeRO stage
+    # the Llama family: one exact growth of every dimension at once per ZeRO stage (width x2, more query heads per
+    # key/value head, FFN, depth, symmetry noise; tied embeddings at ZeRO-1 and 3), and the masked family likewise
+    # at every ZeRO stage
     ("zero1_fp32", "llama-duplicate-tied"),
     ("zero2_fp32", "llama-duplicate"),
     ("zero3_fp32", "llama-duplicate"),
+    ("zero3_fp32", "llama-duplicate-tied"),
     ("zero1_fp32", "llama-masked"),
     ("zero2_fp32", "llama-masked"),
     ("zero3_fp32", "llama-masked"),
