@@ -192,12 +192,26 @@ def keep_freed_memory() -> bool:
         return False
 
 
+def rank_threads() -> int:
+    """This rank's share of the node's cores for torch's CPU threads: the cores this process may run on
+    (``os.sched_getaffinity``, else ``os.cpu_count``) divided by the ranks on this node (LOCAL_WORLD_SIZE, else
+    WORLD_SIZE), at least 1."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+    return max(1, cores // max(1, ranks_here))
+
+
 def init_distributed(timeout_s: float = 300.0) -> DistInfo:
     """Initialise the default process group (NCCL on CUDA, gloo or oneCCL on CPU) and return where we are.
 
     Works without a launcher too (a single process, world size 1, on 127.0.0.1). With ``GROWLM_STRICT_COLLECTIVES=1``
-    in the environment it turns on ``runtime.collectives``' strict mode (for tests). On a CPU, torch threads are set to
-    cores / ranks-on-this-node unless OMP_NUM_THREADS is set (oversubscribed threads make CPU steps erratic), and
+    in the environment it turns on ``runtime.collectives``' strict mode (for tests). Torch's CPU threads are set to
+    this rank's share of the node's cores (``rank_threads``) unless OMP_NUM_THREADS is set: on a CPU run they do the
+    training (oversubscribed threads make steps erratic); on a GPU node they do a live growth's expansion of the
+    gathered tensors and the data work, which 8 ranks with every core each would oversubscribe 8 times. On a CPU
     malloc keeps freed memory (``keep_freed_memory``). A rank started by a launcher watches it from then on and is
     told when it is gone (``runtime.processes.watch_launchers``, ``runtime.stop.launcher_gone``).
 
@@ -220,9 +234,8 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
         os.environ.setdefault("MASTER_PORT", str(free_port()))
     check_launch_env(accelerator)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if accelerator == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_here))
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(rank_threads())
     if accelerator == "cpu":
         keep_freed_memory()
 

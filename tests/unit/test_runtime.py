@@ -299,3 +299,21 @@ def test_deepspeed_builds_no_shm_comm_op_once_growlm_skips_it(monkeypatch):
     assert skip_shm_comm_op()
     assert deepspeed.ops.__compatible_ops__[SHM_COMM_OP] is False
     assert build_shm_op() is None
+
+
+def test_each_rank_gets_its_share_of_the_nodes_cores_on_any_accelerator(monkeypatch):
+    from growlm.runtime import dist
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # an 8-GPU node: 2 threads each for growth's CPU work
+    assert dist.rank_threads() == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "32")  # more ranks than cores: still one thread
+    assert dist.rank_threads() == 1
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    monkeypatch.setenv("WORLD_SIZE", "4")  # a launcher that names no local world size
+    assert dist.rank_threads() == 4
+    # the setting is made for every accelerator, not only the CPU (read from the source, not by starting a group)
+    import inspect
+
+    src = inspect.getsource(dist.init_distributed)
+    assert 'if "OMP_NUM_THREADS" not in os.environ:\n        torch.set_num_threads(rank_threads())' in src
