@@ -37,6 +37,8 @@ SCENARIOS = [
     ("zero1_fp32", "llama-masked"),
     ("zero2_fp32", "llama-masked"),
     ("zero3_fp32", "llama-masked"),
+    ("zero0_bf16", "llama-masked"),  # the Llama in bf16, at ZeRO-0 and ZeRO-3
+    ("zero3_bf16", "llama-duplicate"),
 ]
 
 
@@ -80,11 +82,12 @@ def test_live_growth_carries_the_whole_training_state(tmp_path, template, family
     assert set(d["build_seconds"]) == {"module", "zero3_partition", "optimizer", "engine_other", "adam_state"}
 
 
-def test_fp16_loss_scaler_is_carried(tmp_path):
+@pytest.mark.parametrize("family", ["duplicate", "llama-duplicate"])
+def test_fp16_loss_scaler_is_carried(tmp_path, family):
     # On a CPU with AVX512-FP16 / AMX-FP16 this is real fp16. On one without, DeepSpeed refuses fp16 at
     # initialize; the probe then lifts only that device check, so ZeRO-2's fp16 path (dynamic loss scaler) still
     # runs on the same kernels PyTorch has for fp16 on every x86 CPU.
-    d = probe(tmp_path, "zero2_fp16", "duplicate", *([] if fp16_supported() else ["--force-cpu-fp16"]))
+    d = probe(tmp_path, "zero2_fp16", family, *([] if fp16_supported() else ["--force-cpu-fp16"]))
     assert d["fp16_supported_natively"] == fp16_supported()
     assert d["scaler_before"]["cur_scale"] is not None
     assert d["scaler_after"] == d["scaler_before"]
