@@ -107,6 +107,7 @@ def worker(args: argparse.Namespace) -> None:
     rec["resume_read_bytes"] = rec["open_read_bytes"] + rec["verify_read_bytes"] + rec["load_read_bytes"]
     if args.damage is not None:  # test only: one byte of that rank's optimizer shard changed, every rank refuses
         victim = next(f for f in sizes if checkpoint.file_rank(f) == args.damage and "optim" in f)
+        collectives.barrier()  # every rank is done reading the whole checkpoint (old_verify) before one is damaged
         if info.rank == 0:
             with open(final / victim, "r+b") as f:
                 f.seek(sizes[victim] // 2)
