@@ -20,7 +20,7 @@ from growlm.growth.ops.common import check_same_arch
 from growlm.growth.ops.depth import depth_growth
 from growlm.growth.ops.llama import llama_duplicate_growth, llama_masked_growth
 from growlm.growth.ops.masked import masked_growth
-from growlm.growth.ops.rules import RuleSet, compose
+from growlm.growth.ops.rules import RuleSet, chain
 from growlm.growth.ops.width import check_width_target, ffn_growth, width_growth
 from growlm.model.config import ModelConfig
 
@@ -79,10 +79,4 @@ def make_rules(old: ModelConfig, new: ModelConfig, family: str, **options: Any) 
                 cfg, new.n_layer, order=options.get("layer_order", "interleave"), exact=options.get("exact", True)
             )
         )
-    if not plans:
-        raise GrowthError(f"nothing grows: target {new.shape_str()} equals the current shape; change the target")
-    plan = plans[0]
-    for p in plans[1:]:
-        plan = compose(plan, p)
-    # carry the target's non-shape fields (dropout, eps, and n_inner=None vs explicit) exactly as asked
-    return RuleSet(old=plan.old, new=new, rules=plan.rules, family=plan.family, exact=plan.exact, notes=plan.notes)
+    return chain(plans, new)

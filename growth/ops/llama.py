@@ -24,7 +24,7 @@ from growlm.growth.ops.rules import (
     Map,
     Rule,
     RuleSet,
-    compose,
+    chain,
     identity,
     kron_map,
     leading_block,
@@ -519,12 +519,7 @@ def llama_duplicate_growth(old: LlamaConfig, new: LlamaConfig, **options: Any) -
                 cfg, new.n_layer, order=options.get("layer_order", "interleave"), exact=options.get("exact", True)
             )
         )
-    if not plans:
-        raise GrowthError(f"nothing grows: target {new.shape_str()} equals the current shape; change the target")
-    plan = plans[0]
-    for p in plans[1:]:
-        plan = compose(plan, p)
-    return RuleSet(old=plan.old, new=new, rules=plan.rules, family=plan.family, exact=plan.exact, notes=plan.notes)
+    return chain(plans, new)
 
 
 # ----- masked family -----------------------------------------------------------------------------------------------

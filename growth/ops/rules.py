@@ -193,6 +193,21 @@ def compose(first: RuleSet, second: RuleSet) -> RuleSet:
     )
 
 
+def chain(plans: list[RuleSet], new: ModelConfig) -> RuleSet:
+    """The growth that applies ``plans`` in turn (``compose``), ending at ``new`` exactly as asked: its non-shape
+    fields (dropout, eps, and GPT-2's n_inner=None against an explicit value) are the target's, not the last step's.
+
+    Raises:
+        GrowthError: no step (nothing grows), or steps that do not chain.
+    """
+    if not plans:
+        raise GrowthError(f"nothing grows: target {new.shape_str()} equals the current shape; change the target")
+    plan = plans[0]
+    for p in plans[1:]:
+        plan = compose(plan, p)
+    return RuleSet(old=plan.old, new=new, rules=plan.rules, family=plan.family, exact=plan.exact, notes=plan.notes)
+
+
 def check_rules(plan: RuleSet) -> None:
     """Check, on meta tensors (no memory, no data), that the plan reads only existing old parameters and produces
     every parameter of the grown model with the right shape, for weights and both moments.
