@@ -24,6 +24,20 @@ zero_entry_v.elementwise = True  # a rank maps its own ZeRO-3 shard (growth.live
 ZEROED_IN_EXACT = ("attn.c_proj.weight", "attn.c_proj.bias", "mlp.c_proj.weight", "mlp.c_proj.bias")
 
 
+def block_copy_rule(name: str, source: str, is_copy: bool, *, zeroed: bool) -> Rule:
+    """The Rule of block parameter ``name`` of a depth growth, read from ``source`` (the old block's parameter):
+    an old block's parameter stays as it is; a new block's copies its source, or, ``zeroed`` (an exact copy's output
+    projection), is zero with exp_avg 0 and the source's exp_avg_sq / ZERO_ENTRY_UPDATE^2 (``zero_entry_v``). A new
+    block's "carry old" placement is zeros. Shared by both families' depth operators."""
+    return Rule(
+        weight=zeros if zeroed else identity,
+        exp_avg=zeros if zeroed else identity,
+        exp_avg_sq=zero_entry_v if zeroed else identity,
+        source=source if source != name else None,
+        place=zeros if is_copy else identity,
+    )
+
+
 def depth_growth(old: GPTConfig, n_layer: int, *, order: str = "interleave", exact: bool = True) -> RuleSet:
     """n_layer L -> L' (any L' > L): each new block is a copy of an old block (``Rule.source``), placed by ``order``
     (see ops.common.layer_map: 'interleave' L0 L0' L1 L1' ..., 'stack' L0..L(n-1) L0 L1 ...).
@@ -49,14 +63,7 @@ def depth_growth(old: GPTConfig, n_layer: int, *, order: str = "interleave", exa
     for i, (src, is_copy) in enumerate(layer_map(old.n_layer, n_layer, order)):
         for s in BLOCK_PARAMS:
             name, source = f"transformer.h.{i}.{s}", f"transformer.h.{src}.{s}"
-            zero = is_copy and exact and s in ZEROED_IN_EXACT
-            rules[name] = Rule(
-                weight=zeros if zero else identity,
-                exp_avg=zeros if zero else identity,
-                exp_avg_sq=zero_entry_v if zero else identity,
-                source=source if source != name else None,
-                place=zeros if is_copy else identity,
-            )
+            rules[name] = block_copy_rule(name, source, is_copy, zeroed=is_copy and exact and s in ZEROED_IN_EXACT)
     for name in (
         "transformer.wte.weight",
         "transformer.wpe.weight",

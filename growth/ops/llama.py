@@ -18,7 +18,7 @@ from torch import Tensor
 
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops.common import LLAMA_BLOCK_PARAMS, check_no_shrink, layer_map
-from growlm.growth.ops.depth import zero_entry_v
+from growlm.growth.ops.depth import block_copy_rule
 from growlm.growth.ops.masked import NEW_LAYER_INITS, _embed, _ramp
 from growlm.growth.ops.rules import (
     Map,
@@ -31,7 +31,6 @@ from growlm.growth.ops.rules import (
     param_shapes,
     repeat_last,
     seeded_normal,
-    zeros,
 )
 from growlm.growth.ops.width import SYMMETRIES, ZERO_ENTRY_UPDATE, moment_patterns, replica_map, width_pattern
 from growlm.growth.ops.width import zero_sum_noise as conv_zero_sum_noise
@@ -441,14 +440,7 @@ def llama_depth_growth(old: LlamaConfig, n_layer: int, *, order: str = "interlea
     for i, (src, is_copy) in enumerate(layer_map(old.n_layer, n_layer, order)):
         for s in LLAMA_BLOCK_PARAMS:
             name, source = block_name(i, s), block_name(src, s)
-            zero = is_copy and exact and s in ZEROED_IN_EXACT
-            rules[name] = Rule(
-                weight=zeros if zero else identity,
-                exp_avg=zeros if zero else identity,
-                exp_avg_sq=zero_entry_v if zero else identity,
-                source=source if source != name else None,
-                place=zeros if is_copy else identity,
-            )
+            rules[name] = block_copy_rule(name, source, is_copy, zeroed=is_copy and exact and s in ZEROED_IN_EXACT)
     rules.update(_same_names(old, rules))
     notes = () if exact else ("depth plain copy (G_stack-style): not function-preserving",)
     return RuleSet(old=old, new=new, rules=rules, family="duplicate", exact=exact, notes=notes)
