@@ -13,8 +13,12 @@ parameters, exp_avg, exp_avg_sq), 16 Psi in all; the stages partition them (Fig.
     ZeRO-0: (2 + 2 + K) Psi     ZeRO-1 (P_os): (2 + 2) Psi + K Psi / N_d
     ZeRO-2 (P_os+g): 2 Psi + (2 + K) Psi / N_d     ZeRO-3 (P_os+g+p): (2 + 2 + K) Psi / N_d
 
-In fp32 there is no separate master copy: 4 Psi parameters, 4 Psi gradients and K = 8 (exp_avg, exp_avg_sq),
-16 bytes per parameter at ZeRO-0 as well, partitioned the same way.
+In fp32 at ZeRO-0 the master copy is the parameter itself: 4 Psi parameters, 4 Psi gradients and K = 8 (exp_avg,
+exp_avg_sq), 16 bytes per parameter. DeepSpeed's ZeRO optimizers keep a separate fp32 partition for Adam in fp32 too
+(ZeRO-1/2 ``single_partition_of_fp32_groups``, ZeRO-3 ``fp32_partitioned_groups_flat``: each its own storage beside
+the working partition), so at stages 1-3 K = 12 as in mixed precision, 20 bytes per parameter unpartitioned:
+ZeRO-2 fp32 holds 4 Psi + 16 Psi / N_d, ZeRO-3 fp32 20 Psi / N_d (eval/bench/growth_scaling.py measured the
+difference: a rank's resident memory follows 20 bytes per parameter, not 16).
 """
 
 from __future__ import annotations
@@ -28,7 +32,17 @@ import torch
 
 # bytes per parameter: (parameters, gradients, optimizer state K)
 BYTES_PER_PARAM = {"fp32": (4, 4, 8), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}
+FP32_SEPARATE_MASTER_STAGES = (1, 2, 3)  # DeepSpeed's ZeRO optimizers keep their own fp32 partition in fp32 too
 GIB = 1024**3
+
+
+def bytes_per_param(zero_stage: int, precision: str) -> tuple[int, int, int]:
+    """(parameters, gradients, optimizer state K) bytes per parameter of a DeepSpeed engine at ``zero_stage`` in
+    ``precision`` (module docstring: ``BYTES_PER_PARAM``, with K = 12 for fp32 at ZeRO-1/2/3)."""
+    p, g, k = BYTES_PER_PARAM[precision]
+    if precision == "fp32" and zero_stage in FP32_SEPARATE_MASTER_STAGES:
+        k += 4
+    return p, g, k
 
 
 def model_state_split(n_params: int, zero_stage: int, precision: str, world_size: int) -> tuple[float, float]:
@@ -39,7 +53,7 @@ def model_state_split(n_params: int, zero_stage: int, precision: str, world_size
         ValueError: as ``model_state_bytes``.
     """
     check_state_args(zero_stage, precision, world_size)
-    p, g, k = BYTES_PER_PARAM[precision]
+    p, g, k = bytes_per_param(zero_stage, precision)
     pg = (p + g) / world_size if zero_stage == 3 else p + (g / world_size if zero_stage == 2 else g)
     opt = k / world_size if zero_stage >= 1 else k
     return n_params * pg, n_params * opt
@@ -67,7 +81,7 @@ def model_state_bytes(n_params: int, zero_stage: int, precision: str, world_size
         ValueError: an unknown precision or ZeRO stage, or world_size < 1.
     """
     check_state_args(zero_stage, precision, world_size)
-    p, g, k = BYTES_PER_PARAM[precision]
+    p, g, k = bytes_per_param(zero_stage, precision)
     replicated, partitioned = {0: (p + g + k, 0), 1: (p + g, k), 2: (p, g + k), 3: (0, p + g + k)}[zero_stage]
     return n_params * (replicated + partitioned / world_size)
 
@@ -79,9 +93,10 @@ collectives few (a 62M-parameter model takes about 12) while the working set sta
 
 
 def growth_working_set_bytes(largest_old: int, largest_new: int, bucket_bytes: int = GATHER_BUCKET_BYTES) -> int:
-    """Host bytes a rank's live growth holds besides the two engines (growth.live.transfer, "Working set"): the
-    bucket's packed shards received and its assembled full fp32 tensors, each about max(bucket_bytes, 12 x the largest
-    old parameter's numel), and one grown parameter's weight and both moments in fp32 (12 x its numel).
+    """Bytes a rank's live growth holds besides the two engines (growth.live.transfer, "Working set"), on the
+    process group's device (the GPU under NCCL, the host under gloo): the bucket's packed shards received and its
+    assembled full fp32 tensors, each about max(bucket_bytes, 12 x the largest old parameter's numel), and one grown
+    parameter's weight and both moments in fp32 (12 x its numel).
 
     Args:
         largest_old: numel of the old model's largest parameter.
@@ -95,11 +110,12 @@ def placed_bytes(
     params_grads: float, optimizer: float, working_set: float, on_gpu: bool, offloaded: bool
 ) -> tuple[float, float]:
     """Where a growth's bytes per rank live, as (device bytes, host bytes): on a GPU the model states
-    (``model_state_split``'s two parts) on the device, except an offloaded optimizer part, which the host holds with
-    the working set (``growth_working_set_bytes``); on a CPU everything on the host (device bytes 0)."""
+    (``model_state_split``'s two parts) and the working set (``growth_working_set_bytes``: the gathered and grown
+    tensors, expanded on the GPU) on the device, except an offloaded optimizer part, which the host holds; on a CPU
+    everything on the host (device bytes 0)."""
     if not on_gpu:
         return 0.0, params_grads + optimizer + working_set
-    return params_grads + (0 if offloaded else optimizer), working_set + (optimizer if offloaded else 0)
+    return params_grads + working_set + (0 if offloaded else optimizer), optimizer if offloaded else 0.0
 
 
 def ranks_on_this_node() -> int:

@@ -317,7 +317,8 @@ def grow_engine(
 def check_growth_fits(old: Any, plan: RuleSet) -> None:
     """Refuse, before anything is allocated, a growth whose new engine and working set do not fit this rank's free
     memory (runtime.memory: the grown model's parameters, gradients and Adam state by ZeRO stage, on the engine's
-    device, the optimizer part on the host when it is offloaded; the gather's working set on the host). A collective:
+    device, the optimizer part on the host when it is offloaded; the gather's working set where the tensors are
+    expanded, the process group's device). A collective:
     every rank learns every rank's verdict and all refuse alike, so none waits in a growth another abandoned.
 
     Raises:

@@ -148,20 +148,26 @@ def _chunks(n: int, per: int) -> list[tuple[int, int]]:
 
 @torch.no_grad()
 def gather_bucket(
-    layout: Layout, names: list[str], shapes: dict[str, torch.Size], chunk_bytes: int = CHUNK_BYTES
+    layout: Layout,
+    names: list[str],
+    shapes: dict[str, torch.Size],
+    chunk_bytes: int = CHUNK_BYTES,
+    device: torch.device | str | None = None,
 ) -> tuple[dict[str, ParamState], int]:
     """Full fp32 (weight, exp_avg, exp_avg_sq) of every parameter in ``names``, of shape ``shapes[name]``, on every
     rank; a collective. ZeRO-3: an all_gather of each rank's packed shards; ZeRO-1/2: a broadcast from each rank
     owning part of the bucket. The collectives run on the group's device (the GPU under NCCL, offloaded fragments
-    included), in slices of at most ``chunk_bytes`` of gathered data each; the full tensors come back on the CPU,
-    where the rules expand them. Returns the states and the number of collectives made."""
+    included), in slices of at most ``chunk_bytes`` of gathered data each; the full tensors are assembled on
+    ``device`` (default: the group's device, where the rules then expand them: the rank's GPU under NCCL, the CPU
+    under gloo). Returns the states and the number of collectives made."""
     out: dict[str, ParamState] = {}
     calls = 0
+    device = collectives.group_device(layout.group) if device is None else torch.device(device)
     if layout.kind == "zero3":
         send = _pack(layout, names)
-        rows = torch.empty(layout.world, send.numel())  # rank r's packed shards in row r, on the CPU
+        rows = torch.empty(layout.world, send.numel(), device=device)  # rank r's packed shards in row r
         for a, b in _chunks(send.numel(), chunk_bytes // (4 * layout.world)):
-            got = collectives.all_gather(send[a:b], group=layout.group, device="cpu")
+            got = collectives.all_gather(send[a:b], group=layout.group, device=device)
             rows[:, a:b] = got.view(layout.world, b - a)
             calls += 1
         o = 0
@@ -178,14 +184,14 @@ def gather_bucket(
             continue
         send = _pack(layout, names) if r == layout.rank else None
         src = collectives.global_rank(layout.group, r)
-        bufs[r] = torch.empty(count)
+        bufs[r] = torch.empty(count, device=device)
         for a, b in _chunks(count, chunk_bytes // 4):
             piece = send[a:b] if send is not None else collectives.empty_for(b - a, group=layout.group)
-            bufs[r][a:b] = collectives.broadcast(piece, src=src, group=layout.group, device="cpu")
+            bufs[r][a:b] = collectives.broadcast(piece, src=src, group=layout.group, device=device)
             calls += 1
     offsets = dict.fromkeys(bufs, 0)
     for n in names:
-        full = [torch.empty(layout.local[n].numel) for _ in range(3)]
+        full = [torch.empty(layout.local[n].numel, device=device) for _ in range(3)]
         for r, buf in bufs.items():
             start, valid = layout.spans[n][r]
             if valid:

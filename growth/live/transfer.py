@@ -13,9 +13,11 @@ Every rank holds its fragments of the fp32 masters and Adam moments (growth.live
   with no communication at all;
 * **write**: each rank copies its own fragment of the grown full tensors into the new engine (no collective).
 
-Working set per rank, besides the old and the new engine: the bucket's packed shards received (about
-max(BUCKET_BYTES, 12 x the largest parameter's numel) bytes), the bucket's assembled full fp32 tensors (as much
-again) and one grown parameter's three full fp32 tensors (12 x its numel bytes). Stage 0 (no partitioning) and
+Working set per rank, besides the old and the new engine, on the process group's device (the rank's GPU under
+NCCL, where the rules then expand the tensors; the host under gloo, with the rank's share of the cores,
+runtime.dist.rank_threads): the bucket's packed shards received (about max(BUCKET_BYTES, 12 x the largest
+parameter's numel) bytes), the bucket's assembled full fp32 tensors (as much again) and one grown parameter's three
+full fp32 tensors (12 x its numel bytes). Stage 0 (no partitioning) and
 NVMe-swapped optimizer states take the per-parameter path of ``EngineStore`` (``deepspeed.utils.safe_*``).
 """
 

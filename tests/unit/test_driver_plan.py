@@ -177,9 +177,9 @@ def test_job_args_replace_the_given_ds_config_in_every_form(tmp_path):
     ("zero", "precision", "world", "per_param"),
     [
         (0, "fp32", 4, 16),  # 4 weights + 4 gradients + 8 Adam (exp_avg, exp_avg_sq)
-        (1, "fp32", 4, 8 + 8 / 4),
-        (2, "fp32", 4, 4 + 12 / 4),
-        (3, "fp32", 4, 16 / 4),
+        (1, "fp32", 4, 8 + 12 / 4),  # DeepSpeed's ZeRO optimizers keep their own fp32 partition in fp32 too: K = 12
+        (2, "fp32", 4, 4 + 16 / 4),
+        (3, "fp32", 4, 20 / 4),
         (0, "bf16", 8, 16),  # ZeRO paper: 2 + 2 + K, K = 12 (fp32 master, exp_avg, exp_avg_sq)
         (1, "bf16", 8, 4 + 12 / 8),
         (2, "bf16", 8, 2 + 14 / 8),

@@ -49,6 +49,15 @@ def test_the_working_set_and_the_split_follow_the_formulas():
             assert pg + opt == pytest.approx(memory.model_state_bytes(n, stage, precision, 4))
     assert memory.model_state_split(n, 1, "bf16", 4) == (4 * n, 3 * n)  # 2 + 2 replicated, 12 / 4 partitioned
     assert memory.model_state_split(n, 3, "bf16", 4) == (1 * n, 3 * n)  # everything / 4
+    # fp32: DeepSpeed's ZeRO optimizers keep their own fp32 partition for Adam (K = 12); ZeRO-0 steps the parameter
+    assert memory.model_state_split(n, 2, "fp32", 4) == (4 * n + n, 3 * n)
+    assert memory.model_state_split(n, 3, "fp32", 4) == (2 * n, 3 * n)
+    assert memory.bytes_per_param(1, "fp32") == (4, 4, 12) and memory.bytes_per_param(0, "fp32") == (4, 4, 8)
+    # where the bytes live: a CPU rank holds everything on the host; a GPU rank the model states and the working
+    # set (the growth expands on the GPU), the host only an offloaded optimizer part
+    assert memory.placed_bytes(10, 20, 5, False, False) == (0.0, 35)
+    assert memory.placed_bytes(10, 20, 5, True, False) == (35, 0.0)
+    assert memory.placed_bytes(10, 20, 5, True, True) == (15, 20)
 
 
 @pytest.mark.bad_input
