@@ -89,6 +89,22 @@ def _die_with_parent() -> None:
         pass
 
 
+def exit_with_parent(poll_s: float = 1.0) -> None:
+    """Start a daemon thread that ends this process (``os._exit(1)``) once its parent is gone, polling every
+    ``poll_s`` seconds: for worker processes (growlm-experiment's pool) that must not outlive the command that
+    started them, whether it ended by SIGTERM, SIGKILL or a crash. A parent that is gone leaves the process
+    reparented (``os.getppid`` changes), which works whichever thread of the parent started it, unlike a
+    parent-death signal."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="growlm-parent-watchdog", daemon=True).start()
+
+
 def spawn(cmd: Sequence[str], env: Mapping[str, str], log_path: Path) -> subprocess.Popen:
     """Start ``cmd`` in a new session (its PID is its process group id) that dies with this process, output
     (stdout and stderr) appended to ``log_path``; ``env`` gets ``GROWLM_DRIVER_PID`` = ``<host name>:<this PID>``."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from growlm.eval.experiments.protocol import RunSpec, Settings, spec_from_dict
 from growlm.runtime import atomic
+from growlm.runtime.processes import exit_with_parent
 
 UNCOMPARED = ("seeds",)  # settings that add runs without changing any run
 
@@ -109,10 +110,12 @@ def load_curves(out: Path, settings: dict[str, Any], with_data: bool = True) -> 
     return done
 
 
-def _init_worker() -> None:
+def _init_worker(watch_parent: bool = False) -> None:
     import torch  # lazy: only in the processes that train
 
     torch.set_num_threads(1)
+    if watch_parent:  # a worker process ends with the command: none trains on, or writes a curve, once it is gone
+        exit_with_parent()
 
 
 def _work(s: Settings, spec: RunSpec, data: Path, path: Path, settings: dict[str, Any]) -> tuple[str, float]:
@@ -125,7 +128,9 @@ def _work(s: Settings, spec: RunSpec, data: Path, path: Path, settings: dict[str
 
 class Workers:
     """``parallel`` worker processes (spawned, one thread each) kept for the whole experiment, so each imports torch
-    once; with ``parallel`` 1 the runs train in this process. Use as a context manager."""
+    once; with ``parallel`` 1 the runs train in this process. Use as a context manager. A worker ends when this
+    process is gone (``runtime.processes.exit_with_parent``): a growlm-experiment killed mid-run leaves no run
+    training on, and the runs it had started are started again by the next invocation."""
 
     def __init__(self, parallel: int) -> None:
         self.parallel = parallel
@@ -136,7 +141,9 @@ class Workers:
             import multiprocessing as mp  # lazy: only with worker processes
 
             os.environ.setdefault("OMP_NUM_THREADS", "1")
-            self.pool = ProcessPoolExecutor(self.parallel, mp_context=mp.get_context("spawn"), initializer=_init_worker)
+            self.pool = ProcessPoolExecutor(
+                self.parallel, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(True,)
+            )
         else:
             _init_worker()
         return self
