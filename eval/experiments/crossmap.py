@@ -225,11 +225,62 @@ def summarize(s: Settings, m: MapSettings, done: Mapping[str, dict], train_windo
     for b in m.budgets:
         best = min(m.sizes(), key=lambda z: st.loss[s.pilot_seed][z][b])
         envelope[f"{b:g}"] = {"size": best, "loss": round(st.loss[s.pilot_seed][best][b], 4)}
-    return {"protocol": MAP_PROTOCOL, "c_flops": s.c_flops, "budgets": list(m.budgets),
+    out = {"protocol": MAP_PROTOCOL, "c_flops": s.c_flops, "budgets": list(m.budgets),
             "lr_budgets": list(m.lr_budgets), "pilot_seed": s.pilot_seed, "second_seed": m.second_seed,
             "train_windows": train_windows, "ladders": {k: list(v) for k, v in m.ladders.items()},
             "sizes": sizes, "crossovers": st.crossovers, "envelope": envelope,
             "runs": sum(1 for r in done.values() if r["spec"].phase == "map")}  # fmt: skip
+    out["choice"] = choose_target(out)
+    return out
+
+
+def choose_target(r: dict[str, Any]) -> dict[str, Any]:
+    """The main experiment's budget B and growth target from a complete map (``summarize``'s content), by rule: the
+    target is the largest size (by parameters) that is the envelope's best at some measured budget and has a smaller
+    neighbour in a ladder to grow from; B is the measured budget at which it is best by the widest margin (its lead
+    over the runner-up, pilot seed), preferring the budgets that are confirmed: the target also best on the second
+    seed wherever that seed measured it and the other size, every crossover into the target at or below B and every
+    crossover out of it (to its next larger neighbour) above B.
+
+    Returns:
+        {"target", "budget" (x C), "budget_flops", "margin" (nats), "runner_up", "grow_from" (the target's smaller
+        neighbours), "confirmed", "why"}; target and budget None, with the reason in "why", when no size with a
+        smaller neighbour is ever the best.
+    """
+    loss = {z: {b: p["loss"] for b, p in v["points"].items()} for z, v in r["sizes"].items()}
+    second = {z: {b: p["loss_second_seed"] for b, p in v["points"].items()} for z, v in r["sizes"].items()}
+    pairs = [(a, b) for ladder in r["ladders"].values() for a, b in zip(ladder, ladder[1:], strict=False)]
+    best_at = {b: e["size"] for b, e in r["envelope"].items()}
+    growable = sorted({z for z in best_at.values() if any(big == z for _, big in pairs)},
+                      key=lambda z: -r["sizes"][z]["params"])  # fmt: skip
+    if not growable:
+        return {"target": None, "budget": None, "budget_flops": None, "margin": None, "runner_up": None,
+                "grow_from": [], "confirmed": False, "why": "no size with a smaller neighbour is the envelope's best "
+                "at any measured budget: growth has no compute-optimal target inside the map"}  # fmt: skip
+    target = growable[0]
+    into = [r["crossovers"][f"{a}->{b}"] for a, b in pairs if b == target]
+    out_of = [r["crossovers"][f"{a}->{b}"] for a, b in pairs if a == target]
+    options = []
+    for b, z in best_at.items():
+        if z != target:
+            continue
+        others = {o: v[b] for o, v in loss.items() if o != target}
+        runner_up = min(others, key=others.get)
+        t2 = second[target][b]
+        seconds_ok = all(t2 is None or second[o][b] is None or second[o][b] > t2 for o in others)
+        inside = all(c["flag"] == "below" or (not c["flag"] and c["budget"] <= float(b)) for c in into) and all(
+            c["flag"] == "beyond" or (not c["flag"] and c["budget"] > float(b)) for c in out_of
+        )
+        options.append((seconds_ok and inside, others[runner_up] - loss[target][b], b, runner_up))
+    ok, margin, b, runner_up = max(options, key=lambda o: (o[0], o[1]))
+    why = (
+        f"`{target}` is the largest size that is the envelope's best at a measured budget; at {b} C it leads "
+        f"`{runner_up}` by {margin:.4f} nats, its widest lead"
+    )
+    why += "" if ok else " (not confirmed by the second seed or by the measured crossovers: read with care)"
+    return {"target": target, "budget": float(b), "budget_flops": float(b) * r["c_flops"], "margin": round(margin, 4),
+            "runner_up": runner_up, "grow_from": sorted({a for a, big in pairs if big == target}), "confirmed": ok,
+            "why": why}  # fmt: skip
 
 
 def _round(x: float | None) -> float | None:
@@ -272,6 +323,14 @@ def markdown(r: dict[str, Any]) -> str:
               "| pair | crossover |", "|---|---|"]  # fmt: skip
     for pair, c in r["crossovers"].items():
         lines.append(f"| `{pair}` | {_where(c)} |")
+    ch = r["choice"]
+    lines += ["", "## The main experiment's budget and target", ""]
+    if ch["target"] is None:
+        lines.append(f"None: {ch['why']}.")
+    else:
+        lines.append(f"B = {ch['budget']:g} C ({ch['budget_flops']:.3g} FLOPs), target `{ch['target']}`, grown from "
+                     f"{', '.join(f'`{z}`' for z in ch['grow_from'])}: {ch['why']} (rule: "
+                     "`crossmap.choose_target`).")  # fmt: skip
     lines += ["", "## Epochs over the training data and LRs", "",
               "| size | LR (tuned budget: LR) | epochs at " + ", ".join(f"{b} C" for b in budgets) + " |",
               "|---|---|---|"]  # fmt: skip

@@ -86,6 +86,31 @@ def test_summary_and_markdown_state_losses_epochs_and_where_each_pair_crosses():
     assert "| `L4n->L4` | below 1 C |" in md
 
 
+def test_the_target_is_the_largest_size_the_envelope_picks_and_b_its_widest_confirmed_lead():
+    done, _, _ = run_map()
+    r = crossmap.summarize(S, M, done, crossmap.train_windows_of(done))
+    ch = r["choice"]
+    # L4 is best at 32 and 64 C (L2 -> L4 crosses at 24 C, L8 never overtakes it); its lead over L2 and L8 is widest
+    # at 64 C; it grows from L2 (depth ladder) and L4n (width ladder)
+    lead = {b: min(fake_loss(RunSpec("map", "scratch", 100, b, 1e-3, size=z)) for z in ("L2", "L8"))
+            - fake_loss(RunSpec("map", "scratch", 100, b, 1e-3, size="L4")) for b in (32.0, 64.0)}  # fmt: skip
+    assert lead[64.0] > lead[32.0] > 0
+    assert (ch["target"], ch["budget"], ch["grow_from"], ch["confirmed"]) == ("L4", 64.0, ["L2", "L4n"], True)
+    assert ch["budget_flops"] == 64.0 * S.c_flops and ch["margin"] == pytest.approx(lead[64.0], abs=1e-4)
+    assert ch["runner_up"] in ("L2", "L8")
+    assert "B = 64 C" in crossmap.markdown(r) and "target `L4`, grown from `L2`, `L4n`" in crossmap.markdown(r)
+    # a map whose smallest size is best everywhere has no target
+    flat = {**r, "envelope": {b: {"size": "L1", "loss": 0.0} for b in r["envelope"]}}
+    none = crossmap.choose_target(flat)
+    assert none["target"] is None and "no size with a smaller neighbour" in none["why"]
+    # a lead the second seed contradicts is not confirmed: the other budget wins although its lead is narrower
+    shaky = {**r, "sizes": {z: {**v, "points": {b: dict(p) for b, p in v["points"].items()}}
+                            for z, v in r["sizes"].items()}}  # fmt: skip
+    shaky["sizes"]["L4"]["points"]["64"]["loss_second_seed"] = 9.0
+    shaky["sizes"]["L2"]["points"]["64"]["loss_second_seed"] = 1.0
+    assert crossmap.choose_target(shaky)["budget"] == 32.0
+
+
 def test_an_incomplete_map_has_no_report_and_the_progress_line_estimates_from_finished_runs():
     done: dict[str, dict] = {}
     specs, st = crossmap.map_plan(S, M, done)
