@@ -84,11 +84,18 @@ def tag_for(global_step: int) -> str:
 
 def existing_tags(save_dir: str | os.PathLike) -> list[str]:
     """Finished checkpoint tags in ``save_dir`` (folders holding growlm_state.json; not the ``.tmp-``/``.old-``
-    folders of an unfinished or interrupted save)."""
+    folders of an unfinished or interrupted save), in step order: a tag's trailing number counts as a number
+    (``global_step9`` before ``global_step11``), ties and other names by name."""
     p = Path(save_dir)
     if not p.is_dir():
         return []
-    return sorted(q.name for q in p.iterdir() if (q / STATE_FILE).is_file() and not unfinished(q))
+    return sorted((q.name for q in p.iterdir() if (q / STATE_FILE).is_file() and not unfinished(q)), key=_tag_order)
+
+
+def _tag_order(name: str) -> tuple[str, int, str]:
+    """Sort key of a tag: (its text before a trailing number, that number or -1, the name)."""
+    m = re.fullmatch(r"(.*?)(\d+)", name)
+    return (m.group(1), int(m.group(2)), name) if m else (name, -1, name)
 
 
 def resolve(path: str | os.PathLike) -> tuple[Path, str]:

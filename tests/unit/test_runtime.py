@@ -170,6 +170,18 @@ def test_open_checkpoint_resolves_reads_and_checks(tmp_path):
         open_checkpoint(tmp_path / "empty")
 
 
+def test_checkpoint_tags_are_listed_in_step_order(tmp_path):
+    from growlm.runtime import checkpoint
+
+    for name in ("global_step11", "global_step9", "global_step100", "final", ".tmp-global_step12"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / STATE_FILE).write_text("{}")
+    (tmp_path / "global_step13").mkdir()  # no state file: not a finished checkpoint
+    assert checkpoint.existing_tags(tmp_path) == ["final", "global_step9", "global_step11", "global_step100"]
+    with pytest.raises(CheckpointError, match=r"e\.g\. .*global_step100\)"):  # the hint names the newest tag
+        open_checkpoint(tmp_path)
+
+
 def test_rng_state_file_is_tensors_only_and_restores(tmp_path):
     import random
 
