@@ -190,6 +190,23 @@ def inner_optimizer(engine: Any) -> torch.optim.Optimizer:
     return opt
 
 
+def fp32_master_is_separate(engine: Any) -> bool | None:
+    """Whether the engine's ZeRO optimizer keeps its fp32 master partitions in storage of their own, beside the
+    working (lp) partitions: what runtime.memory's fp32 bytes per parameter assume at ZeRO-1/2/3 (K = 12). ZeRO-3 is
+    meant to share them for fp32 weights on the same device, but its test compares a device with a string and never
+    matches in the DeepSpeed versions growlm is tested with; this reads the truth of a live engine. None for an
+    engine without a ZeRO optimizer (stage 0)."""
+    opt = engine.optimizer
+    if hasattr(opt, "fp32_partitioned_groups_flat"):  # ZeRO-3
+        pairs = zip(opt.fp32_partitioned_groups_flat, opt.fp16_partitioned_groups_flat, strict=False)
+    elif hasattr(opt, "single_partition_of_fp32_groups"):  # ZeRO-1/2
+        pairs = zip(opt.single_partition_of_fp32_groups, opt.bit16_groups_flat, strict=False)
+    else:
+        return None
+    ptr = lambda t: t.untyped_storage().data_ptr()  # noqa: E731
+    return all(ptr(master) != ptr(lp) for master, lp in pairs if master.numel())
+
+
 def loss_scale_of(engine: Any) -> float:
     """Current fp16 dynamic loss scale of ``engine`` (1.0 for bf16/fp32, which scale nothing)."""
     for obj in (engine.optimizer, getattr(engine.optimizer, "loss_scaler", None)):

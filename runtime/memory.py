@@ -16,9 +16,11 @@ parameters, exp_avg, exp_avg_sq), 16 Psi in all; the stages partition them (Fig.
 In fp32 at ZeRO-0 the master copy is the parameter itself: 4 Psi parameters, 4 Psi gradients and K = 8 (exp_avg,
 exp_avg_sq), 16 bytes per parameter. DeepSpeed's ZeRO optimizers keep a separate fp32 partition for Adam in fp32 too
 (ZeRO-1/2 ``single_partition_of_fp32_groups``, ZeRO-3 ``fp32_partitioned_groups_flat``: each its own storage beside
-the working partition), so at stages 1-3 K = 12 as in mixed precision, 20 bytes per parameter unpartitioned:
-ZeRO-2 fp32 holds 4 Psi + 16 Psi / N_d, ZeRO-3 fp32 20 Psi / N_d (eval/bench/growth_scaling.py measured the
-difference: a rank's resident memory follows 20 bytes per parameter, not 16).
+the working partition; ZeRO-3 means to share them for fp32 weights on the same device, but its check never matches:
+``runtime.engine.fp32_master_is_separate`` reads it from a live engine and the growth-scaling test asserts it), so
+at stages 1-3 K = 12 as in mixed precision, 20 bytes per parameter unpartitioned: ZeRO-2 fp32 holds
+4 Psi + 16 Psi / N_d, ZeRO-3 fp32 20 Psi / N_d (eval/bench/growth_scaling.py measured the difference: a rank's
+resident memory follows 20 bytes per parameter, not 16).
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@ same forward pass of the old engine after its step, which the function-preservin
   the grown model (``runtime.memory.model_state_bytes``: parameters, gradients and Adam state by stage, precision
   and world size), and ``predicted_work_bytes``, the growth's working set (``runtime.memory.growth_working_set_bytes``);
   during a growth both engines live, so the formula's peak is old + new + working set above the base;
-* ``threads``: torch's CPU threads in the rank (``runtime.dist.rank_threads``: the node's cores over its ranks).
+* ``threads``: torch's CPU threads in the rank (``runtime.dist.rank_threads``: the node's cores over its ranks);
+  ``fp32_master_separate``: whether the grown engine's optimizer keeps its fp32 master partitions in their own
+  storage, as the formula's fp32 bytes assume (``runtime.engine.fp32_master_is_separate``).
 
 Rows are appended to the JSON file as each (case, stage, precision, world size) finishes, and a run skips the rows
 the file already holds, so a long measurement can be stopped and resumed. Writes a Markdown table beside the JSON
@@ -47,7 +49,7 @@ from growlm.model.config import GPTConfig, largest_param_numel, param_count
 from growlm.runtime import collectives
 from growlm.runtime.dist import init_distributed
 from growlm.runtime.ds_config import shipped_ds_config
-from growlm.runtime.engine import build_engine
+from growlm.runtime.engine import build_engine, fp32_master_is_separate
 from growlm.runtime.launch import launch_ranks
 from growlm.runtime.memory import growth_working_set_bytes, model_state_bytes
 
@@ -120,6 +122,7 @@ def worker(case: str, stage: int, precision: str, out: str, seq_len: int, small:
     result = grow_engine(engine, plan, build, policy=OptimizerPolicy(), schedule_rule=ScheduleRule())
     new = result.engine
     del engine
+    rec["fp32_master_separate"] = fp32_master_is_separate(new)  # runtime.memory's fp32 formula assumes it
     result = collect_old_engine(result)
     rec["growth_s"], rec["growth_cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
     rec["peak_rss_bytes"], rec["rss_after_bytes"] = peak_rss_bytes(), rss_bytes()

@@ -134,9 +134,10 @@ def _pack(layout: Layout, names: list[str]) -> Tensor:
     return buf
 
 
-# at most this many bytes of a gathered bucket are on the group's device at once (a parameter larger than the bucket
-# size is gathered alone, and its world-size-fold gather output would otherwise sit on the GPU whole, beside the old
-# and the new engine)
+# the largest collective a gather makes (bytes of gathered data): a bucket, or a parameter larger than the bucket
+# size, which is gathered alone, moves in slices of this size, so the collective's own staging buffers stay small;
+# the assembled full tensors (the bucket's, or that one parameter's) are held whole on the group's device, where
+# the rules expand them (runtime.memory.growth_working_set_bytes counts them)
 CHUNK_BYTES = 64 * 2**20
 
 

@@ -36,6 +36,7 @@ from growlm.growth.live.shards import Fragment, gather_bucket, layout_of, no_ada
 from growlm.growth.ops.apply import OptimizerPolicy, grow_param
 from growlm.growth.ops.rules import Rule, RuleSet, identity, zeros
 from growlm.growth.ops.stores import ParamState
+from growlm.runtime import collectives
 from growlm.runtime.engine import inner_optimizer
 from growlm.runtime.memory import GATHER_BUCKET_BYTES as BUCKET_BYTES  # the memory checks size the working set by it
 
@@ -243,6 +244,7 @@ def transfer(
             for n, rule in readers[src]
         )
 
+    device = collectives.group_device()  # where the full tensors are assembled and expanded
     remote = [s for s in readers if not local(s)]
     nbytes = {s: 12 * shapes[s].numel() for s in remote}
     for bucket in _buckets(remote, nbytes, bucket_bytes if old_l is not None else 0):
@@ -250,7 +252,8 @@ def transfer(
         if old_l is not None:
             states, calls = gather_bucket(old_l, bucket, shapes)
         else:
-            states = {s: old_store.read(s) for s in bucket}  # three safe_get_full_* collectives when partitioned
+            # three safe_get_full_* collectives when partitioned; expanded on the group's device like a bucket
+            states = {s: ParamState(*(x.to(device) for x in old_store.read(s))) for s in bucket}
             calls = sum(3 for s in bucket if old_store.unpartitioned(old_store.params[s]) is None)
         stats.gather_s += time.perf_counter() - t
         stats.collectives += calls

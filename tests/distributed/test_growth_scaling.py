@@ -33,6 +33,7 @@ def test_rows_per_rank_with_the_formula_and_a_resumed_run_skips_them(tmp_path, m
         assert r["predicted_old_bytes"] == model_state_bytes(param_count(old), 3, "fp32", r["world_size"])
         assert r["threads"] >= 1 and r["growth_s"] > 0 and r["growth_cpu_s"] > 0
         assert r["peak_reset"] is True  # Linux: the growth's own peak, not the old engine's build
+        assert r["fp32_master_separate"] is True  # ZeRO-3 fp32: K = 12, as runtime.memory counts it
         assert r["peak_rss_bytes"] >= max(r["rss_before_bytes"], r["rss_after_bytes"])
         assert r["rss_base_bytes"] < r["rss_before_bytes"]
         assert set(r["phase_s"]) == {"build", "gather", "expand", "write", "refresh", "teardown"}
