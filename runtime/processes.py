@@ -89,13 +89,12 @@ def _die_with_parent() -> None:
         pass
 
 
-def exit_with_parent(poll_s: float = 1.0) -> None:
-    """Start a daemon thread that ends this process (``os._exit(1)``) once its parent is gone, polling every
-    ``poll_s`` seconds: for worker processes (growlm-experiment's pool) that must not outlive the command that
-    started them, whether it ended by SIGTERM, SIGKILL or a crash. A parent that is gone leaves the process
-    reparented (``os.getppid`` changes), which works whichever thread of the parent started it, unlike a
-    parent-death signal."""
-    parent = os.getppid()
+def exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
+    """Start a daemon thread that ends this process (``os._exit(1)``) once its parent ``parent`` (a PID the parent
+    passed down, so a parent that died before this call is caught too) is gone, polling every ``poll_s`` seconds:
+    for worker processes (growlm-experiment's pool) that must not outlive the command that started them, whether it
+    ended by SIGTERM, SIGKILL or a crash. A parent that is gone leaves the process reparented (``os.getppid``
+    changes), which works whichever thread of the parent started it, unlike a parent-death signal."""
 
     def watch() -> None:
         while os.getppid() == parent:

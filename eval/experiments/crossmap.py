@@ -235,12 +235,14 @@ def summarize(s: Settings, m: MapSettings, done: Mapping[str, dict], train_windo
 
 
 def choose_target(r: dict[str, Any]) -> dict[str, Any]:
-    """The main experiment's budget B and growth target from a complete map (``summarize``'s content), by rule: the
-    target is the largest size (by parameters) that is the envelope's best at some measured budget and has a smaller
-    neighbour in a ladder to grow from; B is the measured budget at which it is best by the widest margin (its lead
-    over the runner-up, pilot seed), preferring the budgets that are confirmed: the target also best on the second
-    seed wherever that seed measured it and the other size, every crossover into the target at or below B and every
-    crossover out of it (to its next larger neighbour) above B.
+    """The main experiment's budget B and growth target from a complete map (``summarize``'s content), by rule. The
+    candidates are the (size, budget) pairs where the size is the envelope's best (pilot seed) and has a smaller
+    neighbour in a ladder to grow from. A candidate is *confirmed* when the second seed measured the size and at
+    least one other size at that budget and agrees that the size is best, and every crossover into the size lies at
+    or below the budget and every crossover out of it (to its next larger neighbour) above it. The choice is the
+    confirmed candidate of the largest size (by parameters; then by name) at the budget where it leads the
+    runner-up by the widest margin; without a confirmed candidate, the same rule over all of them, marked
+    unconfirmed.
 
     Returns:
         {"target", "budget" (x C), "budget_flops", "margin" (nats), "runner_up", "grow_from" (the target's smaller
@@ -250,36 +252,36 @@ def choose_target(r: dict[str, Any]) -> dict[str, Any]:
     loss = {z: {b: p["loss"] for b, p in v["points"].items()} for z, v in r["sizes"].items()}
     second = {z: {b: p["loss_second_seed"] for b, p in v["points"].items()} for z, v in r["sizes"].items()}
     pairs = [(a, b) for ladder in r["ladders"].values() for a, b in zip(ladder, ladder[1:], strict=False)]
-    best_at = {b: e["size"] for b, e in r["envelope"].items()}
-    growable = sorted({z for z in best_at.values() if any(big == z for _, big in pairs)},
-                      key=lambda z: -r["sizes"][z]["params"])  # fmt: skip
-    if not growable:
-        return {"target": None, "budget": None, "budget_flops": None, "margin": None, "runner_up": None,
-                "grow_from": [], "confirmed": False, "why": "no size with a smaller neighbour is the envelope's best "
-                "at any measured budget: growth has no compute-optimal target inside the map"}  # fmt: skip
-    target = growable[0]
-    into = [r["crossovers"][f"{a}->{b}"] for a, b in pairs if b == target]
-    out_of = [r["crossovers"][f"{a}->{b}"] for a, b in pairs if a == target]
     options = []
-    for b, z in best_at.items():
-        if z != target:
+    for b, e in r["envelope"].items():
+        target = e["size"]
+        if not any(big == target for _, big in pairs):
             continue
         others = {o: v[b] for o, v in loss.items() if o != target}
         runner_up = min(others, key=others.get)
         t2 = second[target][b]
-        seconds_ok = all(t2 is None or second[o][b] is None or second[o][b] > t2 for o in others)
+        compared = [o for o in others if t2 is not None and second[o][b] is not None]
+        seconds_ok = bool(compared) and all(second[o][b] > t2 for o in compared)
+        into = [r["crossovers"][f"{x}->{y}"] for x, y in pairs if y == target]
+        out_of = [r["crossovers"][f"{x}->{y}"] for x, y in pairs if x == target]
         inside = all(c["flag"] == "below" or (not c["flag"] and c["budget"] <= float(b)) for c in into) and all(
             c["flag"] == "beyond" or (not c["flag"] and c["budget"] > float(b)) for c in out_of
         )
-        options.append((seconds_ok and inside, others[runner_up] - loss[target][b], b, runner_up))
-    ok, margin, b, runner_up = max(options, key=lambda o: (o[0], o[1]))
+        margin = others[runner_up] - loss[target][b]
+        options.append((seconds_ok and inside, r["sizes"][target]["params"], target, margin, b, runner_up))
+    if not options:
+        return {"target": None, "budget": None, "budget_flops": None, "margin": None, "runner_up": None,
+                "grow_from": [], "confirmed": False, "why": "no size with a smaller neighbour is the envelope's best "
+                "at any measured budget: growth has no compute-optimal target inside the map"}  # fmt: skip
+    ok, _, target, margin, b, runner_up = max(options, key=lambda o: (o[0], o[1], o[2], o[3]))
     why = (
-        f"`{target}` is the largest size that is the envelope's best at a measured budget; at {b} C it leads "
-        f"`{runner_up}` by {margin:.4f} nats, its widest lead"
+        f"`{target}` is the largest size that is the envelope's best at a measured budget"
+        f"{' with the second seed and the crossovers agreeing' if ok else ''}; at {b} C it leads `{runner_up}` by "
+        f"{margin:.4f} nats, its widest lead"
     )
     why += "" if ok else " (not confirmed by the second seed or by the measured crossovers: read with care)"
     return {"target": target, "budget": float(b), "budget_flops": float(b) * r["c_flops"], "margin": round(margin, 4),
-            "runner_up": runner_up, "grow_from": sorted({a for a, big in pairs if big == target}), "confirmed": ok,
+            "runner_up": runner_up, "grow_from": sorted({x for x, y in pairs if y == target}), "confirmed": ok,
             "why": why}  # fmt: skip
 
 

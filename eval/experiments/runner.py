@@ -110,12 +110,12 @@ def load_curves(out: Path, settings: dict[str, Any], with_data: bool = True) -> 
     return done
 
 
-def _init_worker(watch_parent: bool = False) -> None:
+def _init_worker(parent: int | None = None) -> None:
+    if parent is not None:  # a worker process ends with the command: none trains on, or writes a curve, once it is gone
+        exit_with_parent(parent)
     import torch  # lazy: only in the processes that train
 
     torch.set_num_threads(1)
-    if watch_parent:  # a worker process ends with the command: none trains on, or writes a curve, once it is gone
-        exit_with_parent()
 
 
 def _work(s: Settings, spec: RunSpec, data: Path, path: Path, settings: dict[str, Any]) -> tuple[str, float]:
@@ -142,7 +142,7 @@ class Workers:
 
             os.environ.setdefault("OMP_NUM_THREADS", "1")
             self.pool = ProcessPoolExecutor(
-                self.parallel, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(True,)
+                self.parallel, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(os.getpid(),)
             )
         else:
             _init_worker()

@@ -109,6 +109,15 @@ def test_the_target_is_the_largest_size_the_envelope_picks_and_b_its_widest_conf
     shaky["sizes"]["L4"]["points"]["64"]["loss_second_seed"] = 9.0
     shaky["sizes"]["L2"]["points"]["64"]["loss_second_seed"] = 1.0
     assert crossmap.choose_target(shaky)["budget"] == 32.0
+    # contradicted at both budgets, L4 gives way to the smaller size the second seed confirms: L2, best at 8 and 16 C
+    shaky["sizes"]["L4"]["points"]["32"]["loss_second_seed"] = 9.0
+    ch = crossmap.choose_target(shaky)
+    assert (ch["target"], ch["confirmed"], ch["grow_from"]) == ("L2", True, ["L1"]) and ch["budget"] in (8.0, 16.0)
+    # with no second seed at all nothing is confirmed: the largest best size, marked so
+    bare = {**r, "sizes": {z: {**v, "points": {b: {**p, "loss_second_seed": None} for b, p in v["points"].items()}}
+                           for z, v in r["sizes"].items()}}  # fmt: skip
+    ch = crossmap.choose_target(bare)
+    assert (ch["target"], ch["budget"], ch["confirmed"]) == ("L4", 64.0, False) and "read with care" in ch["why"]
 
 
 def test_an_incomplete_map_has_no_report_and_the_progress_line_estimates_from_finished_runs():
