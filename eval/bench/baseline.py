@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from growlm.model.config import ModelConfig, config_from_dict
 from growlm.model.families import build_model
+from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import end_plain_group, keep_freed_memory, start_plain_group
 
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -112,16 +113,18 @@ def step_times(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m growlm.eval.bench.baseline", description=__doc__.splitlines()[0])
+    p.formatter_class = HelpFormatter  # every flag's default in --help
+    add_version(p)
     p.add_argument("--config_json", required=True, help="the model config's to_dict() as JSON (GPT-2 or Llama)")
     p.add_argument("--batch", type=int, required=True, help="global batch (sequences per optimizer step)")
-    p.add_argument("--grad_accum", type=int, default=1)
-    p.add_argument("--seq_len", type=int, required=True)
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], required=True)
-    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--grad_accum", type=int, default=1, help="micro batches per optimizer step")
+    p.add_argument("--seq_len", type=int, required=True, help="tokens per sequence")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], required=True, help="training precision")
+    p.add_argument("--steps", type=int, required=True, help="optimizer steps to time")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (per rank)")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--weight_decay", type=float, default=0.1)
-    p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate")
+    p.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay (2-D weights)")
+    p.add_argument("--clip", type=float, default=1.0, help="gradient clipping (global norm)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

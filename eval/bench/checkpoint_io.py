@@ -38,6 +38,7 @@ import torch
 from growlm import PACKAGE_DIR
 from growlm.model.config import GPTConfig, param_count
 from growlm.runtime import checkpoint, collectives
+from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import init_distributed
 from growlm.runtime.ds_config import shipped_ds_config
 from growlm.runtime.engine import build_engine
@@ -185,6 +186,8 @@ def summary(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (or, with the hidden ``--worker``, one rank of it). Exit status 0, 2 for bad flags."""
     p = argparse.ArgumentParser(prog="python -m growlm.eval.bench.checkpoint_io", description=__doc__.split("\n\n")[0])
+    p.formatter_class = HelpFormatter  # every flag's default in --help
+    add_version(p)
     p.add_argument("--ranks", nargs="+", type=int, default=[2, 4, 8], help="world sizes to run, one after another")
     p.add_argument("--zero_stage", type=int, default=2, choices=[1, 2, 3], help="ZeRO stage of the engine")
     p.add_argument("--small", action="store_true", help="a 0.37M-parameter model (6 MB): a quick check")

@@ -25,6 +25,7 @@ from growlm.growth.ops.rules import param_shapes
 from growlm.growth.ops.single_process import TrainingState, grow_state
 from growlm.growth.ops.stores import ParamState
 from growlm.model.config import from_preset
+from growlm.runtime.commands import HelpFormatter, add_version
 
 # name: (old preset, target preset or overrides, family, options)
 SCENARIOS = {
@@ -84,9 +85,12 @@ def run_one(name: str) -> dict[str, float | str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.prog = "python -m growlm.eval.bench.growth_ops"
+    ap.formatter_class = HelpFormatter  # every flag's default in --help
+    add_version(ap)
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--only", help="run one operator in this process (used by the driver)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.only:

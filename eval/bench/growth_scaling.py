@@ -47,6 +47,7 @@ from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.model.config import GPTConfig, largest_param_numel, param_count
 from growlm.runtime import collectives
+from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import init_distributed
 from growlm.runtime.ds_config import shipped_ds_config
 from growlm.runtime.engine import build_engine, fp32_master_is_separate
@@ -211,6 +212,8 @@ def markdown(rows: list[dict]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m growlm.eval.bench.growth_scaling", description=__doc__.split("\n\n")[0])
+    p.formatter_class = HelpFormatter  # every flag's default in --help
+    add_version(p)
     p.add_argument("--out", default=str(Path("runs") / "bench" / "growth_scaling.json"),
                    help="JSON file of per-rank records (appended to; rows it holds are skipped); the table goes to "
                    "the same name with .md")  # fmt: skip

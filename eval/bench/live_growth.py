@@ -43,6 +43,7 @@ from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.model.config import GPTConfig, param_count
 from growlm.runtime import collectives
+from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import init_distributed
 from growlm.runtime.ds_config import shipped_ds_config
 from growlm.runtime.engine import build_engine, release_engine
@@ -189,6 +190,8 @@ def print_table(rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m growlm.eval.bench.live_growth", description=__doc__.split("\n\n")[0])
+    p.formatter_class = HelpFormatter  # every flag's default in --help
+    add_version(p)
     default_out = Path("runs") / "bench" / "live_growth.json"
     p.add_argument("--out", default=str(default_out), help="JSON file for the rows (a list)")
     p.add_argument("--seq_len", type=int, default=32, help="tokens per sequence of the one training step")

@@ -34,6 +34,7 @@ from pathlib import Path
 from growlm import DS_CONFIG_DIR, TRAIN_SCRIPT
 from growlm.eval.bench.throughput import recorded_command
 from growlm.model.config import param_count
+from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.launch import launch_ranks
 from growlm.runtime.run_state import STATE_FILE, RunState
 
@@ -153,6 +154,9 @@ def rows(runs: dict[str, list[dict]], ckpt: Path, work: Path, params: int, grown
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.prog = "python -m growlm.eval.bench.offline_growth"
+    p.formatter_class = HelpFormatter  # every flag's default in --help
+    add_version(p)
     p.add_argument("--work", default=None, help="working folder (default: a temporary one, removed)")
     default_json = Path("runs") / "bench" / "offline_growth.json"
     p.add_argument("--json", default=str(default_json), help="where to save the results")

@@ -42,6 +42,7 @@ from growlm.growth.ops.rules import RuleSet
 from growlm.growth.ops.single_process import make_optimizer
 from growlm.model.config import GPTConfig
 from growlm.model.gpt import GPT
+from growlm.runtime.commands import HelpFormatter, add_version
 
 HP = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 DUP_CASES = {
@@ -145,6 +146,9 @@ def ramp(small: GPT, opt: torch.optim.Optimizer, data: TokenBatches, remaining: 
 def main() -> None:
     """Run the three measurements and write them (with the command) as JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.prog = "python -m growlm.eval.bench.operator_dynamics"
+    ap.formatter_class = HelpFormatter  # every flag's default in --help
+    add_version(ap)
     ap.add_argument("--data", type=Path, default=cache_dir() / "bpe4096", help="growlm token folder")
     ap.add_argument("--out", type=Path, help="JSON file to write")
     ap.add_argument("--small_steps", type=int, default=40, help="AdamW steps of the small model before growth")
