@@ -94,18 +94,25 @@ in one collective (growth.live.transfer); a parameter larger than this is gather
 collectives few (a 62M-parameter model takes about 12) while the working set stays a small fraction of the model."""
 
 
+GROWN_PARAM_BYTES = 28
+"""Bytes per grown element one parameter takes while its growth rule runs (growth.ops.apply.grow_param): its fp32
+weight, exp_avg and exp_avg_sq (12) plus the rule's temporaries (the pieces a grown tensor is built from, and
+symmetry-breaking noise drawn in float64). Measured by eval/bench/grow_param_peak.py: at most 26.5 (width x2 with
+symmetry noise; 16 without)."""
+
+
 def growth_working_set_bytes(largest_old: int, largest_new: int, bucket_bytes: int = GATHER_BUCKET_BYTES) -> int:
     """Bytes a rank's live growth holds besides the two engines (growth.live.transfer, "Working set"), on the
     process group's device (the GPU under NCCL, the host under gloo): the bucket's packed shards received and its
     assembled full fp32 tensors, each about max(bucket_bytes, 12 x the largest old parameter's numel), and one grown
-    parameter's weight and both moments in fp32 (12 x its numel).
+    parameter while its rule runs (``GROWN_PARAM_BYTES`` x its numel).
 
     Args:
         largest_old: numel of the old model's largest parameter.
         largest_new: numel of the grown model's largest parameter.
         bucket_bytes: the gather's bucket size.
     """
-    return 2 * max(bucket_bytes, 12 * largest_old) + 12 * largest_new
+    return 2 * max(bucket_bytes, 12 * largest_old) + GROWN_PARAM_BYTES * largest_new
 
 
 def placed_bytes(

@@ -16,8 +16,8 @@ Every rank holds its fragments of the fp32 masters and Adam moments (growth.live
 Working set per rank, besides the old and the new engine, on the process group's device (the rank's GPU under
 NCCL, where the rules then expand the tensors; the host under gloo, with the rank's share of the cores,
 runtime.dist.rank_threads): the bucket's packed shards received (about max(BUCKET_BYTES, 12 x the largest
-parameter's numel) bytes), the bucket's assembled full fp32 tensors (as much again) and one grown parameter's three
-full fp32 tensors (12 x its numel bytes). Stage 0 (no partitioning) and
+parameter's numel) bytes), the bucket's assembled full fp32 tensors (as much again) and one grown parameter while
+its rule runs (runtime.memory.GROWN_PARAM_BYTES x its numel: its three fp32 tensors and the rule's temporaries). Stage 0 (no partitioning) and
 NVMe-swapped optimizer states take the per-parameter path of ``EngineStore`` (``deepspeed.utils.safe_*``).
 """
 
