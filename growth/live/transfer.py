@@ -17,8 +17,9 @@ Working set per rank, besides the old and the new engine, on the process group's
 NCCL, where the rules then expand the tensors; the host under gloo, with the rank's share of the cores,
 runtime.dist.rank_threads): the bucket's packed shards received (about max(BUCKET_BYTES, 12 x the largest
 parameter's numel) bytes), the bucket's assembled full fp32 tensors (as much again) and one grown parameter while
-its rule runs (runtime.memory.GROWN_PARAM_BYTES x its numel: its three fp32 tensors and the rule's temporaries). Stage 0 (no partitioning) and
-NVMe-swapped optimizer states take the per-parameter path of ``EngineStore`` (``deepspeed.utils.safe_*``).
+its rule runs (runtime.memory.GROWN_PARAM_BYTES x its numel: its three fp32 tensors and the rule's temporaries).
+Stage 0 (no partitioning) and NVMe-swapped optimizer states take the per-parameter path of ``EngineStore``
+(``deepspeed.utils.safe_*``), their tensors moved to the same device.
 """
 
 from __future__ import annotations
