@@ -15,14 +15,17 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
+from growlm.growth.live.engine import peak_rss_bytes, reset_peak_rss, rss_bytes
 from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy, grow_param
+from growlm.growth.ops.rules import param_shapes
 from growlm.growth.ops.stores import ParamState
 from growlm.model.config import GPTConfig
 from growlm.runtime.commands import HelpFormatter, add_version
@@ -39,14 +42,6 @@ CASES = {  # name: (target overrides, make_rules options)
 }
 
 
-def _status(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    raise OSError(f"no {key} in /proc/self/status")
-
-
 def measure(case: str) -> dict:
     """Grow every parameter of the case's plan whose grown form is the largest, in this process; bytes per grown
     element at the peak."""
@@ -56,29 +51,22 @@ def measure(case: str) -> dict:
     family = opts.pop("family", "duplicate")
     old, new = GPTConfig(**OLD), GPTConfig(**{**OLD, **over})
     plan = make_rules(old, new, family, **opts)
-    old_shapes = _shapes(old)
-    new_shapes = _shapes(new)
+    old_shapes, new_shapes = param_shapes(old), param_shapes(new)
     rows = []
-    for name in sorted(plan.rules, key=lambda n: -new_shapes[n].numel())[:2]:
+    for name in sorted(plan.rules, key=lambda n: -math.prod(new_shapes[n]))[:2]:
         rule = plan.rules[name]
         src = old_shapes[rule.source or name]
         st = ParamState(torch.randn(src), torch.randn(src), torch.rand(src))
         gc.collect()
-        base = _status("VmRSS:")
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
+        base = rss_bytes()
+        if not reset_peak_rss():
+            raise OSError("/proc/self/clear_refs refused the peak reset; this benchmark needs Linux")
         grown = grow_param(rule, st, OptimizerPolicy())
-        peak = _status("VmHWM:") - base
+        peak = peak_rss_bytes() - base
         n = grown.weight.numel()
         rows.append({"case": case, "param": name, "grown_numel": n, "peak_bytes_per_element": round(peak / n, 2)})
         del grown, st
     return {"case": case, "params": rows, "max_bytes_per_element": max(r["peak_bytes_per_element"] for r in rows)}
-
-
-def _shapes(cfg: GPTConfig) -> dict[str, torch.Size]:
-    from growlm.growth.ops.rules import param_shapes  # lazy: only in the measuring process
-
-    return {n: torch.Size(s) for n, s in param_shapes(cfg).items()}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -41,7 +41,14 @@ from pathlib import Path
 
 import torch
 
-from growlm.growth.live.engine import collect_old_engine, grow_engine, peak_rss_bytes, release_heap, rss_bytes
+from growlm.growth.live.engine import (
+    collect_old_engine,
+    grow_engine,
+    peak_rss_bytes,
+    release_heap,
+    reset_peak_rss,
+    rss_bytes,
+)
 from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.schedule_rule import ScheduleRule
@@ -65,17 +72,6 @@ SMALL = {
     "width x2": (SMALL_START, {**SMALL_START, "n_embd": 128, "n_head": 8}),
 }
 KEY = ("case", "zero_stage", "precision", "world_size")
-
-
-def reset_peak_rss() -> bool:
-    """Reset this process's resident-memory high-water mark (Linux: 5 written to ``/proc/self/clear_refs``, which
-    resets VmHWM and ru_maxrss); False where that is refused, and the peaks read later are the process's."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def _loss(engine, vocab: int, seq_len: int, device: torch.device, step: bool) -> float:
