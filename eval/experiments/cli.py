@@ -7,6 +7,9 @@ scratch model at the same FLOPs.
     growlm-experiment --phase pilot         # the pilot only
     growlm-experiment --phase map           # the crossover map (budgets 1..64 C), results in
                                             # eval/results/isoflop_map/ (eval/experiments/crossmap.py)
+    growlm-experiment --phase optimal       # the experiment at the map's budget B, where the growth target is
+                                            # the best scratch size (eval/experiments/optimal.py), results in
+                                            # eval/results/isoflop_optimal/
     growlm-experiment --report_only         # rebuild report.md, results.json and the plots from the curves
     growlm-experiment --quick --out runs/isoflop_quick      # the whole pipeline at toy size, under a minute
     growlm-experiment --profile gpu         # the GPU profile (16 seeds, larger budgets), results in
@@ -19,6 +22,7 @@ with other settings or damaged, or another growlm-experiment writing --out (refu
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from contextlib import ExitStack
 from dataclasses import replace
@@ -29,6 +33,7 @@ from growlm.runtime.lock import LockHeldError, output_held_message, output_lock
 
 DEFAULT_OUT = {"cpu": "eval/results/isoflop", "gpu": "eval/results/isoflop_gpu"}
 DEFAULT_MAP_OUT = {"cpu": "eval/results/isoflop_map", "gpu": "eval/results/isoflop_map_gpu"}
+DEFAULT_OPTIMAL_OUT = {"cpu": "eval/results/isoflop_optimal", "gpu": "eval/results/isoflop_optimal_gpu"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,9 +45,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "eval/results/isoflop_gpu with --profile gpu; runs/isoflop_quick with --quick)")  # fmt: skip
     p.add_argument("--profile", choices=("cpu", "gpu"), default="cpu", help="settings profile (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="the same protocol at toy size (2 seeds): the pipeline test")
-    p.add_argument("--phase", choices=("all", "pilot", "map"), default="all",
+    p.add_argument("--phase", choices=("all", "pilot", "map", "optimal"), default="all",
                    help="'pilot': stop after the pilot; 'map': the crossover map instead (every size at 1..64 C, "
-                        "its own --out) (default: %(default)s)")  # fmt: skip
+                        "its own --out); 'optimal': the experiment at the map's budget B and target (pilot, main, "
+                        "levers; its own --out) (default: %(default)s)")  # fmt: skip
+    p.add_argument("--map", type=Path, default=None,
+                   help="--phase optimal: the crossover map's folder, with its map.json (default: the map's --out "
+                        "default, eval/results/isoflop_map)")  # fmt: skip
+    p.add_argument(
+        "--target", default=None, help="--phase optimal: the growth target instead of the map's choice (with --budget)"
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="--phase optimal: the budget B (x C, one the map measured) instead of the map's choice",
+    )
     p.add_argument("--seeds", type=int, default=None, help="main-run seeds (default: the profile's, 5 on cpu)")
     p.add_argument("--parallel", type=int, default=None,
                    help="runs at once, one thread each (default: 2 on cpu, 8 on gpu)")  # fmt: skip
@@ -84,8 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     parallel = args.parallel if args.parallel is not None else (8 if args.profile == "gpu" else 2)
     if parallel < 1:
         return fail(f"--parallel {parallel}: must be >= 1")
+    if (args.map or args.target or args.budget is not None) and args.phase != "optimal":
+        return fail("--map, --target and --budget belong to --phase optimal; add it, or drop them")
+    if (args.target is None) != (args.budget is None):
+        return fail("--target and --budget go together (the target is the best size at one budget); give both")
     if args.phase == "map":
         out = args.out or Path("runs/isoflop_map_quick" if args.quick else DEFAULT_MAP_OUT[args.profile])
+    elif args.phase == "optimal":
+        out = args.out or Path("runs/isoflop_optimal_quick" if args.quick else DEFAULT_OPTIMAL_OUT[args.profile])
     else:
         out = args.out or Path("runs/isoflop_quick" if args.quick else DEFAULT_OUT[args.profile])
     if out.exists() and not out.is_dir():
@@ -119,6 +143,8 @@ def _main_out(args, s, out: Path, parallel: int) -> int:
 
     if args.phase == "map":
         return _map(args, s, out, parallel)
+    if args.phase == "optimal":
+        return _optimal(args, s, out, parallel)
     settings = s.as_dict()
     if args.report_only:
         done = runner.load_curves(out, settings, with_data=False)
@@ -254,6 +280,85 @@ def _map(args, s, out: Path, parallel: int) -> int:
     except plan.CurveMismatch as e:
         return fail(str(e))
     return crossmap.write(s, m, done, out)
+
+
+def _optimal(args, s, out: Path, parallel: int) -> int:
+    """The experiment at the map's budget: its report (--report_only), or its data check, its rounds and its
+    report. The design is read from the map's map.json; curves made from another design are refused."""
+    from growlm.eval.experiments import crossmap, optimal, plan, runner  # lazy: as in main
+
+    m = crossmap.quick_map() if args.quick else crossmap.MAP
+    where = args.map or Path("runs/isoflop_map_quick" if args.quick else DEFAULT_MAP_OUT[args.profile])
+    try:
+        r = json.loads((where / "map.json").read_text())
+    except FileNotFoundError:
+        return fail(f"--map {where} has no map.json; run growlm-experiment --phase map (or give its --out as --map)")
+    except (OSError, ValueError) as e:
+        return fail(f"--map {where}/map.json cannot be read ({e}); rebuild it with --phase map --report_only")
+    if r.get("protocol") != crossmap.MAP_PROTOCOL:
+        return fail(f"--map {where}/map.json is not a crossover map of {crossmap.MAP_PROTOCOL}; give the folder "
+                    "growlm-experiment --phase map wrote")  # fmt: skip
+    try:
+        s = optimal.design(s, m, r, args.target, args.budget)
+    except optimal.DesignError as e:
+        return fail(str(e))
+    settings = s.as_dict()
+    if args.report_only:
+        done = runner.load_curves(out, settings, with_data=False)
+        if not done:
+            return fail(f"no curves under {out / 'curves'}; run growlm-experiment --phase optimal first")
+        return optimal.write(s, done, out)
+    data = args.data
+    if data is None:
+        from growlm.data.tokens import cache_dir  # lazy: only without --data
+
+        data = cache_dir() / ("".join([f"bpe{s.vocab_size}", *(f"-{e}" for e in m.extra)]))
+    if not (data / "meta.json").is_file():
+        return fail(f"--data {data} has no meta.json; the map's token folder is needed (growlm-experiment --phase "
+                    "map prepares it)")  # fmt: skip
+    have = (runner.train_tokens(data) - 1) // s.seq_len
+    settings["data"] = runner.data_fingerprint(data) | {"train_windows": have}
+    if have != s.design["train_windows"]:
+        return fail(f"--data {data} holds {have:,} training windows; the map ran on {s.design['train_windows']:,}: "
+                    "give the map's token folder (--data)")  # fmt: skip
+    if (need := optimal.max_train_windows(s)) > 2 * have:
+        return fail(f"--data {data} holds {have:,} training windows; the longest run reads {need:,}, more than "
+                    "twice over: choose a smaller --budget")  # fmt: skip
+    done = runner.load_curves(out, settings)
+    try:
+        if args.dry_run:
+            specs, _ = optimal.experiment_plan(s, done)
+            todo = [sp for sp in dict.fromkeys(specs) if sp.name not in done]
+            for sp in todo:
+                print(f"{sp.phase:5s} {sp.name:56s} steps {protocol_steps(s, sp)}")
+            print(crossmap.eta_line(s, done, todo, parallel))
+            return 0
+        with runner.Workers(parallel) as workers:
+            rnd = 0
+            while True:
+                specs, _ = optimal.experiment_plan(s, done)
+                todo = [sp for sp in dict.fromkeys(specs) if sp.name not in done]
+                if not todo:
+                    break
+                rnd += 1
+                plan.check_finished(done, specs)
+                label = f"optimal round {rnd}"
+                print(f"growlm-experiment: {label}: {crossmap.eta_line(s, done, todo, parallel)}", flush=True)
+                failed = runner.run_all(s, todo, data, out, settings, workers, label)
+                done = runner.load_curves(out, settings)
+                if failed:
+                    return 1
+    except plan.CurveMismatch as e:
+        return fail(str(e))
+    return optimal.write(s, done, out)
+
+
+def protocol_steps(s, sp) -> str:
+    """A run's total steps and its growth steps, for the dry run's listing."""
+    from growlm.eval.experiments import protocol  # lazy: as in main
+
+    steps = protocol.run_steps(s, sp)
+    return f"{steps[-1]:6d}  growth at {steps[:-1] or '-'}"
 
 
 def dry_run(s, todo, st, done) -> int:

@@ -106,10 +106,10 @@ class PilotState:
     complete: bool
 
 
-def growth_points(s: Settings, a: Arm, cross: Mapping[str, dict]) -> tuple[tuple, list[str]]:
+def growth_points(s: Settings, a: Arm, cross: Mapping[str, dict], unit: str = "C") -> tuple[tuple, list[str]]:
     """The growth points of arm ``a`` (cumulative FLOPs): each growth at the crossover budget of its two
-    sizes, kept within [GROW_MIN, GROW_MAX] x C and increasing; the flags name every point moved or read outside
-    the measured budgets."""
+    sizes (``cross``: budgets in units of ``s.c_flops``, named ``unit`` in the flags), kept within [GROW_MIN,
+    GROW_MAX] x C and increasing; the flags name every point moved or read outside the measured budgets."""
     pts, flags = [], []
     for small, big in zip(a.stages, a.stages[1:], strict=False):
         c = cross[f"{small}->{big}"]
@@ -118,11 +118,13 @@ def growth_points(s: Settings, a: Arm, cross: Mapping[str, dict]) -> tuple[tuple
             flags.append(f"{small}->{big}: crossover {c['flag']} the measured budgets")
         g = min(max(f, GROW_MIN), GROW_MAX)
         if g != f:
-            flags.append(f"{small}->{big}: growth moved from {f:.3g} C to {g:.3g} C")
+            flags.append(f"{small}->{big}: growth moved from {f:.3g} {unit} to {g:.3g} {unit}")
         pts.append(g)
     for i in range(len(pts) - 2, -1, -1):  # keep increasing: an earlier growth goes to half of the next one
         if pts[i] >= pts[i + 1]:
-            flags.append(f"growth {i + 1} moved from {pts[i]:.3g} C to {pts[i + 1] / 2:.3g} C (before the next)")
+            flags.append(
+                f"growth {i + 1} moved from {pts[i]:.3g} {unit} to {pts[i + 1] / 2:.3g} {unit} (before the next)"
+            )
             pts[i] = pts[i + 1] / 2
     return tuple(p * s.c_flops for p in pts), flags
 

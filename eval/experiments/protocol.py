@@ -44,6 +44,9 @@ class Settings:
     on 2-D weights, gradient clipping at 1.0.
     curve_points: validation points per run (evenly spaced in FLOPs), each on ``curve_windows`` windows; the final
     point on ``final_windows`` windows spread evenly over all held-out text.
+    arms: the growth arms (None: this module's ``ARMS``); protocol: the version every curve records; design: what
+    another protocol derived these settings from (eval.experiments.optimal: the crossover map's choice). ``arms``
+    and ``design`` enter ``as_dict`` only when set, so the curves of isoflop-envelope-v1 keep their settings.
     """
 
     profile: str = "cpu"
@@ -73,6 +76,21 @@ class Settings:
     curve_windows: int = 64
     final_windows: int = 512
     device: str = "cpu"
+    arms: tuple[Arm, ...] | None = None
+    protocol: str = PROTOCOL
+    design: dict[str, Any] | None = None
+
+    def arm(self, name: str) -> Arm:
+        """The growth arm called ``name`` among this protocol's arms (KeyError names them)."""
+        arms = ARMS if self.arms is None else self.arms
+        for a in arms:
+            if a.name == name:
+                return a
+        raise KeyError(f"unknown arm {name!r}; arms: {tuple(a.name for a in arms)}")
+
+    def arm_list(self) -> tuple[Arm, ...]:
+        """This protocol's growth arms, in order."""
+        return ARMS if self.arms is None else self.arms
 
     def config(self, size: str) -> GPTConfig:
         """The GPTConfig of a named size (dropout 0, n_positions = seq_len)."""
@@ -90,9 +108,11 @@ class Settings:
         return 6 * cfg.vocab_size * cfg.n_embd / flops_per_token(cfg, self.seq_len)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready settings (tuples as lists), with the protocol version."""
+        """JSON-ready settings (tuples as lists), with the protocol version; ``arms`` and ``design`` only when set."""
         d = json.loads(json.dumps(asdict(self)))
-        d["protocol"] = PROTOCOL
+        for k in ("arms", "design"):
+            if d[k] is None:
+                del d[k]
         return d
 
 
@@ -161,11 +181,8 @@ POLICIES = ("continue", "rewarm")  # the LR schedule after growth: same position
 
 
 def arm(name: str) -> Arm:
-    """The arm called ``name`` (KeyError names the arms)."""
-    for a in ARMS:
-        if a.name == name:
-            return a
-    raise KeyError(f"unknown arm {name!r}; arms: {ARM_NAMES}")
+    """The arm of isoflop-envelope-v1 called ``name`` (KeyError names the arms)."""
+    return Settings().arm(name)
 
 
 # ---------------------------------------------------------------------------------------------------------- runs
@@ -174,7 +191,8 @@ class RunSpec:
     """One training run. ``kind`` 'scratch' (``size`` set) or 'grow' (``arm`` set, ``grow_flops``: the cumulative
     FLOPs after which each growth happens). budget: fraction of C. lr: peak LR. policy: LR schedule after growth;
     moments: Adam-moment policy at growth (growth.ops.apply.OptimizerPolicy); ``symmetry`` overrides the width
-    arm's symmetry breaking (a lever). phase: 'pilot' or 'main'; tag: a lever's name ('' for none)."""
+    arm's symmetry breaking (a lever: 'none', 'noise', or 'noise:<s.d.>' for another noise scale). phase: 'pilot',
+    'main' or 'map'; tag: a lever's name ('' for none)."""
 
     phase: str
     kind: str
@@ -241,7 +259,7 @@ def run_steps(s: Settings, spec: RunSpec) -> list[int]:
     budget = spec.budget * s.c_flops
     if spec.kind == "scratch":
         return [max(1, round(budget / s.step_flops(spec.size)))]
-    return stage_steps(s, arm(spec.arm).stages, spec.grow_flops, budget)
+    return stage_steps(s, s.arm(spec.arm).stages, spec.grow_flops, budget)
 
 
 def settings_digest(d: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from growlm.eval.experiments.protocol import RunSpec, Settings, arm, run_steps
+from growlm.eval.experiments.protocol import RunSpec, Settings, run_steps
 from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.schedule_rule import ScheduleRule
@@ -126,7 +126,7 @@ def train_run(s: Settings, spec: RunSpec, data: Path) -> dict[str, Any]:
     steps = run_steps(s, spec)
     total = steps[-1]
     grow_at = steps[:-1]
-    stages = (spec.size,) if spec.kind == "scratch" else arm(spec.arm).stages
+    stages = (spec.size,) if spec.kind == "scratch" else s.arm(spec.arm).stages
     starts = [0, *grow_at]
     step_costs = [(a, s.step_flops(size)) for a, size in zip(starts, stages, strict=True)]
     cum = cumulative_flops(step_costs, total)
@@ -178,11 +178,14 @@ def grow(s: Settings, spec: RunSpec, stage: int, model: GPT, opt, sched: Schedul
     """Grow the run's model from stage ``stage`` to the next with growlm's operators: the whole training state
     (weights, exp_avg / exp_avg_sq, Adam step, schedule position, masks) through grow_state. Returns (model, AdamW,
     schedule) of the grown model; the LR policy 'rewarm' re-warms linearly over rewarm_frac of the run."""
-    a = arm(spec.arm)
+    a = s.arm(spec.arm)
     opts = dict(a.ops[stage])
     family = opts.pop("family")
-    if spec.symmetry:
-        opts["symmetry"] = spec.symmetry
+    if spec.symmetry:  # 'none', 'noise', or 'noise:<s.d.>' (the noise-scale lever)
+        kind, _, std = spec.symmetry.partition(":")
+        opts["symmetry"] = kind
+        if std:
+            opts["noise_std"] = float(std)
     if family == "duplicate" and opts.get("symmetry") == "noise":
         opts.setdefault("seed", spec.seed)
     if family == "masked":

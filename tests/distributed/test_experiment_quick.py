@@ -113,3 +113,46 @@ def test_quick_crossover_map_runs_its_rounds_resumes_and_rebuilds_from_its_curve
     capsys.readouterr()
     assert experiment.main(["--quick", "--report_only", "--out", str(tmp_path / "copy")]) == 2
     assert "other settings" in capsys.readouterr().err
+
+
+def test_quick_optimal_phase_runs_pilot_main_and_levers_from_a_map_and_rebuilds_from_its_curves(
+    tmp_path, small_vocab_data, capsys
+):
+    """--phase optimal --quick on a quick map, the target and B given by flags (the toy map has no growth target):
+    the rounds run in 2 workers, results.json has every field of the claim, a rerun trains nothing, --dry_run lists
+    nothing, and --report_only on a copy of the curves rebuilds results.json and report.md number for number."""
+    data = ["--data", str(small_vocab_data), "--parallel", "2"]
+    assert experiment.main(["--quick", "--phase", "map", "--out", str(tmp_path / "map"), *data]) == 0
+    out = tmp_path / "opt"
+    argv = ["--quick", "--phase", "optimal", "--map", str(tmp_path / "map"), "--target", "L2", "--budget", "1",
+            "--out", str(out), *data]  # fmt: skip
+    assert experiment.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "optimal round 1: 0 runs done" in printed and "report in" in printed
+    r = json.loads((out / "results.json").read_text())
+    assert (r["protocol"], r["target"], r["budget_C"], r["chosen_by"]) == ("isoflop-optimal-v1", "L2", 1.0, "flags")
+    assert r["budget_flops"] == r["C_flops"] and r["n_seeds"] == 2 and set(r["envelope"]) == {"0.25", "0.5", "1"}
+    stages = {"depth-x2": ["L1", "L2"], "gstack-x2": ["L1", "L2"], "width-x2": ["L2n", "L2"], "msg-depth": ["L1", "L2"]}
+    assert {a["arm"]: a["stages"] for a in r["arms"]} == stages
+    for a in r["arms"]:
+        assert ARM_FIELDS <= set(a) and a["n_seeds"] == 2
+        assert a["delta_vs_envelope_ci95_low"] <= a["delta_vs_envelope_mean"] <= a["delta_vs_envelope_ci95_high"]
+        assert len(a["delta_vs_envelope_per_seed"]) == 2
+    assert len(r["levers"]) == 6 and all(lv["loss"] > 0 for lv in r["levers"])
+    curves = _mtimes(out)
+    assert set(r["epochs"]) == {Path(n).stem for n in curves} and all(0 < e < 2 for e in r["epochs"].values())
+    # the grown width arm's first stage is the half-width size, run only inside that arm
+    assert r["settings"]["sizes"]["L2n"] == [2, 8, 1]
+    assert experiment.main(argv) == 0 and _mtimes(out) == curves  # nothing left to run
+    assert experiment.main([*argv, "--dry_run"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"{len(curves)} runs done, 0 to run")
+    shutil.copytree(out / "curves", tmp_path / "copy" / "curves")
+    rebuilt = ["--quick", "--phase", "optimal", "--map", str(tmp_path / "map"), "--target", "L2", "--budget", "1",
+               "--report_only", "--out", str(tmp_path / "copy")]  # fmt: skip
+    assert experiment.main(rebuilt) == 0
+    assert json.loads((tmp_path / "copy" / "results.json").read_text()) == r
+    assert (tmp_path / "copy" / "report.md").read_text() == (out / "report.md").read_text()
+    # another design (B) refuses these curves: never mixed in
+    capsys.readouterr()
+    assert experiment.main([*rebuilt[:8], "2", *rebuilt[9:]]) == 2
+    assert "other settings" in capsys.readouterr().err

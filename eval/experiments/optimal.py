@@ -1,0 +1,550 @@
+"""The IsoFLOP experiment where the growth target is the compute-optimal size (``growlm-experiment --phase
+optimal``): planning, the design read off the crossover map, and the report. Pure (no torch); the runs are the
+envelope experiment's (eval.experiments.train_run).
+
+Why (DESIGN.md, "Does growth pay"): a grown model can only beat the best scratch model at a budget where its target
+is that best model. The crossover map (eval.experiments.crossmap) measures, for every size, the budget where it
+overtakes the next smaller one, and chooses the main budget B and the target by rule (``crossmap.choose_target``).
+This experiment runs there:
+
+- **Settings** (``design``): C_opt = B x C FLOPs; the envelope's sizes are the target and its neighbours on the
+  depth ladder, each at 0.25, 0.5 and 1 B (``ENVELOPE``); the target also past B (the largest of ``SAME_SIZE``
+  that reads the data at most twice), so that the saving against the same size reads off finished runs.
+- **Arms**, generated for the target: depth x2 from the next smaller depth (function-preserving duplication), the
+  multi-stage path through every size the map found optimal on the way (when there is more than one), G_stack-style
+  stacking from the smallest depth (Du et al. 2024, arXiv 2405.15319), width x2 with symmetry-breaking noise from
+  the half-width size of the same depth, MSG masked depth growth (Yao et al. 2023, arXiv 2305.02869).
+- **Growth points**: each growth at the map's crossover of its two sizes (in units of B, kept within
+  [``plan.GROW_MIN``, ``plan.GROW_MAX``] of B and increasing, ``plan.growth_points``), never at probe runs of this
+  experiment. A pair the map did not measure (the half-width size) grows where the target's depth pair crosses,
+  flagged in the report.
+- **Pilot** (the pilot seed): every envelope size's LR is the map's, tuned at B on the same seed, when the map tuned
+  at B (else swept here around the map's nearest tuned LR); every arm's LR is swept at B on a factor-2 grid centred
+  on the target's LR (widened at an edge), then each arm at its best LR with the LR re-warmed after growth.
+- **Main** (``Settings.seeds`` fresh seeds): the envelope and every arm, paired by seed (the same batches).
+- **Levers** (pilot seed, after the main runs): on the arm with the lowest pilot loss, growth at half and at twice
+  its growth points, Adam moments reset, the LR re-warmed (the pilot's policy runs); on the width arm the
+  symmetry-breaking noise at a quarter and four times its scale and none.
+
+Primary metric (as in eval.experiments.report): the paired difference between an arm's final validation loss at B
+and the comparator's, the comparator being the envelope size with the lowest map loss at B on the pilot seed
+(chosen once); mean and 95% t-interval over the main seeds.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from growlm.eval.experiments import analysis as an
+from growlm.eval.experiments import plan
+from growlm.eval.experiments.crossmap import MapSettings
+from growlm.eval.experiments.protocol import DEPTH, Arm, RunSpec, Settings, run_steps
+from growlm.model.config import param_count
+from growlm.runtime import atomic
+
+OPTIMAL_PROTOCOL = "isoflop-optimal-v1"  # bump when a change makes old curves incomparable
+ENVELOPE = (0.25, 0.5, 1.0)  # the envelope's budgets, x B
+SAME_SIZE = (2.0, 1.5, 1.25)  # the target's budget past B: the largest whose run reads the data at most twice
+STACK = {"family": "duplicate", "layer_order": "stack", "exact": False}
+WIDTH = {"family": "duplicate", "pattern": "split", "alpha": 0.75, "symmetry": "noise", "noise_std": 1.0}
+MASKED = {"family": "masked"}
+TIMING = {"early": 0.5, "late": 2.0}  # the timing levers: each growth point times this (then kept inside the run)
+LATE_MAX = 0.9  # the latest a timing lever grows (x B)
+NOISE = {"noise0.25": 0.25, "noise4": 4.0}  # the symmetry levers of the width arm: noise_std times this
+
+
+class DesignError(ValueError):
+    """The crossover map does not allow the experiment (no target, a target without a smaller size, a budget the
+    map did not measure)."""
+
+
+def design(base: Settings, m: MapSettings, r: Mapping[str, Any], target: str | None = None,
+           budget: float | None = None) -> Settings:  # fmt: skip
+    """The experiment's settings from a complete crossover map (map.json's content ``r``; ``crossmap.summarize``).
+
+    Args:
+        base: the profile the map ran with (its family, C, batch, seeds, LR grid).
+        m: the map's settings (its ladders).
+        r: map.json's content.
+        target, budget: override the map's choice (``r["choice"]``) of the target size and B (x C, a budget the
+            map measured); None takes the map's.
+
+    Returns:
+        Settings with c_flops = B x C, the envelope's sizes plus the arms' sources, budgets ``ENVELOPE`` plus the
+        target's budget past B, the arms (``arms_for``), the protocol ``OPTIMAL_PROTOCOL`` and ``design``: the
+        choice, the map's crossovers in units of B, the map's LRs tuned at B, the comparator, the envelope's sizes
+        and the token folder's training windows.
+
+    Raises:
+        DesignError: the map chose no target and none was given; the target has no smaller size on the depth
+            ladder; B is not a budget of the map.
+    """
+    ch = r["choice"]
+    chosen_by = "map rule (crossmap.choose_target)" if target is None and budget is None else "flags"
+    target = target or ch["target"]
+    b = float(budget if budget is not None else (ch["budget"] or 0.0))
+    if target is None:
+        raise DesignError(f"the crossover map chose no target ({ch['why']}); give --target and --budget")
+    ladder = list(m.ladders.get("depth", ()))
+    if target not in ladder or ladder.index(target) == 0:
+        raise DesignError(f"--target {target}: needs a smaller size on the map's depth ladder {ladder}; choose one "
+                          f"of {ladder[1:]}")  # fmt: skip
+    if f"{b:g}" not in r["envelope"]:
+        raise DesignError(f"--budget {b:g}: the map measured budgets {[f'{x:g}' for x in r['budgets']]} (x C); "
+                          "choose one of them")  # fmt: skip
+    i = ladder.index(target)
+    envelope = ladder[max(0, i - 1) : i + 2]
+    loss_at_b = {z: r["sizes"][z]["points"][f"{b:g}"]["loss"] for z in envelope}
+    comparator = min(loss_at_b, key=loss_at_b.get)
+    sizes = {z: tuple(base.sizes[z]) for z in ladder}
+    arms, half = arms_for(base, ladder, target, b, r)
+    if half not in sizes:
+        sizes[half] = half_width(base.sizes[target])
+    used = {z for a in arms for z in a.stages} | set(envelope)
+    sizes = {z: v for z, v in sizes.items() if z in used}
+    cross = {}
+    for a in arms:
+        for x, y in zip(a.stages, a.stages[1:], strict=False):
+            cross[f"{x}->{y}"] = _map_crossover(r, x, y, b, f"{ladder[i - 1]}->{target}")
+    map_lr = {z: r["sizes"][z]["lr"] for z in sizes if z in r["sizes"]}
+    lr_from_map = {z: v[f"{b:g}"] for z, v in map_lr.items() if f"{b:g}" in v and z in envelope}
+    t_lr = _nearest_lr(map_lr[target], b)
+    s = replace(base, c_flops=b * r["c_flops"], sizes=sizes, target=target, budgets=ENVELOPE, budgets_2c_seeds=0,
+                lrs=(t_lr / 2, t_lr, t_lr * 2), arms=arms, protocol=OPTIMAL_PROTOCOL)  # fmt: skip
+    tw = int(r["train_windows"])
+    past = next((x for x in SAME_SIZE if _windows(s, target, x) <= 2 * tw), None)
+    d = {"map_protocol": r["protocol"], "map_c_flops": r["c_flops"], "budget_C": b, "target": target,
+         "chosen_by": chosen_by, "map_choice": ch, "envelope": envelope, "comparator": comparator,
+         "same_size_budget": past, "crossovers": cross, "lr_from_map": lr_from_map,
+         "lr_map_nearest": {z: _nearest_lr(v, b) for z, v in map_lr.items()}, "train_windows": tw}  # fmt: skip
+    budgets = ENVELOPE + ((past,) if past else ())
+    return replace(s, budgets=budgets, design=d)
+
+
+def _map_crossover(r: Mapping[str, Any], x: str, y: str, b: float, stand_in: str) -> dict[str, Any]:
+    """The crossover of sizes x -> y in units of B: the map's own record of the pair; else computed from the map's
+    pilot-seed losses of both sizes (``analysis.crossover``); else, for a size the map did not run, the crossover of
+    the pair ``stand_in``, marked as such."""
+    if f"{x}->{y}" in r["crossovers"]:
+        c = r["crossovers"][f"{x}->{y}"]
+        return {"budget": c["budget"] / b, "flag": c["flag"]}
+    if x in r["sizes"] and y in r["sizes"]:
+        pts = {z: {float(k): p["loss"] for k, p in r["sizes"][z]["points"].items()} for z in (x, y)}
+        budget, flag = an.crossover(pts[x], pts[y])
+        return {"budget": budget / b, "flag": flag}
+    return dict(_map_crossover(r, *stand_in.split("->"), b, stand_in), stand_in=stand_in)
+
+
+def _nearest_lr(lrs: Mapping[str, float], b: float) -> float:
+    """The LR the map tuned at the budget nearest to ``b`` (x C) in log FLOPs (ties to the smaller)."""
+    k = min(lrs, key=lambda x: (abs(math.log(float(x) / b)), float(x)))
+    return float(lrs[k])
+
+
+def _windows(s: Settings, size: str, budget: float) -> int:
+    return run_steps(s, RunSpec("main", "scratch", 0, budget, 0.0, size=size))[-1] * s.batch
+
+
+def half_width(shape) -> tuple[int, int, int]:
+    """(n_layer, n_embd, n_head) of the half-width size of ``shape``: the same depth, half the width and heads."""
+    n_layer, n_embd, n_head = shape
+    return (n_layer, n_embd // 2, max(1, n_head // 2))
+
+
+def arms_for(base: Settings, ladder: list[str], target: str, b: float, r: Mapping[str, Any]) -> tuple:
+    """The growth arms into ``target`` (the module docstring's list) and the name of the half-width size.
+
+    The multi-stage path is the depth ladder's sizes below the target that the map found best at some budget up to
+    B (pilot seed), then the target; it is an arm only with at least two growths. G_stack stacks the smallest depth
+    of the ladder up to the target's depth when that is a whole multiple (at least 2)."""
+    i = ladder.index(target)
+    prev = ladder[i - 1]
+    n = {z: base.sizes[z][0] for z in ladder}
+    arms = [Arm("depth-x2", (prev, target), (DEPTH,),
+                f"depth x2, {n[prev]} -> {n[target]} layers: each block duplicated next to itself, the copy's output "
+                "projections zeroed (function preserved)")]  # fmt: skip
+    best = {e["size"] for x, e in r["envelope"].items() if float(x) <= b}
+    path = [z for z in ladder[:i] if z in best] + [target]
+    if len(path) >= 3:
+        arms.append(Arm("multi-" + "-".join(str(n[z]) for z in path), tuple(path), (DEPTH,) * (len(path) - 1),
+                        f"depth {' -> '.join(str(n[z]) for z in path)} layers: through every size the map found "
+                        "optimal on the way, each grown at its crossover"))  # fmt: skip
+    k = n[target] // n[ladder[0]]
+    if k >= 2 and n[target] % n[ladder[0]] == 0:
+        arms.append(Arm(f"gstack-x{k}", (ladder[0], target), (STACK,),
+                        f"G_stack-style stacking x{k} (Du et al. 2024, arXiv 2405.15319): the whole "
+                        f"{n[ladder[0]]}-layer stack repeated, copies exact (function not preserved)"))  # fmt: skip
+    shape = half_width(base.sizes[target])
+    half = next((z for z, v in base.sizes.items() if tuple(v) == shape), f"{target}n")
+    arms.append(Arm("width-x2", (half, target), (WIDTH,),
+                    f"width x2, {shape[0]} x {shape[1]} -> {shape[0]} x {2 * shape[1]} (heads {shape[2]} -> "
+                    f"{base.sizes[target][2]}): neurons split 0.75 / 0.25 plus zero-sum noise that breaks the "
+                    "copies' symmetry and keeps the function"))  # fmt: skip
+    arms.append(Arm("msg-depth", (prev, target), (MASKED,),
+                    f"MSG masked depth growth {n[prev]} -> {n[target]} (Yao et al. 2023, arXiv 2305.02869): new "
+                    "blocks gated by a mask ramped 0 -> 1 over a quarter of the remaining run"))  # fmt: skip
+    return tuple(arms), half
+
+
+# ---------------------------------------------------------------------------------------------------------- plan
+@dataclass
+class State:
+    """What the finished runs decided so far."""
+
+    lr: dict[str, float]  # size or arm -> peak LR
+    growth: dict[str, tuple[float, ...]]  # arm -> growth points (FLOPs)
+    growth_flags: dict[str, list[str]]
+    policy: dict[str, str]  # arm -> 'continue' | 'rewarm'
+    lever_arm: str | None  # the arm with the lowest pilot loss (the levers' arm)
+    pilot_complete: bool
+    main_complete: bool
+    complete: bool
+
+
+def growth_of(s: Settings) -> tuple[dict[str, tuple], dict[str, list[str]]]:
+    """Each arm's growth points (FLOPs) and flags from the map's crossovers (``plan.growth_points``), with a flag
+    for a pair the map did not measure."""
+    cross = s.design["crossovers"]
+    growth, flags = {}, {}
+    for a in s.arm_list():
+        growth[a.name], flags[a.name] = plan.growth_points(s, a, cross, unit="B")
+        for x, y in zip(a.stages, a.stages[1:], strict=False):
+            if "stand_in" in cross[f"{x}->{y}"]:
+                flags[a.name].insert(0, f"{x}->{y}: not measured by the map; grown where "
+                                        f"{cross[f'{x}->{y}']['stand_in']} crosses")  # fmt: skip
+    return growth, flags
+
+
+def main_specs(s: Settings, st: State) -> list[RunSpec]:
+    """Every main run: the envelope on every seed (the target also past B), every arm at B."""
+    d = s.design
+    specs = []
+    for seed in range(s.seeds):
+        for z in d["envelope"]:
+            for b in ENVELOPE + ((d["same_size_budget"],) if z == s.target and d["same_size_budget"] else ()):
+                specs.append(RunSpec("main", "scratch", seed, b, st.lr[z], size=z))
+        for a in s.arm_list():
+            specs.append(RunSpec("main", "grow", seed, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name],
+                                 policy=st.policy[a.name]))  # fmt: skip
+    return specs
+
+
+def lever_specs(s: Settings, st: State) -> list[RunSpec]:
+    """The levers (pilot seed; the module docstring): timing and moments on the best pilot arm, the noise scale
+    of the width arm."""
+    a = st.lever_arm
+    base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[a], arm=a, grow_flops=st.growth[a], policy=st.policy[a])
+    out = []
+    for tag, f in TIMING.items():
+        pts = [min(g * f, LATE_MAX * s.c_flops) for g in st.growth[a]]
+        if all(x < y for x, y in zip(pts, pts[1:], strict=False)) and pts != list(st.growth[a]):
+            out.append(replace(base, grow_flops=tuple(pts), tag=tag))
+    out.append(replace(base, moments="reset", tag="reset"))
+    w = "width-x2"
+    wbase = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[w], arm=w, grow_flops=st.growth[w], policy=st.policy[w])
+    out.append(replace(wbase, symmetry="none", tag="nosym"))
+    for tag, f in NOISE.items():
+        out.append(replace(wbase, symmetry=f"noise:{f * WIDTH['noise_std']:g}", tag=tag))
+    return out
+
+
+def lever_what(s: Settings, sp: RunSpec) -> str:
+    """One line on what a lever run changes."""
+    if sp.tag in TIMING:
+        return f"{sp.arm} grown at {', '.join(f'{g / s.c_flops:.3g}' for g in sp.grow_flops)} B ({sp.tag})"
+    if sp.tag == "reset":
+        return f"{sp.arm} with Adam moments reset at growth"
+    if sp.tag == "nosym":
+        return f"{sp.arm} without symmetry breaking (exact copies)"
+    return f"{sp.arm} with symmetry-breaking noise s.d. {sp.symmetry.split(':')[1]} (default {WIDTH['noise_std']:g})"
+
+
+def experiment_plan(s: Settings, done: Mapping[str, dict]) -> tuple[list[RunSpec], State]:
+    """The runs needed now given the finished ones (pilot, then main, then levers), and what they decided.
+
+    Raises:
+        plan.CurveMismatch: a finished curve has a needed run's name but another spec.
+    """
+    d = s.design
+    seed = s.pilot_seed
+    growth, flags = growth_of(s)
+    st = State(dict(d["lr_from_map"]), growth, flags, {}, None, False, False, False)
+    specs: list[RunSpec] = []
+    for z in d["envelope"]:
+        if z not in st.lr:
+            lr0 = d["lr_map_nearest"][z]
+            need, lr = plan.lr_sweep(replace(s, lrs=(lr0 / 2, lr0, lr0 * 2)), done,
+                                     RunSpec("pilot", "scratch", seed, 1.0, 0.0, size=z))  # fmt: skip
+            specs += need
+            if lr is not None:
+                st.lr[z] = lr
+    for a in s.arm_list():
+        base = RunSpec("pilot", "grow", seed, 1.0, 0.0, arm=a.name, grow_flops=growth[a.name])
+        need, lr = plan.lr_sweep(s, done, base)
+        specs += need
+        if lr is not None:
+            st.lr[a.name] = lr
+    if any(z not in st.lr for z in [*d["envelope"], *(a.name for a in s.arm_list())]):
+        return specs, st
+    pilot_loss = {}
+    for a in s.arm_list():
+        cont = RunSpec("pilot", "grow", seed, 1.0, st.lr[a.name], arm=a.name, grow_flops=growth[a.name])
+        rew = replace(cont, policy="rewarm")
+        specs.append(rew)
+        lc, lw = plan.final_loss(done, cont), plan.final_loss(done, rew)
+        if lw is not None:
+            st.policy[a.name] = "rewarm" if lw < lc else "continue"
+            pilot_loss[a.name] = min(lc, lw)
+    if len(st.policy) < len(s.arm_list()):
+        return specs, st
+    st.pilot_complete = True
+    st.lever_arm = min(pilot_loss, key=pilot_loss.get)
+    main = main_specs(s, st)
+    specs += main
+    if any(plan.final_loss(done, sp) is None for sp in main):
+        return specs, st
+    st.main_complete = True
+    levers = lever_specs(s, st)
+    specs += levers
+    st.complete = all(plan.final_loss(done, sp) is not None for sp in levers)
+    return specs, st
+
+
+def max_train_windows(s: Settings) -> int:
+    """The most training windows any run reads: the cheapest envelope size's at its largest budget (the target's
+    past B included), and each arm at B (the cheapest first stage bounds it)."""
+    d = s.design
+    runs = [(z, max(ENVELOPE)) for z in d["envelope"]]
+    if d["same_size_budget"]:
+        runs.append((s.target, d["same_size_budget"]))
+    w = max(_windows(s, z, b) for z, b in runs)
+    return max(w, *(_windows(s, a.stages[0], 1.0) for a in s.arm_list()))
+
+
+def epochs(s: Settings, sp: RunSpec) -> float:
+    """Passes over the training data of a run: its steps x batch windows / the token folder's training windows."""
+    return run_steps(s, sp)[-1] * s.batch / s.design["train_windows"]
+
+
+# -------------------------------------------------------------------------------------------------------- report
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def summarize(s: Settings, done: Mapping[str, dict]) -> dict[str, Any]:
+    """results.json's content from the finished curves (the main runs of every seed that has all of them).
+
+    Raises:
+        ValueError: the pilot is incomplete, or fewer than 2 seeds have every main run.
+    """
+    _, st = experiment_plan(s, done)
+    if not st.pilot_complete:
+        raise ValueError("the pilot is incomplete; run growlm-experiment --phase optimal (it resumes) first")
+    d = s.design
+    main = main_specs(s, st)
+    seeds = [k for k in range(s.seeds) if all(sp.name in done for sp in main if sp.seed == k)]
+    if len(seeds) < 2:
+        raise ValueError(f"{len(seeds)} seeds have every main run; the report needs at least 2")
+    bud = ENVELOPE + ((d["same_size_budget"],) if d["same_size_budget"] else ())
+
+    def scratch(z: str, b: float, k: int) -> float | None:
+        return plan.final_loss(done, RunSpec("main", "scratch", k, b, st.lr[z], size=z))
+
+    def arm_spec(a: str, k: int) -> RunSpec:
+        return RunSpec("main", "grow", k, 1.0, st.lr[a], arm=a, grow_flops=st.growth[a], policy=st.policy[a])
+
+    means = {b: {z: statistics.fmean(v) for z in d["envelope"]
+                 if (v := [x for k in seeds if (x := scratch(z, b, k)) is not None])} for b in bud}  # fmt: skip
+    env = an.envelope({b: m for b, m in means.items() if b in ENVELOPE})
+    env_points = [(b, loss) for b, (_, loss) in env.items()]
+    comp = d["comparator"]
+    comp_b = [scratch(comp, 1.0, k) for k in seeds]
+    arms = []
+    for a in s.arm_list():
+        runs = [done[arm_spec(a.name, k).name]["curve"] for k in seeds]
+        la = [c["final"]["val_loss"] for c in runs]
+        need = an.compute_to_reach(env_points, statistics.fmean(la))
+        deltas = [x - y for x, y in zip(la, comp_b, strict=True)]
+        m, lo, hi = an.mean_ci95(deltas)
+        same = []
+        for k, x in zip(seeds, la, strict=True):
+            pts = [(b, v) for b in bud if (v := scratch(a.stages[-1], b, k)) is not None]
+            same.append(an.saving(1.0, an.compute_to_reach(pts, x)))
+        same_ok = [v for v in same if v is not None]
+        sm, slo, shi = an.mean_ci95(same_ok) if same_ok else (None, None, None)
+        arms.append({"arm": a.name, "what": a.what, "stages": list(a.stages), "final_size": a.stages[-1],
+                     "n_seeds": len(seeds), "lr": st.lr[a.name], "lr_policy": st.policy[a.name],
+                     "growth_at_B": [round(f / s.c_flops, 4) for f in st.growth[a.name]],
+                     "growth_flags": st.growth_flags[a.name], "final_loss_mean": _r(statistics.fmean(la)),
+                     "delta_vs_envelope_mean": _r(m), "delta_vs_envelope_ci95_low": _r(lo),
+                     "delta_vs_envelope_ci95_high": _r(hi), "beats_envelope": hi is not None and hi < 0,
+                     "delta_vs_envelope_per_seed": [_r(x) for x in deltas],
+                     "saving_vs_envelope_mean": _r(an.saving(1.0, need)),
+                     "saving_vs_same_size_mean": _r(sm), "saving_vs_same_size_ci95_low": _r(slo),
+                     "saving_vs_same_size_ci95_high": _r(shi), "saving_vs_same_size_n": len(same_ok),
+                     "loss_change_at_growth_mean": _r(statistics.fmean(statistics.fmean(
+                         g["loss_after"] - g["loss_before"] for g in c["growth"]) for c in runs)),
+                     "wall_s_mean": _r(statistics.fmean(c["wall_s"] for c in runs), 2)})  # fmt: skip
+    scratch_out = []
+    for z in d["envelope"]:
+        lz = [scratch(z, 1.0, k) for k in seeds]
+        m, lo, hi = an.mean_ci95([x - y for x, y in zip(lz, comp_b, strict=True)])
+        scratch_out.append({"size": z, "shape": list(s.sizes[z]), "lr": st.lr[z],
+                            "n_params": param_count(s.config(z), include_position_embeddings=False),
+                            "loss_by_budget": {f"{b:g}": _r(means[b].get(z)) for b in bud},
+                            "delta_vs_envelope_mean": _r(m), "delta_vs_envelope_ci95_low": _r(lo),
+                            "delta_vs_envelope_ci95_high": _r(hi)})  # fmt: skip
+    sweep: dict[str, dict[str, float]] = {}
+    for rec in done.values():
+        sp = rec["spec"]
+        if sp.phase == "pilot" and sp.policy == "continue" and not sp.tag:
+            sweep.setdefault(sp.size or sp.arm, {})[f"{sp.lr:.2e}"] = _r(rec["curve"]["final"]["val_loss"])
+    sweep = {k: dict(sorted(v.items(), key=lambda kv: float(kv[0]))) for k, v in sorted(sweep.items())}
+    policy = {}
+    for a in s.arm_list():
+        base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name])
+        policy[a.name] = {"continue": _r(plan.final_loss(done, base)),
+                          "rewarm": _r(plan.final_loss(done, replace(base, policy="rewarm"))),
+                          "chosen": st.policy[a.name]}  # fmt: skip
+    levers = []
+    if st.main_complete:
+        for sp in lever_specs(s, st):
+            lv = plan.final_loss(done, sp)
+            if lv is None:
+                continue
+            base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[sp.arm], arm=sp.arm, grow_flops=st.growth[sp.arm],
+                           policy=st.policy[sp.arm])  # fmt: skip
+            lb = plan.final_loss(done, base)
+            levers.append({"lever": sp.tag, "arm": sp.arm, "what": lever_what(s, sp),
+                           "growth_at_B": [round(f / s.c_flops, 4) for f in sp.grow_flops], "loss": _r(lv),
+                           "base": base.name, "base_loss": _r(lb), "effect": _r(lv - lb)})  # fmt: skip
+    best = min(arms, key=lambda x: x["delta_vs_envelope_mean"])
+    ses = [rec["curve"]["final"]["val_se"] for rec in done.values() if rec["spec"].phase == "main"]
+    return {
+        "protocol": OPTIMAL_PROTOCOL, "settings": s.as_dict(),
+        "data": next(iter(done.values()))["settings"].get("data"),
+        "budget_flops": s.c_flops, "budget_C": d["budget_C"], "C_flops": d["map_c_flops"], "target": s.target,
+        "chosen_by": d["chosen_by"], "map_choice": d["map_choice"], "comparator": comp,
+        "envelope": {f"{b:g}": {"budget_flops": b * s.c_flops, "best_size": z, "loss": _r(loss),
+                                "losses": {k: _r(v) for k, v in means[b].items()}} for b, (z, loss) in env.items()},
+        "envelope_at_B": {"size": env[1.0][0], "loss": _r(env[1.0][1]), "comparator_loss": _r(statistics.fmean(comp_b)),
+                          "comparator_seed_sd": _r(statistics.stdev(comp_b), 5)},
+        "seeds": seeds, "pilot_seed": s.pilot_seed, "n_seeds": len(seeds),
+        "arms": arms, "scratch": scratch_out, "best_arm": best["arm"],
+        "best_arm_beats_envelope": best["beats_envelope"],
+        "lr_sweep": sweep, "lr_best": dict(st.lr), "lr_from_map": d["lr_from_map"], "lr_policy": policy,
+        "levers": levers, "lever_arm": st.lever_arm,
+        "epochs": {name: float(f"{epochs(s, rec['spec']):.4g}") for name, rec in sorted(done.items())},
+        "eval_noise": {"final_windows": s.final_windows, "val_se_mean": _r(statistics.fmean(ses), 5)},
+        "wall_s_runs_total": {ph: _r(sum(r["curve"]["wall_s"] for r in done.values() if r["spec"].phase == ph), 1)
+                              for ph in ("pilot", "main")},
+    }  # fmt: skip
+
+
+def _fmt_delta(a: Mapping[str, Any]) -> str:
+    return (f"{a['delta_vs_envelope_mean']:+.4f} [{a['delta_vs_envelope_ci95_low']:+.4f}, "
+            f"{a['delta_vs_envelope_ci95_high']:+.4f}]")  # fmt: skip
+
+
+def _pct(x: float | None) -> str:
+    return "n/a (outside the finished runs)" if x is None else f"{100 * x:+.1f}%"
+
+
+def markdown(s: Settings, r: Mapping[str, Any]) -> str:
+    """report.md from results.json's content."""
+    d = s.design
+    env_sizes = d["envelope"]
+    ep = r["epochs"]
+    lines = [
+        "# Growing into the compute-optimal model: the IsoFLOP experiment at the map's budget",
+        "",
+        "Produced by `growlm-experiment --phase optimal` (eval/experiments/optimal.py); every number here is computed "
+        "from the committed curves in `curves/` (`--phase optimal --report_only` rebuilds this file and "
+        "results.json).",
+        "",
+        "## Setup",
+        f"- Budget B = {d['budget_C']:g} C = {r['budget_flops']:.3g} FLOPs (C = {r['C_flops']:.3g}); target "
+        f"`{r['target']}`, chosen by {r['chosen_by']}: {r['map_choice']['why']}.",
+        f"- Envelope: {', '.join(f'`{z}` ({s.sizes[z][0]} x {s.sizes[z][1]})' for z in env_sizes)} at "
+        f"{', '.join(f'{b:g} B' for b in ENVELOPE)}"
+        + (f"; the target also at {d['same_size_budget']:g} B" if d["same_size_budget"] else "")
+        + f". Comparator (the envelope size with the lowest map loss at B, pilot seed): `{r['comparator']}`.",
+        f"- Seeds: pilot {r['pilot_seed']}; main {r['seeds']}. Each seed reads the same batches in the same order for "
+        f"every size and arm. Epochs over the training split per run: {min(ep.values()):.3g} to "
+        f"{max(ep.values()):.3g} (every run in results.json `epochs`).",
+        "- LRs: the envelope sizes' from the map where it tuned them at B ("
+        + (", ".join(f"`{z}` {v:.1e}" for z, v in r["lr_from_map"].items()) or "none")
+        + "), the arms' swept at B on the pilot seed.",
+        "",
+        "## The envelope at B and below (mean over seeds)",
+        "",
+        "| budget | " + " | ".join(env_sizes) + " | best |",
+        "|---|" + "---|" * (len(env_sizes) + 1),
+    ]
+    for b, e in r["envelope"].items():
+        cells = [f"{e['losses'][z]:.4f}" if z in e["losses"] else "-" for z in env_sizes]
+        lines.append(f"| {float(b):g} B | " + " | ".join(cells) + f" | `{e['best_size']}` {e['loss']:.4f} |")
+    lines += ["", "## Primary: each growth arm against the comparator at B", "",
+              "Paired difference in final validation loss (arm - comparator, nats; negative = better), mean and 95% "
+              "t-interval over seeds.", "",
+              "| arm (stages) | growth at (x B) | LR | after growth | loss | delta vs envelope [95% CI] | beats it | "
+              "saving vs envelope | saving vs same size |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for a in r["arms"]:
+        same = _pct(a["saving_vs_same_size_mean"])
+        if a["saving_vs_same_size_n"] < a["n_seeds"]:
+            same += f" ({a['saving_vs_same_size_n']} of {a['n_seeds']} seeds inside the finished runs)"
+        grown_at = ", ".join(f"{g:.3g}" for g in a["growth_at_B"])
+        stages = " -> ".join(a["stages"])
+        lines.append(
+            f"| `{a['arm']}` ({stages}) | {grown_at} | {a['lr']:.1e} | {a['lr_policy']} | "
+            f"{a['final_loss_mean']:.4f} | {_fmt_delta(a)} | {'yes' if a['beats_envelope'] else 'no'} | "
+            f"{_pct(a['saving_vs_envelope_mean'])} | {same} |"
+        )
+    best = next(a for a in r["arms"] if a["arm"] == r["best_arm"])
+    verdict = ("beats the envelope: its interval lies below 0" if best["beats_envelope"] else
+               f"does not beat the envelope: its interval's upper bound is {best['delta_vs_envelope_ci95_high']:+.4f} "
+               "nats")  # fmt: skip
+    lines += ["", f"**Verdict.** At B = {d['budget_C']:g} C the best arm, `{best['arm']}` ({_fmt_delta(best)} nats), "
+              f"{verdict}.", ""]  # fmt: skip
+    flags = [f"`{a['arm']}`: {f}" for a in r["arms"] for f in a["growth_flags"]]
+    if flags:
+        lines += ["Growth points moved, or read outside the map's budgets:", *[f"- {f}" for f in flags], ""]
+    lines += [f"## Pilot (seed {r['pilot_seed']})", "", "LR sweep at B (final loss per peak LR; arms with the LR "
+              "continued after growth):", "", "| size / arm | LR: loss | best |", "|---|---|---|"]  # fmt: skip
+    for who, sw in r["lr_sweep"].items():
+        cells = ", ".join(f"{lr}: {v:.4f}" for lr, v in sw.items())
+        lines.append(f"| `{who}` | {cells} | {r['lr_best'][who]:.1e} |")
+    lines += ["", "| arm | LR continued | LR re-warmed | chosen |", "|---|---|---|---|"]
+    for k, v in r["lr_policy"].items():
+        lines.append(f"| `{k}` | {v['continue']:.4f} | {v['rewarm']:.4f} | {v['chosen']} |")
+    if r["levers"]:
+        lines += ["", f"## Levers (pilot seed, one run each; read against the comparator's seed s.d. "
+                  f"{r['envelope_at_B']['comparator_seed_sd']:.4f})", "",
+                  "| lever | loss | base loss | effect |", "|---|---|---|---|"]  # fmt: skip
+        for lv in r["levers"]:
+            lines.append(f"| {lv['what']} | {lv['loss']:.4f} | {lv['base_loss']:.4f} | {lv['effect']:+.4f} |")
+    lines += ["", f"Run time (sum of the runs' wall-clock, {s.device}): pilot {r['wall_s_runs_total']['pilot']:.0f} s, "
+              f"main {r['wall_s_runs_total']['main']:.0f} s.", ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def write(s: Settings, done: Mapping[str, dict], out: Path) -> int:
+    """Write results.json and report.md into ``out`` (atomically); 0, or 2 with a one-line reason on stderr."""
+    try:
+        res = summarize(s, done)
+    except ValueError as e:
+        print(f"growlm-experiment: error: {e}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    atomic.write_json(out / "results.json", res, overwrite=True)
+    atomic.write_text(out / "report.md", markdown(s, res), overwrite=True)
+    best = next(a for a in res["arms"] if a["arm"] == res["best_arm"])
+    print(f"growlm-experiment: report in {out / 'report.md'}; best arm {best['arm']}: {_fmt_delta(best)} nats vs "
+          f"{res['comparator']} at {s.design['budget_C']:g} C")  # fmt: skip
+    return 0

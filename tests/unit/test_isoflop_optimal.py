@@ -1,0 +1,202 @@
+"""The IsoFLOP experiment at the map's budget (eval/experiments/optimal.py) on a fabricated crossover map and
+fabricated runs: the design read off the map (B, target, envelope, arms, growth points at the map's crossovers, the
+map's LRs), the rounds (pilot, main, levers), the report's fields and its refusals."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from isoflop_helpers import M, S, fake_loss, run_map
+
+from growlm.eval.experiments import crossmap, optimal, plan
+from growlm.eval.experiments.protocol import RunSpec
+
+OFFSET = {"depth-x2": -0.02, "multi-1-2-4": 0.01, "gstack-x4": 0.08, "width-x2": 0.05, "msg-depth": 0.0}
+
+
+@pytest.fixture(scope="module")
+def mapped() -> dict:
+    done, _, _ = run_map()
+    return crossmap.summarize(S, M, done, crossmap.train_windows_of(done))
+
+
+def fake_run(s, sp: RunSpec) -> float:
+    """Scratch runs: the map's surface at B x budget; arms: the target's at B plus the arm's offset; an LR away
+    from 1e-3 costs 0.05 nats per factor 2, the re-warm 0.01, a lever 0.005; seeds differ by a few millinats."""
+    b = s.design["budget_C"]
+    seed = 0.003 * ((sp.seed * 7) % 3)
+    if sp.kind == "scratch":
+        return fake_loss(replace(sp, phase="map", budget=sp.budget * b, seed=100)) + seed
+    base = fake_loss(RunSpec("map", "scratch", 100, b, 1e-3, size=s.target)) + OFFSET[sp.arm]
+    base += 0.05 * abs(math.log2(sp.lr / 1e-3))
+    return base + seed + (0.01 if sp.policy == "rewarm" else 0.0) + (0.005 if sp.tag else 0.0)
+
+
+def run_all(s) -> tuple[dict[str, dict], optimal.State, int]:
+    done: dict[str, dict] = {}
+    rounds = 0
+    while True:
+        specs, st = optimal.experiment_plan(s, done)
+        todo = [sp for sp in dict.fromkeys(specs) if sp.name not in done]
+        if not todo:
+            return done, st, rounds
+        rounds += 1
+        for sp in todo:
+            loss = fake_run(s, sp)
+            growth = [{"loss_before": loss, "loss_after": loss}] * (len(sp.grow_flops))
+            done[sp.name] = {"spec": sp, "settings": {"data": {"train_windows": 400_000}},
+                             "curve": {"final": {"val_loss": loss, "val_se": 0.01}, "wall_s": 8.0 * sp.budget,
+                                       "growth": growth}}  # fmt: skip
+
+
+def test_the_design_follows_the_map_choice(mapped):
+    s = optimal.design(S, M, mapped)
+    d = s.design
+    # the map chose L4 at 64 C (tests/unit/test_isoflop_map.py); its envelope is L2, L4, L8 and it is their best
+    assert (s.target, d["budget_C"], s.c_flops) == ("L4", 64.0, 64.0 * S.c_flops)
+    assert d["envelope"] == ["L2", "L4", "L8"] and d["comparator"] == "L4" and d["chosen_by"].startswith("map rule")
+    assert s.protocol == optimal.OPTIMAL_PROTOCOL and s.as_dict()["protocol"] == optimal.OPTIMAL_PROTOCOL
+    assert "arms" in s.as_dict() and "arms" not in S.as_dict() and "design" not in S.as_dict()
+    arms = {a.name: a.stages for a in s.arm_list()}
+    # the multi-stage path runs through every size the map found best at some budget up to B: L1 (1-4 C), L2, L4
+    assert arms == {"depth-x2": ("L2", "L4"), "multi-1-2-4": ("L1", "L2", "L4"), "gstack-x4": ("L1", "L4"),
+                    "width-x2": ("L4n", "L4"), "msg-depth": ("L2", "L4")}  # fmt: skip
+    growth, flags = optimal.growth_of(s)
+    # each growth at the map's crossover in units of B: L1 -> L2 at 6 C, L2 -> L4 at 24 C; L4n -> L4 crosses below
+    # the map's budgets and is kept at the earliest growth point, flagged
+    assert [g / s.c_flops for g in growth["multi-1-2-4"]] == pytest.approx([6 / 64, 24 / 64], rel=1e-6)
+    assert growth["depth-x2"][0] / s.c_flops == pytest.approx(24 / 64, rel=1e-6)
+    assert growth["width-x2"][0] / s.c_flops == plan.GROW_MIN and any("below" in f for f in flags["width-x2"])
+    # the envelope's LRs are the map's, tuned at 64 C; the arms' grid is centred on the target's
+    assert d["lr_from_map"] == {"L2": 1e-3, "L4": 1e-3, "L8": 1e-3} and s.lrs == (5e-4, 1e-3, 2e-3)
+    # the target also past B, where it reads the data at most twice (400,000 windows)
+    assert d["same_size_budget"] == 2.0 and s.budgets == (0.25, 0.5, 1.0, 2.0)
+    assert optimal.max_train_windows(s) <= 2 * 400_000
+
+
+def test_a_target_given_by_flags_adds_its_half_width_size_with_a_stand_in_crossover(mapped):
+    s = optimal.design(S, M, mapped, target="L2", budget=16.0)
+    assert s.design["chosen_by"] == "flags" and s.design["envelope"] == ["L1", "L2", "L4"]
+    assert s.sizes["L2n"] == (2, 32, 2) and {a.name: a.stages for a in s.arm_list()}["width-x2"] == ("L2n", "L2")
+    assert "gstack-x2" in {a.name for a in s.arm_list()} and not any(a.name.startswith("multi") for a in s.arm_list())
+    growth, flags = optimal.growth_of(s)
+    assert growth["width-x2"] == growth["depth-x2"]  # where L1 -> L2 crosses: 6 C of 16 C
+    assert growth["depth-x2"][0] / s.c_flops == pytest.approx(6 / 16, rel=1e-6)
+    assert flags["width-x2"][0] == "L2n->L2: not measured by the map; grown where L1->L2 crosses"
+    # 16 C is no tuned budget of the map: the envelope sizes' LRs are swept at B around the nearest tuned one
+    assert s.design["lr_from_map"] == {}
+    specs, _ = optimal.experiment_plan(s, {})
+    swept = {sp.size: [] for sp in specs if sp.kind == "scratch"}
+    for sp in specs:
+        if sp.kind == "scratch":
+            swept[sp.size].append(sp.lr)
+    assert swept == {z: [1e-3, 2e-3, 4e-3] for z in ("L1", "L2", "L4")}  # the 8 C LR 2e-3 in the middle
+
+
+@pytest.mark.parametrize(
+    "target, budget, message",
+    [("L1", 8.0, "needs a smaller size on the map's depth ladder"), ("L4", 3.0, "--budget 3: the map measured")],
+)
+def test_a_design_the_map_cannot_support_is_refused(mapped, target, budget, message):
+    with pytest.raises(optimal.DesignError, match=message):
+        optimal.design(S, M, mapped, target=target, budget=budget)
+    flat = {**mapped, "choice": {**mapped["choice"], "target": None, "budget": None, "why": "none best"}}
+    with pytest.raises(optimal.DesignError, match="chose no target"):
+        optimal.design(S, M, flat)
+
+
+def test_pilot_then_main_then_levers_and_the_report(mapped):
+    s = optimal.design(S, M, mapped)
+    done, st, rounds = run_all(s)
+    assert st.complete and rounds == 4  # the arms' LR sweeps, the re-warm runs, main, levers
+    assert st.lr["depth-x2"] == 1e-3 and st.policy == {a.name: "continue" for a in s.arm_list()}
+    assert st.lever_arm == "depth-x2"
+    main = [r["spec"] for r in done.values() if r["spec"].phase == "main"]
+    assert len(main) == s.seeds * (3 * 3 + 1 + len(s.arm_list()))  # 3 sizes x 3 budgets, the target past B, arms
+    r = optimal.summarize(s, done)
+    assert (r["budget_flops"], r["target"], r["comparator"], r["n_seeds"]) == (64 * S.c_flops, "L4", "L4", s.seeds)
+    assert r["envelope"]["1"]["best_size"] == "L4" and set(r["envelope"]) == {"0.25", "0.5", "1"}
+    arm = {a["arm"]: a for a in r["arms"]}
+    d = arm["depth-x2"]
+    assert d["delta_vs_envelope_mean"] == pytest.approx(-0.02, abs=1e-9) and d["beats_envelope"]
+    assert d["delta_vs_envelope_ci95_low"] == d["delta_vs_envelope_ci95_high"] == pytest.approx(-0.02, abs=1e-9)
+    assert arm["gstack-x4"]["delta_vs_envelope_mean"] == pytest.approx(0.08, abs=1e-9)
+    assert not arm["gstack-x4"]["beats_envelope"] and r["best_arm"] == "depth-x2" and r["best_arm_beats_envelope"]
+    assert d["saving_vs_same_size_mean"] > 0 and d["saving_vs_same_size_n"] == s.seeds  # read off L4 at 1 and 2 B
+    assert {lv["lever"] for lv in r["levers"]} == {"early", "late", "reset", "nosym", "noise0.25", "noise4"}
+    assert all(lv["effect"] == pytest.approx(0.005) for lv in r["levers"])
+    noise = next(lv for lv in r["levers"] if lv["lever"] == "noise4")
+    assert noise["what"] == "width-x2 with symmetry-breaking noise s.d. 4 (default 1)"
+    # epochs of every run: steps x batch / the map's training windows
+    l2 = RunSpec("main", "scratch", 0, 1.0, 1e-3, size="L2")
+    assert r["epochs"][l2.name] == pytest.approx(optimal.epochs(s, l2), rel=1e-3)
+    assert max(r["epochs"].values()) <= 2.0
+    md = optimal.markdown(s, r)
+    assert "**Verdict.** At B = 64 C the best arm, `depth-x2` (-0.0200" in md and "beats the envelope" in md
+    assert "| `width-x2` (L4n -> L4) | 0.05 |" in md
+
+
+def test_the_report_needs_a_complete_pilot_and_two_seeds(mapped):
+    s = optimal.design(S, M, mapped)
+    with pytest.raises(ValueError, match="the pilot is incomplete"):
+        optimal.summarize(s, {})
+    done, st, _ = run_all(replace(s, seeds=2))
+    main = [n for n, r in done.items() if r["spec"].phase == "main" and r["spec"].seed == 1]
+    for n in main:
+        del done[n]
+    with pytest.raises(ValueError, match="1 seeds have every main run"):
+        optimal.summarize(replace(s, seeds=2), done)
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--phase", "optimal", "--target", "L2"], "--target and --budget go together"),
+        (["--target", "L2", "--budget", "8"], "--map, --target and --budget belong to --phase optimal"),
+        (["--phase", "optimal", "--map", "{tmp}/none"], "has no map.json; run growlm-experiment --phase map"),
+        (["--phase", "optimal", "--map", "{tmp}/bad"], "map.json cannot be read"),
+        (["--phase", "optimal", "--map", "{tmp}/map", "--target", "L1", "--budget", "8"], "needs a smaller size"),
+        (["--phase", "optimal", "--map", "{tmp}/map", "--target", "L4", "--budget", "3"], "the map measured budgets"),
+        (["--phase", "optimal", "--map", "{tmp}/map", "--data", "{tmp}/none"], "has no meta.json"),
+        (["--phase", "optimal", "--map", "{tmp}/map", "--data", "{data}"], "training windows; the map ran on 400,000"),
+        (["--phase", "optimal", "--map", "{tmp}/map", "--report_only"], "no curves under"),
+    ],
+)
+def test_growlm_experiment_phase_optimal_refuses_bad_input_in_one_line(mapped, tmp_path, small_vocab_data, capsys,
+                                                                      argv, message):  # fmt: skip
+    import json
+
+    from growlm.eval.experiments import cli
+
+    (tmp_path / "map").mkdir()
+    (tmp_path / "map" / "map.json").write_text(json.dumps(mapped))
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "map.json").write_text("{")
+    argv = [a.format(tmp=tmp_path, data=small_vocab_data) for a in argv]
+    assert cli.main([*argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "o" / "curves").exists()
+
+
+def test_the_noise_lever_reaches_the_width_operator_and_keeps_the_function(small_vocab_data, monkeypatch):
+    """symmetry 'noise:<s.d.>' sets the width operator's noise s.d.; the grown model's loss equals the small one's
+    (zero-sum noise), and the three runs train on differently."""
+    from growlm.eval.experiments import protocol, train_run
+
+    seen = []
+    real = train_run.make_rules
+    monkeypatch.setattr(train_run, "make_rules", lambda *a, **k: seen.append(k) or real(*a, **k))
+    s = replace(protocol.quick(protocol.PROFILES["cpu"]), c_flops=3e7)
+    spread = {}
+    for sym in ("noise:0.25", "noise:4", "none"):
+        sp = RunSpec("pilot", "grow", 0, 1.0, 4e-3, arm="width-x2", grow_flops=(0.5 * s.c_flops,), symmetry=sym)
+        c = train_run.train_run(s, sp, small_vocab_data)
+        g = c["growth"][0]
+        assert g["loss_after"] == pytest.approx(g["loss_before"], abs=1e-5)
+        spread[sym] = c["final"]["val_loss"]
+    assert [(k["symmetry"], k["noise_std"]) for k in seen] == [("noise", 0.25), ("noise", 4.0), ("none", 1.0)]
+    assert len(set(spread.values())) == 3  # three different runs
