@@ -220,7 +220,7 @@ def _run(s, args, done, data, out, settings, parallel) -> int:
 
 def _map(args, s, out: Path, parallel: int) -> int:
     """The crossover map: its report (--report_only), or its data check, its rounds of runs and its report."""
-    from growlm.eval.experiments import crossmap, plan, protocol, runner  # lazy: as in main
+    from growlm.eval.experiments import crossmap, runner  # lazy: as in main
 
     m = crossmap.quick_map() if args.quick else crossmap.MAP
     m.check(s)
@@ -255,37 +255,16 @@ def _map(args, s, out: Path, parallel: int) -> int:
                     f"reads {need:,}, more than twice over: give a token folder of at least "
                     f"{(need + 1) // 2 * s.seq_len + 1:,} training tokens (--data)")  # fmt: skip
     done = runner.load_curves(out, settings)
-    try:
-        if args.dry_run:
-            specs, _ = crossmap.map_plan(s, m, done)
-            todo = [sp for sp in dict.fromkeys(specs) if sp.name not in done]
-            for sp in todo:
-                print(f"map   {sp.name:48s} steps {protocol.run_steps(s, sp)[-1]:6d}")
-            print(crossmap.eta_line(s, done, todo, parallel))
-            return 0
-        with runner.Workers(parallel) as workers:
-            rnd = 0
-            while True:
-                specs, _ = crossmap.map_plan(s, m, done)
-                todo = [sp for sp in dict.fromkeys(specs) if sp.name not in done]
-                if not todo:
-                    break
-                rnd += 1
-                plan.check_finished(done, specs)
-                print(f"growlm-experiment: map round {rnd}: {crossmap.eta_line(s, done, todo, parallel)}", flush=True)
-                failed = runner.run_all(s, todo, data, out, settings, workers, f"map round {rnd}")
-                done = runner.load_curves(out, settings)
-                if failed:
-                    return 1
-    except plan.CurveMismatch as e:
-        return fail(str(e))
-    return crossmap.write(s, m, done, out)
+    rc = _rounds(args, s, lambda d: crossmap.map_plan(s, m, d)[0], "map", done, data, out, settings, parallel)
+    if rc is not None:
+        return rc
+    return crossmap.write(s, m, runner.load_curves(out, settings), out)
 
 
 def _optimal(args, s, out: Path, parallel: int) -> int:
     """The experiment at the map's budget: its report (--report_only), or its data check, its rounds and its
     report. The design is read from the map's map.json; curves made from another design are refused."""
-    from growlm.eval.experiments import crossmap, optimal, plan, runner  # lazy: as in main
+    from growlm.eval.experiments import crossmap, optimal, runner  # lazy: as in main
 
     m = crossmap.quick_map() if args.quick else crossmap.MAP
     where = args.map or Path("runs/isoflop_map_quick" if args.quick else DEFAULT_MAP_OUT[args.profile])
@@ -325,40 +304,43 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
         return fail(f"--data {data} holds {have:,} training windows; the longest run reads {need:,}, more than "
                     "twice over: choose a smaller --budget")  # fmt: skip
     done = runner.load_curves(out, settings)
+    rc = _rounds(args, s, lambda d: optimal.experiment_plan(s, d)[0], "optimal", done, data, out, settings, parallel)
+    if rc is not None:
+        return rc
+    return optimal.write(s, runner.load_curves(out, settings), out)
+
+
+def _rounds(args, s, needed, label: str, done, data, out: Path, settings, parallel: int) -> int | None:
+    """Run the rounds of a phase whose runs ``needed(done)`` gives from the finished ones, until none is left, or
+    list the next round (--dry_run). Returns None when every run has finished, else the exit status (0 after a
+    dry run, 1 when a run failed, 2 for a curve of a needed run's name made with another spec)."""
+    from growlm.eval.experiments import crossmap, plan, protocol, runner  # lazy: as in main
+
     try:
         if args.dry_run:
-            specs, _ = optimal.experiment_plan(s, done)
-            todo = [sp for sp in dict.fromkeys(specs) if sp.name not in done]
+            todo = [sp for sp in dict.fromkeys(needed(done)) if sp.name not in done]
             for sp in todo:
-                print(f"{sp.phase:5s} {sp.name:56s} steps {protocol_steps(s, sp)}")
+                steps = protocol.run_steps(s, sp)
+                print(f"{sp.phase:5s} {sp.name:56s} steps {steps[-1]:6d}  growth at {steps[:-1] or '-'}")
             print(crossmap.eta_line(s, done, todo, parallel))
             return 0
         with runner.Workers(parallel) as workers:
             rnd = 0
             while True:
-                specs, _ = optimal.experiment_plan(s, done)
+                specs = needed(done)
                 todo = [sp for sp in dict.fromkeys(specs) if sp.name not in done]
                 if not todo:
-                    break
+                    return None
                 rnd += 1
                 plan.check_finished(done, specs)
-                label = f"optimal round {rnd}"
-                print(f"growlm-experiment: {label}: {crossmap.eta_line(s, done, todo, parallel)}", flush=True)
-                failed = runner.run_all(s, todo, data, out, settings, workers, label)
+                name = f"{label} round {rnd}"
+                print(f"growlm-experiment: {name}: {crossmap.eta_line(s, done, todo, parallel)}", flush=True)
+                failed = runner.run_all(s, todo, data, out, settings, workers, name)
                 done = runner.load_curves(out, settings)
                 if failed:
                     return 1
     except plan.CurveMismatch as e:
         return fail(str(e))
-    return optimal.write(s, done, out)
-
-
-def protocol_steps(s, sp) -> str:
-    """A run's total steps and its growth steps, for the dry run's listing."""
-    from growlm.eval.experiments import protocol  # lazy: as in main
-
-    steps = protocol.run_steps(s, sp)
-    return f"{steps[-1]:6d}  growth at {steps[:-1] or '-'}"
 
 
 def dry_run(s, todo, st, done) -> int:
