@@ -147,10 +147,7 @@ def _main_out(args, s, out: Path, parallel: int) -> int:
         return _optimal(args, s, out, parallel)
     settings = s.as_dict()
     if args.report_only:
-        done = runner.load_curves(out, settings, with_data=False)
-        if not done:
-            return fail(f"no curves under {out / 'curves'}; run the experiment first (or give its --out)")
-        return report.write(s, done, out)
+        return _report_only(out, settings, lambda done: report.write(s, done, out), "")
     if s.device.startswith("cuda"):
         import torch  # lazy: only the cuda check needs it in this process
 
@@ -226,10 +223,7 @@ def _map(args, s, out: Path, parallel: int) -> int:
     m.check(s)
     settings = crossmap.settings_dict(s, m)
     if args.report_only:
-        done = runner.load_curves(out, settings, with_data=False)
-        if not done:
-            return fail(f"no map curves under {out / 'curves'}; run growlm-experiment --phase map first")
-        return crossmap.write(s, m, done, out)
+        return _report_only(out, settings, lambda done: crossmap.write(s, m, done, out), "--phase map")
     data = args.data
     if data is None:
         from growlm.data.tokens import cache_dir  # lazy: only without --data
@@ -283,10 +277,7 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
         return fail(str(e))
     settings = s.as_dict()
     if args.report_only:
-        done = runner.load_curves(out, settings, with_data=False)
-        if not done:
-            return fail(f"no curves under {out / 'curves'}; run growlm-experiment --phase optimal first")
-        return optimal.write(s, done, out)
+        return _report_only(out, settings, lambda done: optimal.write(s, done, out), "--phase optimal")
     data = args.data
     if data is None:
         from growlm.data.tokens import cache_dir  # lazy: only without --data
@@ -308,6 +299,17 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
     if rc is not None:
         return rc
     return optimal.write(s, runner.load_curves(out, settings), out)
+
+
+def _report_only(out: Path, settings, write, run: str) -> int:
+    """--report_only: ``write(curves)`` over --out's curves (any token folder), or 2 when there are none."""
+    from growlm.eval.experiments import runner  # lazy: as in main
+
+    done = runner.load_curves(out, settings, with_data=False)
+    if not done:
+        return fail(f"no curves under {out / 'curves'}; run growlm-experiment{' ' + run if run else ''} first (or give "
+                    "its --out)")  # fmt: skip
+    return write(done)
 
 
 def _rounds(args, s, needed, label: str, done, data, out: Path, settings, parallel: int) -> int | None:

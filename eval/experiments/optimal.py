@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -45,6 +44,7 @@ from growlm.eval.experiments import analysis as an
 from growlm.eval.experiments import plan
 from growlm.eval.experiments.crossmap import MapSettings
 from growlm.eval.experiments.protocol import DEPTH, Arm, RunSpec, Settings, run_steps
+from growlm.eval.experiments.report import results_json
 from growlm.model.config import param_count
 from growlm.runtime import atomic
 
@@ -536,13 +536,9 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
 
 def write(s: Settings, done: Mapping[str, dict], out: Path) -> int:
     """Write results.json and report.md into ``out`` (atomically); 0, or 2 with a one-line reason on stderr."""
-    try:
-        res = summarize(s, done)
-    except ValueError as e:
-        print(f"growlm-experiment: error: {e}", file=sys.stderr)
+    res = results_json(summarize, s, done, out)
+    if res is None:
         return 2
-    out.mkdir(parents=True, exist_ok=True)
-    atomic.write_json(out / "results.json", res, overwrite=True)
     atomic.write_text(out / "report.md", markdown(s, res), overwrite=True)
     best = next(a for a in res["arms"] if a["arm"] == res["best_arm"])
     print(f"growlm-experiment: report in {out / 'report.md'}; best arm {best['arm']}: {_fmt_delta(best)} nats vs "

@@ -226,15 +226,24 @@ def machines(done: dict[str, dict]) -> dict[str, dict[str, int]]:
     return {ph: dict(sorted(v.items())) for ph, v in sorted(out.items())}
 
 
-def write(s: Settings, done: dict[str, dict], out: Path) -> int:
-    """Write results.json, report.md and the plots into ``out``; 0, or 2 when the runs are not enough."""
+def results_json(summarize, s: Settings, done: dict[str, dict], out: Path) -> dict[str, Any] | None:
+    """``summarize(s, done)`` written to ``out``/results.json (atomically) and returned; None, with the reason on
+    stderr in one line, when the runs are not enough for it (its ValueError)."""
     try:
         res = summarize(s, done)
     except ValueError as e:
         print(f"growlm-experiment: error: {e}", file=sys.stderr)
-        return 2
+        return None
     out.mkdir(parents=True, exist_ok=True)
     atomic.write_json(out / "results.json", res, overwrite=True)
+    return res
+
+
+def write(s: Settings, done: dict[str, dict], out: Path) -> int:
+    """Write results.json, report.md and the plots into ``out``; 0, or 2 when the runs are not enough."""
+    res = results_json(summarize, s, done, out)
+    if res is None:
+        return 2
     from growlm.eval.experiments import report_plots  # lazy: matplotlib, only when writing plots
 
     report_plots.plot_all(s, done, res, out)
