@@ -272,12 +272,12 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
         return fail(f"--map {where}/map.json is not a crossover map of {crossmap.MAP_PROTOCOL}; give the folder "
                     "growlm-experiment --phase map wrote")  # fmt: skip
     try:
-        s = optimal.design(s, m, r, args.target, args.budget)
+        s = optimal.design(s, r, args.target, args.budget)
     except optimal.DesignError as e:
         return fail(str(e))
-    settings = s.as_dict()
+    settings, note = s.as_dict(), optimal.choice_note(s, r)
     if args.report_only:
-        return _report_only(out, settings, lambda done: optimal.write(s, done, out), "--phase optimal")
+        return _report_only(out, settings, lambda done: optimal.write(s, done, out, note), "--phase optimal")
     data = args.data
     if data is None:
         from growlm.data.tokens import cache_dir  # lazy: only without --data
@@ -295,10 +295,11 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
         return fail(f"--data {data} holds {have:,} training windows; the longest run reads {need:,}, more than "
                     "twice over: choose a smaller --budget")  # fmt: skip
     done = runner.load_curves(out, settings)
-    rc = _rounds(args, s, lambda d: optimal.experiment_plan(s, d)[0], "optimal", done, data, out, settings, parallel)
+    rc = _rounds(args, s, lambda d: optimal.experiment_plan(s, d)[0], "optimal", done, data, out, settings, parallel,
+                 unit="B")  # fmt: skip
     if rc is not None:
         return rc
-    return optimal.write(s, runner.load_curves(out, settings), out)
+    return optimal.write(s, runner.load_curves(out, settings), out, note)
 
 
 def _report_only(out: Path, settings, write, run: str) -> int:
@@ -312,7 +313,7 @@ def _report_only(out: Path, settings, write, run: str) -> int:
     return write(done)
 
 
-def _rounds(args, s, needed, label: str, done, data, out: Path, settings, parallel: int) -> int | None:
+def _rounds(args, s, needed, label: str, done, data, out: Path, settings, parallel: int, unit: str = "C") -> int | None:
     """Run the rounds of a phase whose runs ``needed(done)`` gives from the finished ones, until none is left, or
     list the next round (--dry_run). Returns None when every run has finished, else the exit status (0 after a
     dry run, 1 when a run failed, 2 for a curve of a needed run's name made with another spec)."""
@@ -324,7 +325,7 @@ def _rounds(args, s, needed, label: str, done, data, out: Path, settings, parall
             for sp in todo:
                 steps = protocol.run_steps(s, sp)
                 print(f"{sp.phase:5s} {sp.name:56s} steps {steps[-1]:6d}  growth at {steps[:-1] or '-'}")
-            print(crossmap.eta_line(s, done, todo, parallel))
+            print(crossmap.eta_line(s, done, todo, parallel, unit))
             return 0
         with runner.Workers(parallel) as workers:
             rnd = 0
@@ -336,7 +337,7 @@ def _rounds(args, s, needed, label: str, done, data, out: Path, settings, parall
                 rnd += 1
                 plan.check_finished(done, specs)
                 name = f"{label} round {rnd}"
-                print(f"growlm-experiment: {name}: {crossmap.eta_line(s, done, todo, parallel)}", flush=True)
+                print(f"growlm-experiment: {name}: {crossmap.eta_line(s, done, todo, parallel, unit)}", flush=True)
                 failed = runner.run_all(s, todo, data, out, settings, workers, name)
                 done = runner.load_curves(out, settings)
                 if failed:

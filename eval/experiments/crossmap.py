@@ -375,9 +375,10 @@ def plot(r: dict[str, Any], path) -> None:
     plt.close(fig)
 
 
-def eta_line(s: Settings, done: Mapping[str, dict], todo: list[RunSpec], parallel: int) -> str:
+def eta_line(s: Settings, done: Mapping[str, dict], todo: list[RunSpec], parallel: int, unit: str = "C") -> str:
     """The progress line: runs done, runs left and the time left, estimated from the finished runs' measured
-    seconds per C of budget (median) over ``parallel`` workers; '?' before any run has finished."""
+    seconds per unit of budget (median) over ``parallel`` workers; '?' before any run has finished. ``unit``: what
+    a run's budget counts ('C', or 'B' in the optimal phase)."""
     rates = sorted(r["curve"]["wall_s"] / r["spec"].budget for r in done.values() if r["spec"].budget > 0)
     left = sum(sp.budget for sp in todo)
     if not rates:
@@ -385,7 +386,7 @@ def eta_line(s: Settings, done: Mapping[str, dict], todo: list[RunSpec], paralle
     else:
         sec = rates[len(rates) // 2] * left / max(1, min(parallel, len(todo)))
         eta = f"{sec / 3600:.1f} h" if sec >= 3600 else f"{sec / 60:.0f} min" if sec >= 60 else f"{sec:.0f} s"
-    return f"{len(done)} runs done, {len(todo)} to run ({left:g} C of budget, about {eta} left)"
+    return f"{len(done)} runs done, {len(todo)} to run ({left:g} {unit} of budget, about {eta} left)"
 
 
 def train_windows_of(done: Mapping[str, dict]) -> int:

@@ -42,7 +42,6 @@ from typing import Any
 
 from growlm.eval.experiments import analysis as an
 from growlm.eval.experiments import plan
-from growlm.eval.experiments.crossmap import MapSettings
 from growlm.eval.experiments.protocol import DEPTH, Arm, RunSpec, Settings, run_steps
 from growlm.eval.experiments.report import results_json
 from growlm.model.config import param_count
@@ -64,34 +63,37 @@ class DesignError(ValueError):
     map did not measure)."""
 
 
-def design(base: Settings, m: MapSettings, r: Mapping[str, Any], target: str | None = None,
-           budget: float | None = None) -> Settings:  # fmt: skip
+def design(base: Settings, r: Mapping[str, Any], target: str | None = None, budget: float | None = None) -> Settings:
     """The experiment's settings from a complete crossover map (map.json's content ``r``; ``crossmap.summarize``).
 
     Args:
         base: the profile the map ran with (its family, C, batch, seeds, LR grid).
-        m: the map's settings (its ladders).
-        r: map.json's content.
+        r: map.json's content (its ladders, losses, LRs, crossovers and choice).
         target, budget: override the map's choice (``r["choice"]``) of the target size and B (x C, a budget the
             map measured); None takes the map's.
 
     Returns:
         Settings with c_flops = B x C, the envelope's sizes plus the arms' sources, budgets ``ENVELOPE`` plus the
-        target's budget past B, the arms (``arms_for``), the protocol ``OPTIMAL_PROTOCOL`` and ``design``: the
-        choice, the map's crossovers in units of B, the map's LRs tuned at B, the comparator, the envelope's sizes
-        and the token folder's training windows.
+        target's budget past B, the arms (``arms_for``), the protocol ``OPTIMAL_PROTOCOL`` and ``design``: what
+        decides the runs (B, the target, the envelope's sizes, the comparator, the map's crossovers in units of B,
+        the map's LRs tuned at B, the centres of the LR sweeps run here, the token folder's training windows) and
+        nothing descriptive, so that a map whose report is only reworded keeps its curves.
 
     Raises:
-        DesignError: the map chose no target and none was given; the target has no smaller size on the depth
-            ladder; B is not a budget of the map.
+        DesignError: the map was made with another profile (C, pilot seed, a size's shape); it chose no target and
+            none was given; the target has no smaller size on the depth ladder; B is not a budget of the map.
     """
     ch = r["choice"]
-    chosen_by = "map rule (crossmap.choose_target)" if target is None and budget is None else "flags"
+    bad = [z for z, v in r["sizes"].items() if tuple(base.sizes.get(z, ())) != tuple(v["shape"])]
+    if bad or r["c_flops"] != base.c_flops or r["pilot_seed"] != base.pilot_seed:
+        why = f"sizes {bad}" if bad else "C" if r["c_flops"] != base.c_flops else "pilot seed"
+        raise DesignError(f"the map was made with another profile ({why} differ from the {base.profile} profile's); "
+                          "give the map of this profile (--map, --profile, --quick)")  # fmt: skip
     target = target or ch["target"]
     b = float(budget if budget is not None else (ch["budget"] or 0.0))
     if target is None:
         raise DesignError(f"the crossover map chose no target ({ch['why']}); give --target and --budget")
-    ladder = list(m.ladders.get("depth", ()))
+    ladder = list(r["ladders"].get("depth", ()))
     if target not in ladder or ladder.index(target) == 0:
         raise DesignError(f"--target {target}: needs a smaller size on the map's depth ladder {ladder}; choose one "
                           f"of {ladder[1:]}")  # fmt: skip
@@ -112,19 +114,27 @@ def design(base: Settings, m: MapSettings, r: Mapping[str, Any], target: str | N
     for a in arms:
         for x, y in zip(a.stages, a.stages[1:], strict=False):
             cross[f"{x}->{y}"] = _map_crossover(r, x, y, b, f"{ladder[i - 1]}->{target}")
-    map_lr = {z: r["sizes"][z]["lr"] for z in sizes if z in r["sizes"]}
-    lr_from_map = {z: v[f"{b:g}"] for z, v in map_lr.items() if f"{b:g}" in v and z in envelope}
-    t_lr = _nearest_lr(map_lr[target], b)
+    lr_from_map = {z: r["sizes"][z]["lr"][f"{b:g}"] for z in envelope if f"{b:g}" in r["sizes"][z]["lr"]}
+    sweep_centre = {z: _nearest_lr(r["sizes"][z]["lr"], b) for z in envelope if z not in lr_from_map}
+    t_lr = lr_from_map.get(target, _nearest_lr(r["sizes"][target]["lr"], b))
     s = replace(base, c_flops=b * r["c_flops"], sizes=sizes, target=target, budgets=ENVELOPE, budgets_2c_seeds=0,
                 lrs=(t_lr / 2, t_lr, t_lr * 2), arms=arms, protocol=OPTIMAL_PROTOCOL)  # fmt: skip
     tw = int(r["train_windows"])
     past = next((x for x in SAME_SIZE if _windows(s, target, x) <= 2 * tw), None)
     d = {"map_protocol": r["protocol"], "map_c_flops": r["c_flops"], "budget_C": b, "target": target,
-         "chosen_by": chosen_by, "map_choice": ch, "envelope": envelope, "comparator": comparator,
-         "same_size_budget": past, "crossovers": cross, "lr_from_map": lr_from_map,
-         "lr_map_nearest": {z: _nearest_lr(v, b) for z, v in map_lr.items()}, "train_windows": tw}  # fmt: skip
+         "envelope": envelope, "comparator": comparator, "same_size_budget": past, "crossovers": cross,
+         "lr_from_map": lr_from_map, "lr_sweep_centre": sweep_centre, "train_windows": tw}  # fmt: skip
     budgets = ENVELOPE + ((past,) if past else ())
     return replace(s, budgets=budgets, design=d)
+
+
+def choice_note(s: Settings, r: Mapping[str, Any]) -> dict[str, Any]:
+    """How the target and B were chosen, for the report (not part of the settings): by the map's rule when they
+    are the map's choice, else by flags; with the map's reasoning."""
+    ch = r["choice"]
+    ours = (ch["target"], ch["budget"]) == (s.target, s.design["budget_C"])
+    return {"chosen_by": "the map's rule (crossmap.choose_target)" if ours else "flags (--target, --budget)",
+            "map_choice": ch}  # fmt: skip
 
 
 def _map_crossover(r: Mapping[str, Any], x: str, y: str, b: float, stand_in: str) -> dict[str, Any]:
@@ -201,7 +211,7 @@ class State:
     growth: dict[str, tuple[float, ...]]  # arm -> growth points (FLOPs)
     growth_flags: dict[str, list[str]]
     policy: dict[str, str]  # arm -> 'continue' | 'rewarm'
-    lever_arm: str | None  # the arm with the lowest pilot loss (the levers' arm)
+    primary: str | None  # the arm with the lowest pilot loss: the primary arm (chosen before any main seed), levers
     pilot_complete: bool
     main_complete: bool
     complete: bool
@@ -238,7 +248,7 @@ def main_specs(s: Settings, st: State) -> list[RunSpec]:
 def lever_specs(s: Settings, st: State) -> list[RunSpec]:
     """The levers (pilot seed; the module docstring): timing and moments on the best pilot arm, the noise scale
     of the width arm."""
-    a = st.lever_arm
+    a = st.primary
     base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[a], arm=a, grow_flops=st.growth[a], policy=st.policy[a])
     out = []
     for tag, f in TIMING.items():
@@ -278,15 +288,19 @@ def experiment_plan(s: Settings, done: Mapping[str, dict]) -> tuple[list[RunSpec
     specs: list[RunSpec] = []
     for z in d["envelope"]:
         if z not in st.lr:
-            lr0 = d["lr_map_nearest"][z]
+            lr0 = d["lr_sweep_centre"][z]
             need, lr = plan.lr_sweep(replace(s, lrs=(lr0 / 2, lr0, lr0 * 2)), done,
                                      RunSpec("pilot", "scratch", seed, 1.0, 0.0, size=z))  # fmt: skip
             specs += need
             if lr is not None:
                 st.lr[z] = lr
+    if s.target not in st.lr:
+        return specs, st
+    t_lr = st.lr[s.target]
+    grid = replace(s, lrs=(t_lr / 2, t_lr, t_lr * 2))  # the arms' sweep, centred on the target's LR at B
     for a in s.arm_list():
         base = RunSpec("pilot", "grow", seed, 1.0, 0.0, arm=a.name, grow_flops=growth[a.name])
-        need, lr = plan.lr_sweep(s, done, base)
+        need, lr = plan.lr_sweep(grid, done, base)
         specs += need
         if lr is not None:
             st.lr[a.name] = lr
@@ -304,7 +318,7 @@ def experiment_plan(s: Settings, done: Mapping[str, dict]) -> tuple[list[RunSpec
     if len(st.policy) < len(s.arm_list()):
         return specs, st
     st.pilot_complete = True
-    st.lever_arm = min(pilot_loss, key=pilot_loss.get)
+    st.primary = min(pilot_loss, key=pilot_loss.get)
     main = main_specs(s, st)
     specs += main
     if any(plan.final_loss(done, sp) is None for sp in main):
@@ -337,8 +351,9 @@ def _r(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(float(x), nd)
 
 
-def summarize(s: Settings, done: Mapping[str, dict]) -> dict[str, Any]:
-    """results.json's content from the finished curves (the main runs of every seed that has all of them).
+def summarize(s: Settings, done: Mapping[str, dict], note: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """results.json's content from the finished curves (the main runs of every seed that has all of them);
+    ``note``: how the target and B were chosen (``choice_note``), copied in.
 
     Raises:
         ValueError: the pilot is incomplete, or fewer than 2 seeds have every main run.
@@ -425,21 +440,24 @@ def summarize(s: Settings, done: Mapping[str, dict]) -> dict[str, Any]:
                            "growth_at_B": [round(f / s.c_flops, 4) for f in sp.grow_flops], "loss": _r(lv),
                            "base": base.name, "base_loss": _r(lb), "effect": _r(lv - lb)})  # fmt: skip
     best = min(arms, key=lambda x: x["delta_vs_envelope_mean"])
+    primary = next(a for a in arms if a["arm"] == st.primary)
+    skipped = [t for t in TIMING if t not in {sp.tag for sp in lever_specs(s, st)}] if st.main_complete else []
     ses = [rec["curve"]["final"]["val_se"] for rec in done.values() if rec["spec"].phase == "main"]
     return {
         "protocol": OPTIMAL_PROTOCOL, "settings": s.as_dict(),
         "data": next(iter(done.values()))["settings"].get("data"),
         "budget_flops": s.c_flops, "budget_C": d["budget_C"], "C_flops": d["map_c_flops"], "target": s.target,
-        "chosen_by": d["chosen_by"], "map_choice": d["map_choice"], "comparator": comp,
+        **(note or {}), "comparator": comp,
         "envelope": {f"{b:g}": {"budget_flops": b * s.c_flops, "best_size": z, "loss": _r(loss),
                                 "losses": {k: _r(v) for k, v in means[b].items()}} for b, (z, loss) in env.items()},
         "envelope_at_B": {"size": env[1.0][0], "loss": _r(env[1.0][1]), "comparator_loss": _r(statistics.fmean(comp_b)),
                           "comparator_seed_sd": _r(statistics.stdev(comp_b), 5)},
         "seeds": seeds, "pilot_seed": s.pilot_seed, "n_seeds": len(seeds),
-        "arms": arms, "scratch": scratch_out, "best_arm": best["arm"],
+        "arms": arms, "scratch": scratch_out, "primary_arm": primary["arm"],
+        "primary_arm_beats_envelope": primary["beats_envelope"], "best_arm": best["arm"],
         "best_arm_beats_envelope": best["beats_envelope"],
         "lr_sweep": sweep, "lr_best": dict(st.lr), "lr_from_map": d["lr_from_map"], "lr_policy": policy,
-        "levers": levers, "lever_arm": st.lever_arm,
+        "levers": levers, "levers_skipped": skipped,
         "epochs": {name: float(f"{epochs(s, rec['spec']):.4g}") for name, rec in sorted(done.items())},
         "eval_noise": {"final_windows": s.final_windows, "val_se_mean": _r(statistics.fmean(ses), 5)},
         "wall_s_runs_total": {ph: _r(sum(r["curve"]["wall_s"] for r in done.values() if r["spec"].phase == ph), 1)
@@ -470,7 +488,9 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
         "",
         "## Setup",
         f"- Budget B = {d['budget_C']:g} C = {r['budget_flops']:.3g} FLOPs (C = {r['C_flops']:.3g}); target "
-        f"`{r['target']}`, chosen by {r['chosen_by']}: {r['map_choice']['why']}.",
+        f"`{r['target']}`, chosen by {r.get('chosen_by', 'flags')}"
+        + (f" (the map's rule: {r['map_choice']['why']})" if "map_choice" in r else "")
+        + ".",
         f"- Envelope: {', '.join(f'`{z}` ({s.sizes[z][0]} x {s.sizes[z][1]})' for z in env_sizes)} at "
         f"{', '.join(f'{b:g} B' for b in ENVELOPE)}"
         + (f"; the target also at {d['same_size_budget']:g} B" if d["same_size_budget"] else "")
@@ -498,7 +518,8 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
     for a in r["arms"]:
         same = _pct(a["saving_vs_same_size_mean"])
         if a["saving_vs_same_size_n"] < a["n_seeds"]:
-            same += f" ({a['saving_vs_same_size_n']} of {a['n_seeds']} seeds inside the finished runs)"
+            same += (f" ({a['saving_vs_same_size_n']} of {a['n_seeds']} seeds inside the finished runs; the others "
+                     "saved more than the longest run measures, so this understates the saving)")  # fmt: skip
         grown_at = ", ".join(f"{g:.3g}" for g in a["growth_at_B"])
         stages = " -> ".join(a["stages"])
         lines.append(
@@ -506,12 +527,28 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
             f"{a['final_loss_mean']:.4f} | {_fmt_delta(a)} | {'yes' if a['beats_envelope'] else 'no'} | "
             f"{_pct(a['saving_vs_envelope_mean'])} | {same} |"
         )
-    best = next(a for a in r["arms"] if a["arm"] == r["best_arm"])
-    verdict = ("beats the envelope: its interval lies below 0" if best["beats_envelope"] else
-               f"does not beat the envelope: its interval's upper bound is {best['delta_vs_envelope_ci95_high']:+.4f} "
+    p = next(a for a in r["arms"] if a["arm"] == r["primary_arm"])
+    verdict = ("beats the envelope: its interval lies below 0" if p["beats_envelope"] else
+               f"does not beat the envelope: its interval's upper bound is {p['delta_vs_envelope_ci95_high']:+.4f} "
                "nats")  # fmt: skip
-    lines += ["", f"**Verdict.** At B = {d['budget_C']:g} C the best arm, `{best['arm']}` ({_fmt_delta(best)} nats), "
-              f"{verdict}.", ""]  # fmt: skip
+    lines += ["", f"**Verdict.** At B = {d['budget_C']:g} C the primary arm, `{p['arm']}` (the lowest pilot loss, "
+              f"chosen before any main seed; {_fmt_delta(p)} nats), {verdict}."]  # fmt: skip
+    if r["n_seeds"] < 5:
+        lines.append(f"Only {r['n_seeds']} seeds: too few for the claim, which needs at least 5.")
+    if r["best_arm"] != r["primary_arm"]:
+        b_ = next(a for a in r["arms"] if a["arm"] == r["best_arm"])
+        lines.append(f"The arm with the lowest main mean is `{b_['arm']}` ({_fmt_delta(b_)}); chosen after the fact, "
+                     f"its interval is not adjusted for choosing among {len(r['arms'])} arms.")  # fmt: skip
+    if r["comparator"] != r["target"]:
+        lines.append(f"The comparator `{r['comparator']}` is not the target: at B the target is not the best size "
+                     "on the map's pilot seed, so this is not growth into the compute-optimal size.")  # fmt: skip
+    if r["envelope_at_B"]["size"] != r["comparator"]:
+        lines.append(f"Over the main seeds the best size at B is `{r['envelope_at_B']['size']}` "
+                     f"({r['envelope_at_B']['loss']:.4f}), not the comparator: the deltas are against the "
+                     "comparator, chosen once from the map.")  # fmt: skip
+    lines += ["", "Saving vs envelope: the compute the envelope needs for the arm's mean loss, interpolated in log "
+              "FLOPs between its budgets (never extrapolated); n/a for an arm below the envelope's loss at B, whose "
+              "saving the same-size column gives.", ""]  # fmt: skip
     flags = [f"`{a['arm']}`: {f}" for a in r["arms"] for f in a["growth_flags"]]
     if flags:
         lines += ["Growth points moved, or read outside the map's budgets:", *[f"- {f}" for f in flags], ""]
@@ -529,18 +566,22 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
                   "| lever | loss | base loss | effect |", "|---|---|---|---|"]  # fmt: skip
         for lv in r["levers"]:
             lines.append(f"| {lv['what']} | {lv['loss']:.4f} | {lv['base_loss']:.4f} | {lv['effect']:+.4f} |")
+        for tag in r["levers_skipped"]:
+            lines.append(f"\nThe '{tag}' timing lever was not run: its growth points, kept within {LATE_MAX:g} B, "
+                         "would not increase or would not move.")  # fmt: skip
     lines += ["", f"Run time (sum of the runs' wall-clock, {s.device}): pilot {r['wall_s_runs_total']['pilot']:.0f} s, "
               f"main {r['wall_s_runs_total']['main']:.0f} s.", ""]  # fmt: skip
     return "\n".join(lines)
 
 
-def write(s: Settings, done: Mapping[str, dict], out: Path) -> int:
-    """Write results.json and report.md into ``out`` (atomically); 0, or 2 with a one-line reason on stderr."""
-    res = results_json(summarize, s, done, out)
+def write(s: Settings, done: Mapping[str, dict], out: Path, note: Mapping[str, Any] | None = None) -> int:
+    """Write results.json and report.md into ``out`` (atomically); 0, or 2 with a one-line reason on stderr.
+    ``note``: how the target and B were chosen (``choice_note``)."""
+    res = results_json(lambda s_, d_: summarize(s_, d_, note), s, done, out)
     if res is None:
         return 2
     atomic.write_text(out / "report.md", markdown(s, res), overwrite=True)
-    best = next(a for a in res["arms"] if a["arm"] == res["best_arm"])
-    print(f"growlm-experiment: report in {out / 'report.md'}; best arm {best['arm']}: {_fmt_delta(best)} nats vs "
+    p = next(a for a in res["arms"] if a["arm"] == res["primary_arm"])
+    print(f"growlm-experiment: report in {out / 'report.md'}; primary arm {p['arm']}: {_fmt_delta(p)} nats vs "
           f"{res['comparator']} at {s.design['budget_C']:g} C")  # fmt: skip
     return 0

@@ -109,7 +109,7 @@ class PilotState:
 def growth_points(s: Settings, a: Arm, cross: Mapping[str, dict], unit: str = "C") -> tuple[tuple, list[str]]:
     """The growth points of arm ``a`` (cumulative FLOPs): each growth at the crossover budget of its two
     sizes (``cross``: budgets in units of ``s.c_flops``, named ``unit`` in the flags), kept within [GROW_MIN,
-    GROW_MAX] x C and increasing; the flags name every point moved or read outside the measured budgets."""
+    GROW_MAX] x ``s.c_flops`` and increasing; the flags name every point moved or read outside the measured budgets."""
     pts, flags = [], []
     for small, big in zip(a.stages, a.stages[1:], strict=False):
         c = cross[f"{small}->{big}"]
@@ -117,7 +117,7 @@ def growth_points(s: Settings, a: Arm, cross: Mapping[str, dict], unit: str = "C
         if c["flag"]:
             flags.append(f"{small}->{big}: crossover {c['flag']} the measured budgets")
         g = min(max(f, GROW_MIN), GROW_MAX)
-        if g != f:
+        if not math.isclose(g, f, rel_tol=1e-9):
             flags.append(f"{small}->{big}: growth moved from {f:.3g} {unit} to {g:.3g} {unit}")
         pts.append(g)
     for i in range(len(pts) - 2, -1, -1):  # keep increasing: an earlier growth goes to half of the next one

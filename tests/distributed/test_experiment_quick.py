@@ -130,7 +130,8 @@ def test_quick_optimal_phase_runs_pilot_main_and_levers_from_a_map_and_rebuilds_
     printed = capsys.readouterr().out
     assert "optimal round 1: 0 runs done" in printed and "report in" in printed
     r = json.loads((out / "results.json").read_text())
-    assert (r["protocol"], r["target"], r["budget_C"], r["chosen_by"]) == ("isoflop-optimal-v1", "L2", 1.0, "flags")
+    assert (r["protocol"], r["target"], r["budget_C"]) == ("isoflop-optimal-v1", "L2", 1.0)
+    assert r["chosen_by"].startswith("flags") and r["primary_arm"] in {a["arm"] for a in r["arms"]}
     assert r["budget_flops"] == r["C_flops"] and r["n_seeds"] == 2 and set(r["envelope"]) == {"0.25", "0.5", "1"}
     stages = {"depth-x2": ["L1", "L2"], "gstack-x2": ["L1", "L2"], "width-x2": ["L2n", "L2"], "msg-depth": ["L1", "L2"]}
     assert {a["arm"]: a["stages"] for a in r["arms"]} == stages

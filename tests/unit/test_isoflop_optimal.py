@@ -29,7 +29,7 @@ def fake_run(s, sp: RunSpec) -> float:
     seed = 0.003 * ((sp.seed * 7) % 3)
     if sp.kind == "scratch":
         return fake_loss(replace(sp, phase="map", budget=sp.budget * b, seed=100)) + seed
-    base = fake_loss(RunSpec("map", "scratch", 100, b, 1e-3, size=s.target)) + OFFSET[sp.arm]
+    base = fake_loss(RunSpec("map", "scratch", 100, b, 1e-3, size=s.target)) + OFFSET.get(sp.arm, 0.03)
     base += 0.05 * abs(math.log2(sp.lr / 1e-3))
     return base + seed + (0.01 if sp.policy == "rewarm" else 0.0) + (0.005 if sp.tag else 0.0)
 
@@ -52,11 +52,14 @@ def run_all(s) -> tuple[dict[str, dict], optimal.State, int]:
 
 
 def test_the_design_follows_the_map_choice(mapped):
-    s = optimal.design(S, M, mapped)
+    s = optimal.design(S, mapped)
     d = s.design
     # the map chose L4 at 64 C (tests/unit/test_isoflop_map.py); its envelope is L2, L4, L8 and it is their best
     assert (s.target, d["budget_C"], s.c_flops) == ("L4", 64.0, 64.0 * S.c_flops)
-    assert d["envelope"] == ["L2", "L4", "L8"] and d["comparator"] == "L4" and d["chosen_by"].startswith("map rule")
+    assert d["envelope"] == ["L2", "L4", "L8"] and d["comparator"] == "L4"
+    assert optimal.choice_note(s, mapped)["chosen_by"].startswith("the map's rule")
+    # the same target and B given by flags are the same design: the curves stay valid
+    assert optimal.design(S, mapped, "L4", 64.0).as_dict() == s.as_dict()
     assert s.protocol == optimal.OPTIMAL_PROTOCOL and s.as_dict()["protocol"] == optimal.OPTIMAL_PROTOCOL
     assert "arms" in s.as_dict() and "arms" not in S.as_dict() and "design" not in S.as_dict()
     arms = {a.name: a.stages for a in s.arm_list()}
@@ -77,8 +80,12 @@ def test_the_design_follows_the_map_choice(mapped):
 
 
 def test_a_target_given_by_flags_adds_its_half_width_size_with_a_stand_in_crossover(mapped):
-    s = optimal.design(S, M, mapped, target="L2", budget=16.0)
-    assert s.design["chosen_by"] == "flags" and s.design["envelope"] == ["L1", "L2", "L4"]
+    s = optimal.design(S, mapped, target="L2", budget=16.0)
+    assert optimal.choice_note(s, mapped)["chosen_by"].startswith("flags") and s.design["envelope"] == [
+        "L1",
+        "L2",
+        "L4",
+    ]
     assert s.sizes["L2n"] == (2, 32, 2) and {a.name: a.stages for a in s.arm_list()}["width-x2"] == ("L2n", "L2")
     assert "gstack-x2" in {a.name for a in s.arm_list()} and not any(a.name.startswith("multi") for a in s.arm_list())
     growth, flags = optimal.growth_of(s)
@@ -101,18 +108,21 @@ def test_a_target_given_by_flags_adds_its_half_width_size_with_a_stand_in_crosso
 )
 def test_a_design_the_map_cannot_support_is_refused(mapped, target, budget, message):
     with pytest.raises(optimal.DesignError, match=message):
-        optimal.design(S, M, mapped, target=target, budget=budget)
+        optimal.design(S, mapped, target=target, budget=budget)
+    other = {**mapped, "sizes": {**mapped["sizes"], "L2": {**mapped["sizes"]["L2"], "shape": [2, 128, 4]}}}
+    with pytest.raises(optimal.DesignError, match=r"another profile \(sizes \['L2'\] differ"):
+        optimal.design(S, other)
     flat = {**mapped, "choice": {**mapped["choice"], "target": None, "budget": None, "why": "none best"}}
     with pytest.raises(optimal.DesignError, match="chose no target"):
-        optimal.design(S, M, flat)
+        optimal.design(S, flat)
 
 
 def test_pilot_then_main_then_levers_and_the_report(mapped):
-    s = optimal.design(S, M, mapped)
+    s = optimal.design(S, mapped)
     done, st, rounds = run_all(s)
     assert st.complete and rounds == 4  # the arms' LR sweeps, the re-warm runs, main, levers
     assert st.lr["depth-x2"] == 1e-3 and st.policy == {a.name: "continue" for a in s.arm_list()}
-    assert st.lever_arm == "depth-x2"
+    assert st.primary == "depth-x2"
     main = [r["spec"] for r in done.values() if r["spec"].phase == "main"]
     assert len(main) == s.seeds * (3 * 3 + 1 + len(s.arm_list()))  # 3 sizes x 3 budgets, the target past B, arms
     r = optimal.summarize(s, done)
@@ -123,7 +133,8 @@ def test_pilot_then_main_then_levers_and_the_report(mapped):
     assert d["delta_vs_envelope_mean"] == pytest.approx(-0.02, abs=1e-9) and d["beats_envelope"]
     assert d["delta_vs_envelope_ci95_low"] == d["delta_vs_envelope_ci95_high"] == pytest.approx(-0.02, abs=1e-9)
     assert arm["gstack-x4"]["delta_vs_envelope_mean"] == pytest.approx(0.08, abs=1e-9)
-    assert not arm["gstack-x4"]["beats_envelope"] and r["best_arm"] == "depth-x2" and r["best_arm_beats_envelope"]
+    assert not arm["gstack-x4"]["beats_envelope"] and r["best_arm"] == r["primary_arm"] == "depth-x2"
+    assert r["primary_arm_beats_envelope"] and r["levers_skipped"] == []
     assert d["saving_vs_same_size_mean"] > 0 and d["saving_vs_same_size_n"] == s.seeds  # read off L4 at 1 and 2 B
     assert {lv["lever"] for lv in r["levers"]} == {"early", "late", "reset", "nosym", "noise0.25", "noise4"}
     assert all(lv["effect"] == pytest.approx(0.005) for lv in r["levers"])
@@ -134,12 +145,31 @@ def test_pilot_then_main_then_levers_and_the_report(mapped):
     assert r["epochs"][l2.name] == pytest.approx(optimal.epochs(s, l2), rel=1e-3)
     assert max(r["epochs"].values()) <= 2.0
     md = optimal.markdown(s, r)
-    assert "**Verdict.** At B = 64 C the best arm, `depth-x2` (-0.0200" in md and "beats the envelope" in md
+    assert "**Verdict.** At B = 64 C the primary arm, `depth-x2` (the lowest pilot loss" in md
+    assert "-0.0200 [-0.0200, -0.0200] nats), beats the envelope" in md and "not the target" not in md
     assert "| `width-x2` (L4n -> L4) | 0.05 |" in md
 
 
+def test_at_an_untuned_budget_the_arms_sweep_around_the_target_lr_swept_here(mapped):
+    s = optimal.design(S, mapped, target="L2", budget=16.0)
+    done, st, _ = run_all(s)
+    assert st.lr["L2"] == 2e-3  # swept at B around the map's 8 C LR
+    arm_lrs = sorted(
+        {r["spec"].lr for r in done.values() if r["spec"].arm == "depth-x2" and r["spec"].phase == "pilot"}
+    )
+    assert arm_lrs[:3] == [5e-4, 1e-3, 2e-3] and 4e-3 in arm_lrs  # centred on 2e-3, widened at the low edge
+
+
+def test_a_target_that_is_not_the_best_size_at_b_is_said_so(mapped):
+    s = optimal.design(S, mapped, target="L4", budget=8.0)  # L2 is the map's best at 8 C
+    assert s.design["comparator"] == "L2"
+    done, _, _ = run_all(s)
+    md = optimal.markdown(s, optimal.summarize(s, done, optimal.choice_note(s, mapped)))
+    assert "The comparator `L2` is not the target" in md and "chosen by flags" in md
+
+
 def test_the_report_needs_a_complete_pilot_and_two_seeds(mapped):
-    s = optimal.design(S, M, mapped)
+    s = optimal.design(S, mapped)
     with pytest.raises(ValueError, match="the pilot is incomplete"):
         optimal.summarize(s, {})
     done, st, _ = run_all(replace(s, seeds=2))
