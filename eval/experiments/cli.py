@@ -224,11 +224,7 @@ def _map(args, s, out: Path, parallel: int) -> int:
     settings = crossmap.settings_dict(s, m)
     if args.report_only:
         return _report_only(out, settings, lambda done: crossmap.write(s, m, done, out), "--phase map")
-    data = args.data
-    if data is None:
-        from growlm.data.tokens import cache_dir  # lazy: only without --data
-
-        data = cache_dir() / ("".join([f"bpe{s.vocab_size}", *(f"-{e}" for e in m.extra)]))
+    data = args.data or crossmap.token_folder(s, m)
     if not (data / "meta.json").is_file():
         if args.data is not None:
             return fail(f"--data {data} has no meta.json; prepare it with python -m growlm.data.small_vocab")
@@ -278,11 +274,7 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
     settings, note = s.as_dict(), optimal.choice_note(s, r)
     if args.report_only:
         return _report_only(out, settings, lambda done: optimal.write(s, done, out, note), "--phase optimal")
-    data = args.data
-    if data is None:
-        from growlm.data.tokens import cache_dir  # lazy: only without --data
-
-        data = cache_dir() / ("".join([f"bpe{s.vocab_size}", *(f"-{e}" for e in m.extra)]))
+    data = args.data or crossmap.token_folder(s, m)
     if not (data / "meta.json").is_file():
         return fail(f"--data {data} has no meta.json; the map's token folder is needed (growlm-experiment --phase "
                     "map prepares it)")  # fmt: skip

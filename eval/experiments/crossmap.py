@@ -91,6 +91,13 @@ def settings_dict(s: Settings, m: MapSettings) -> dict[str, Any]:
     return d
 
 
+def token_folder(s: Settings, m: MapSettings) -> Path:
+    """The map's default token folder: growlm's cache, ``bpe<vocab>`` plus one ``-<source>`` per extra source."""
+    from growlm.data.tokens import cache_dir  # lazy: only without --data
+
+    return cache_dir() / "".join([f"bpe{s.vocab_size}", *(f"-{e}" for e in m.extra)])
+
+
 def nearest_tuned(m: MapSettings, budget: float) -> float:
     """The tuned budget nearest to ``budget`` in log FLOPs (ties to the smaller)."""
     return min(m.lr_budgets, key=lambda b: (abs(math.log(b / budget)), b))
