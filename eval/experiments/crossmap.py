@@ -154,8 +154,9 @@ def _crossing(m: MapSettings, loss: Mapping[int, Mapping[str, Mapping[float, flo
 
 def map_plan(s: Settings, m: MapSettings, done: Mapping[str, dict]) -> tuple[list[RunSpec], MapState]:
     """The map runs needed given the finished ones, and what they decided (the module docstring's order: LR sweeps
-    at the tuned budgets, every budget at the nearest tuned LR, crossovers on the pilot seed, the crossing pairs on
-    the second seed).
+    at the tuned budgets, every budget at the nearest tuned LR (a size as soon as its own sweeps are done, so that
+    one size's sweep does not hold the others back), crossovers on the pilot seed, the crossing pairs on the second
+    seed).
 
     Raises:
         plan.CurveMismatch: a finished curve has a needed run's name but another spec.
@@ -172,8 +173,6 @@ def map_plan(s: Settings, m: MapSettings, done: Mapping[str, dict]) -> tuple[lis
                 break
             st.lr[size][tb] = lr
             grid = (lr / 2, lr, lr * 2)  # the next tuned budget's grid is centred on this one's best
-    if any(len(v) < len(m.lr_budgets) for v in st.lr.values()):
-        return specs, st
 
     def measure(seed_: int, sizes: list[str]) -> bool:
         table = st.loss.setdefault(seed_, {})
@@ -189,7 +188,8 @@ def map_plan(s: Settings, m: MapSettings, done: Mapping[str, dict]) -> tuple[lis
                     table.setdefault(size, {})[b] = v
         return ok
 
-    if not measure(seed, list(m.sizes())):
+    tuned = [z for z in m.sizes() if len(st.lr[z]) == len(m.lr_budgets)]
+    if not measure(seed, tuned) or len(tuned) < len(m.sizes()):  # a tuned size's budgets run beside the others' sweeps
         return specs, st
     crossing = [(a, b) for a, b in m.pairs() if not crossover(st.loss[seed][a], st.loss[seed][b])[1]]
     again = list(dict.fromkeys(z for pair in crossing for z in pair))

@@ -118,3 +118,15 @@ def test_a_token_folder_too_small_for_the_map_is_refused_in_one_line(small_vocab
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1
     assert "the map's longest run reads" in err and "more than twice over" in err
+
+
+def test_a_size_whose_sweeps_are_done_runs_its_budgets_while_another_size_still_sweeps():
+    done, _, _ = run_map()
+    late = [n for n, r in done.items() if (r["spec"].size, r["spec"].budget, r["spec"].seed) == ("L4n", 64.0, 100)]
+    del done[late[-1]]  # L4n's 64 C sweep not finished
+    for n in [n for n, r in done.items() if r["spec"].budget not in M.lr_budgets]:
+        del done[n]
+    specs, st = crossmap.map_plan(S, M, done)
+    todo = {(sp.size, sp.budget) for sp in specs if sp.name not in done}
+    assert not st.complete and ("L4n", 1.0) not in todo
+    assert {(z, b) for z in ("L1", "L2", "L4", "L8") for b in (1.0, 2.0, 4.0, 16.0, 32.0)} <= todo
