@@ -43,7 +43,7 @@ from typing import Any
 from growlm.eval.experiments import analysis as an
 from growlm.eval.experiments import plan
 from growlm.eval.experiments.protocol import DEPTH, Arm, RunSpec, Settings, run_steps
-from growlm.eval.experiments.report import results_json
+from growlm.eval.experiments.report import comparison_fields, results_json
 from growlm.model.config import param_count
 from growlm.runtime import atomic
 
@@ -386,23 +386,16 @@ def summarize(s: Settings, done: Mapping[str, dict], note: Mapping[str, Any] | N
         la = [c["final"]["val_loss"] for c in runs]
         need = an.compute_to_reach(env_points, statistics.fmean(la))
         deltas = [x - y for x, y in zip(la, comp_b, strict=True)]
-        m, lo, hi = an.mean_ci95(deltas)
         same = []
         for k, x in zip(seeds, la, strict=True):
             pts = [(b, v) for b in bud if (v := scratch(a.stages[-1], b, k)) is not None]
             same.append(an.saving(1.0, an.compute_to_reach(pts, x)))
         same_ok = [v for v in same if v is not None]
-        sm, slo, shi = an.mean_ci95(same_ok) if same_ok else (None, None, None)
         arms.append({"arm": a.name, "what": a.what, "stages": list(a.stages), "final_size": a.stages[-1],
                      "n_seeds": len(seeds), "lr": st.lr[a.name], "lr_policy": st.policy[a.name],
                      "growth_at_B": [round(f / s.c_flops, 4) for f in st.growth[a.name]],
                      "growth_flags": st.growth_flags[a.name], "final_loss_mean": _r(statistics.fmean(la)),
-                     "delta_vs_envelope_mean": _r(m), "delta_vs_envelope_ci95_low": _r(lo),
-                     "delta_vs_envelope_ci95_high": _r(hi), "beats_envelope": hi is not None and hi < 0,
-                     "delta_vs_envelope_per_seed": [_r(x) for x in deltas],
-                     "saving_vs_envelope_mean": _r(an.saving(1.0, need)),
-                     "saving_vs_same_size_mean": _r(sm), "saving_vs_same_size_ci95_low": _r(slo),
-                     "saving_vs_same_size_ci95_high": _r(shi), "saving_vs_same_size_n": len(same_ok),
+                     **comparison_fields(deltas, need, same_ok),
                      "loss_change_at_growth_mean": _r(statistics.fmean(statistics.fmean(
                          g["loss_after"] - g["loss_before"] for g in c["growth"]) for c in runs)),
                      "wall_s_mean": _r(statistics.fmean(c["wall_s"] for c in runs), 2)})  # fmt: skip

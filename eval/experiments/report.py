@@ -26,6 +26,20 @@ def _r(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(float(x), nd)
 
 
+def comparison_fields(deltas: list[float], need: float | None, same: list[float]) -> dict[str, Any]:
+    """An arm's comparison in results.json: the paired deltas against the comparator (nats; mean, 95% t-interval,
+    per seed, beats_envelope when the interval's upper bound is below 0), the saving against the envelope (``need``:
+    the envelope's compute for the arm's mean loss, in units of the arm's budget) and against the same size (per
+    seed savings inside the finished runs)."""
+    m, lo, hi = an.mean_ci95(deltas)
+    sm, slo, shi = an.mean_ci95(same) if same else (None, None, None)
+    return {"delta_vs_envelope_mean": _r(m), "delta_vs_envelope_ci95_low": _r(lo),
+            "delta_vs_envelope_ci95_high": _r(hi), "beats_envelope": hi is not None and hi < 0,
+            "delta_vs_envelope_per_seed": [_r(d) for d in deltas], "saving_vs_envelope_mean": _r(an.saving(1.0, need)),
+            "saving_vs_same_size_mean": _r(sm), "saving_vs_same_size_ci95_low": _r(slo),
+            "saving_vs_same_size_ci95_high": _r(shi), "saving_vs_same_size_n": len(same)}  # fmt: skip
+
+
 def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
     """results.json's content from the finished curves.
 
@@ -67,14 +81,12 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
     for a in ARMS:
         la = [grown(a.name, k) for k in seeds]
         deltas = [x - y for x, y in zip(la, comp_c, strict=True)]
-        m, lo, hi = an.mean_ci95(deltas)
         need = an.compute_to_reach(env_points, statistics.fmean(la))
         same = []
         for k, x in zip(seeds, la, strict=True):
             pts = [(b, v) for b in s.budgets if (v := scratch(a.stages[-1], b, k)) is not None]
             same.append(an.saving(1.0, an.compute_to_reach(pts, x)))
         same_ok = [v for v in same if v is not None]
-        sm, slo, shi = an.mean_ci95(same_ok) if same_ok else (None, None, None)
         specs = [RunSpec("main", "grow", k, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name],
                          policy=st.policy[a.name]) for k in seeds]  # fmt: skip
         curves = [run_of(sp) for sp in specs]
@@ -84,12 +96,7 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
             "growth_at_C": [round(f / s.c_flops, 4) for f in st.growth[a.name]],
             "growth_flags": st.growth_flags[a.name],
             "final_loss_mean": _r(statistics.fmean(la)),
-            "delta_vs_envelope_mean": _r(m), "delta_vs_envelope_ci95_low": _r(lo),
-            "delta_vs_envelope_ci95_high": _r(hi), "beats_envelope": hi is not None and hi < 0,
-            "delta_vs_envelope_per_seed": [_r(d) for d in deltas],
-            "saving_vs_envelope_mean": _r(an.saving(1.0, need)),
-            "saving_vs_same_size_mean": _r(sm), "saving_vs_same_size_ci95_low": _r(slo),
-            "saving_vs_same_size_ci95_high": _r(shi), "saving_vs_same_size_n": len(same_ok),
+            **comparison_fields(deltas, need, same_ok),
             "wall_s_mean": _r(statistics.fmean(c["wall_s"] for c in curves), 2),
             "growth_wall_s_mean": _r(statistics.fmean(sum(g["wall_s"] for g in c["growth"]) for c in curves), 3),
             "loss_change_at_growth_mean": _r(statistics.fmean(
