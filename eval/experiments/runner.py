@@ -162,7 +162,9 @@ def run_all(s: Settings, specs: Iterable[RunSpec], data: Path, out: Path, settin
     todo = [sp for sp in dict.fromkeys(specs) if not curve_path(out, sp).is_file()]
     if not todo:
         return []
-    todo.sort(key=lambda sp: -sp.budget)  # the long runs first: the workers finish together
+    # seed by seed, so that a phase stopped part way leaves whole seeds to report; within a seed the long runs
+    # first, so that the workers finish together
+    todo.sort(key=lambda sp: (sp.seed, -sp.budget))
     for sp in todo:
         curve_path(out, sp).parent.mkdir(parents=True, exist_ok=True)
     failed: list[str] = []

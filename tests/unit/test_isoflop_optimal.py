@@ -180,6 +180,21 @@ def test_the_report_needs_a_complete_pilot_and_two_seeds(mapped):
         optimal.summarize(replace(s, seeds=2), done)
 
 
+def test_the_main_runs_train_seed_by_seed_so_a_stopped_phase_leaves_whole_seeds(mapped, tmp_path, monkeypatch):
+    from growlm.eval.experiments import runner
+
+    s = optimal.design(S, mapped)
+    done, st, _ = run_all(s)
+    main = optimal.main_specs(s, st)
+    trained: list[RunSpec] = []
+    monkeypatch.setattr(runner, "_work", lambda s, sp, data, path, settings: trained.append(sp))
+    assert runner.run_all(s, reversed(main), tmp_path, tmp_path, {}, runner.Workers(1), "main") == []
+    assert sorted(trained, key=lambda sp: sp.name) == sorted(main, key=lambda sp: sp.name)
+    order = [(sp.seed, -sp.budget) for sp in trained]
+    assert order == sorted(order) and trained[0].budget == 2.0  # seed 0's run past B first, the 0.25 B runs last
+    assert [sp.seed for sp in trained[: len(main) // s.seeds]] == [0] * (len(main) // s.seeds)
+
+
 @pytest.mark.bad_input
 @pytest.mark.parametrize(
     "argv, message",
