@@ -414,6 +414,11 @@ def summarize(s: Settings, done: Mapping[str, dict], note: Mapping[str, Any] | N
         if sp.phase == "pilot" and sp.policy == "continue" and not sp.tag:
             sweep.setdefault(sp.size or sp.arm, {})[f"{sp.lr:.2e}"] = _r(rec["curve"]["final"]["val_loss"])
     sweep = {k: dict(sorted(v.items(), key=lambda kv: float(kv[0]))) for k, v in sorted(sweep.items())}
+    at_edge = {}  # best LR at an end of its widened grid: tuned only up to the grid
+    for who, sw in sweep.items():
+        lrs = [float(x) for x in sw]
+        ends = {"lowest": lrs[0], "highest": lrs[-1]}
+        at_edge.update({who: e for e, lr in ends.items() if len(lrs) > 1 and math.isclose(st.lr[who], lr)})
     policy = {}
     for a in s.arm_list():
         base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name])
@@ -449,7 +454,7 @@ def summarize(s: Settings, done: Mapping[str, dict], note: Mapping[str, Any] | N
         "arms": arms, "scratch": scratch_out, "primary_arm": primary["arm"],
         "primary_arm_beats_envelope": primary["beats_envelope"], "best_arm": best["arm"],
         "best_arm_beats_envelope": best["beats_envelope"],
-        "lr_sweep": sweep, "lr_best": dict(st.lr), "lr_from_map": d["lr_from_map"], "lr_policy": policy,
+        "lr_sweep": sweep, "lr_best": dict(st.lr), "lr_at_edge": at_edge, "lr_from_map": d["lr_from_map"], "lr_policy": policy,
         "levers": levers, "levers_skipped": skipped,
         "epochs": {name: float(f"{epochs(s, rec['spec']):.4g}") for name, rec in sorted(done.items())},
         "eval_noise": {"final_windows": s.final_windows, "val_se_mean": _r(statistics.fmean(ses), 5)},
@@ -550,6 +555,11 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
     for who, sw in r["lr_sweep"].items():
         cells = ", ".join(f"{lr}: {v:.4f}" for lr, v in sw.items())
         lines.append(f"| `{who}` | {cells} | {r['lr_best'][who]:.1e} |")
+    if r.get("lr_at_edge"):
+        lines += ["", "Best LR at an end of the widened grid, so tuned only up to the grid (the sweep widens "
+                  f"{s.lr_widen} times at most): "
+                  + ", ".join(f"`{k}` ({r['lr_best'][k]:.1e}, the {v} tried)" for k, v in r["lr_at_edge"].items())
+                  + ". A wider grid could only lower these pilot losses."]  # fmt: skip
     lines += ["", "| arm | LR continued | LR re-warmed | chosen |", "|---|---|---|---|"]
     for k, v in r["lr_policy"].items():
         lines.append(f"| `{k}` | {v['continue']:.4f} | {v['rewarm']:.4f} | {v['chosen']} |")

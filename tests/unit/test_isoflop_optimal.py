@@ -14,6 +14,7 @@ from growlm.eval.experiments import crossmap, optimal, plan
 from growlm.eval.experiments.protocol import RunSpec
 
 OFFSET = {"depth-x2": -0.02, "multi-1-2-4": 0.01, "gstack-x4": 0.08, "width-x2": 0.05, "msg-depth": 0.0}
+BEST_LR: dict[str, float] = {}  # an arm's best LR where it is not 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def fake_run(s, sp: RunSpec) -> float:
     if sp.kind == "scratch":
         return fake_loss(replace(sp, phase="map", budget=sp.budget * b, seed=100)) + seed
     base = fake_loss(RunSpec("map", "scratch", 100, b, 1e-3, size=s.target)) + OFFSET.get(sp.arm, 0.03)
-    base += 0.05 * abs(math.log2(sp.lr / 1e-3))
+    base += 0.05 * abs(math.log2(sp.lr / BEST_LR.get(sp.arm, 1e-3)))
     return base + seed + (0.01 if sp.policy == "rewarm" else 0.0) + (0.005 if sp.tag else 0.0)
 
 
@@ -134,7 +135,7 @@ def test_pilot_then_main_then_levers_and_the_report(mapped):
     assert d["delta_vs_envelope_ci95_low"] == d["delta_vs_envelope_ci95_high"] == pytest.approx(-0.02, abs=1e-9)
     assert arm["gstack-x4"]["delta_vs_envelope_mean"] == pytest.approx(0.08, abs=1e-9)
     assert not arm["gstack-x4"]["beats_envelope"] and r["best_arm"] == r["primary_arm"] == "depth-x2"
-    assert r["primary_arm_beats_envelope"] and r["levers_skipped"] == []
+    assert r["primary_arm_beats_envelope"] and r["levers_skipped"] == [] and r["lr_at_edge"] == {}
     assert d["saving_vs_same_size_mean"] > 0 and d["saving_vs_same_size_n"] == s.seeds  # read off L4 at 1 and 2 B
     assert {lv["lever"] for lv in r["levers"]} == {"early", "late", "reset", "nosym", "noise0.25", "noise4"}
     assert all(lv["effect"] == pytest.approx(0.005) for lv in r["levers"])
@@ -158,6 +159,17 @@ def test_at_an_untuned_budget_the_arms_sweep_around_the_target_lr_swept_here(map
         {r["spec"].lr for r in done.values() if r["spec"].arm == "depth-x2" and r["spec"].phase == "pilot"}
     )
     assert arm_lrs[:3] == [5e-4, 1e-3, 2e-3] and 4e-3 in arm_lrs  # centred on 2e-3, widened at the low edge
+
+
+def test_a_best_lr_at_an_end_of_the_widened_grid_is_reported(mapped, monkeypatch):
+    monkeypatch.setitem(BEST_LR, "msg-depth", 1.6e-2)  # past the grid 5e-4 .. 2e-3 widened twice, to 8e-3
+    s = optimal.design(S, mapped)
+    done, st, _ = run_all(s)
+    r = optimal.summarize(s, done)
+    assert list(r["lr_sweep"]["msg-depth"]) == ["5.00e-04", "1.00e-03", "2.00e-03", "4.00e-03", "8.00e-03"]
+    assert st.lr["msg-depth"] == 8e-3 and r["lr_at_edge"] == {"msg-depth": "highest"}
+    md = optimal.markdown(s, r)
+    assert "tuned only up to the grid (the sweep widens 2 times at most): `msg-depth` (8.0e-03, the highest" in md
 
 
 def test_a_target_that_is_not_the_best_size_at_b_is_said_so(mapped):
