@@ -417,8 +417,9 @@ def summarize(s: Settings, done: Mapping[str, dict], note: Mapping[str, Any] | N
     at_edge = {}  # best LR at an end of its widened grid: tuned only up to the grid
     for who, sw in sweep.items():
         lrs = [float(x) for x in sw]
-        ends = {"lowest": lrs[0], "highest": lrs[-1]}
-        at_edge.update({who: e for e, lr in ends.items() if len(lrs) > 1 and math.isclose(st.lr[who], lr)})
+        for end, lr in (("lowest", lrs[0]), ("highest", lrs[-1])):
+            if len(lrs) > 1 and math.isclose(st.lr[who], lr):
+                at_edge[who] = end
     policy = {}
     for a in s.arm_list():
         base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name])
@@ -454,7 +455,8 @@ def summarize(s: Settings, done: Mapping[str, dict], note: Mapping[str, Any] | N
         "arms": arms, "scratch": scratch_out, "primary_arm": primary["arm"],
         "primary_arm_beats_envelope": primary["beats_envelope"], "best_arm": best["arm"],
         "best_arm_beats_envelope": best["beats_envelope"],
-        "lr_sweep": sweep, "lr_best": dict(st.lr), "lr_at_edge": at_edge, "lr_from_map": d["lr_from_map"], "lr_policy": policy,
+        "lr_sweep": sweep, "lr_best": dict(st.lr), "lr_at_edge": at_edge, "lr_from_map": d["lr_from_map"],
+        "lr_policy": policy,
         "levers": levers, "levers_skipped": skipped,
         "epochs": {name: float(f"{epochs(s, rec['spec']):.4g}") for name, rec in sorted(done.items())},
         "eval_noise": {"final_windows": s.final_windows, "val_se_mean": _r(statistics.fmean(ses), 5)},
