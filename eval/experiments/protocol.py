@@ -38,7 +38,7 @@ class Settings:
     budgets: the envelope's budgets as fractions of C; ``budgets_2c_seeds``: how many seeds (the first ones) also run
     every size at 2 C (the target and every arm's final size run 2 C on every seed, so that same-size savings never
     extrapolate).
-    lrs: the first LR grid of the pilot (a factor of 2 apart), widened by ``lr_widen`` steps at most at each edge.
+    lrs: the first LR grid of the pilot (a factor of 2 apart), widened at an edge by ``lr_widen`` steps at most in all.
     warmup_frac: linear warm-up as a fraction of a run's steps (at least 2 steps); the cosine decays to 0 at the
     run's last step. batch x seq_len tokens per optimizer step; AdamW betas (0.9, 0.95), eps 1e-8, weight decay 0.1
     on 2-D weights, gradient clipping at 1.0.
