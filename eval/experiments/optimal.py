@@ -441,6 +441,7 @@ def summarize(s: Settings, done: Mapping[str, dict], note: Mapping[str, Any] | N
     best = min(arms, key=lambda x: x["delta_vs_envelope_mean"])
     primary = next(a for a in arms if a["arm"] == st.primary)
     skipped = [t for t in TIMING if t not in {sp.tag for sp in lever_specs(s, st)}] if st.main_complete else []
+    not_run = [sp.tag for sp in lever_specs(s, st) if plan.final_loss(done, sp) is None]
     ses = [rec["curve"]["final"]["val_se"] for rec in done.values() if rec["spec"].phase == "main"]
     return {
         "protocol": OPTIMAL_PROTOCOL, "settings": s.as_dict(),
@@ -457,7 +458,7 @@ def summarize(s: Settings, done: Mapping[str, dict], note: Mapping[str, Any] | N
         "best_arm_beats_envelope": best["beats_envelope"],
         "lr_sweep": sweep, "lr_best": dict(st.lr), "lr_at_edge": at_edge, "lr_from_map": d["lr_from_map"],
         "lr_policy": policy,
-        "levers": levers, "levers_skipped": skipped,
+        "levers": levers, "levers_skipped": skipped, "levers_not_run": not_run,
         "epochs": {name: float(f"{epochs(s, rec['spec']):.4g}") for name, rec in sorted(done.items())},
         "eval_noise": {"final_windows": s.final_windows, "val_se_mean": _r(statistics.fmean(ses), 5)},
         "wall_s_runs_total": {ph: _r(sum(r["curve"]["wall_s"] for r in done.values() if r["spec"].phase == ph), 1)
@@ -574,6 +575,9 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
         for tag in r["levers_skipped"]:
             lines.append(f"\nThe '{tag}' timing lever was not run: its growth points, kept within {LATE_MAX:g} B, "
                          "would not increase or would not move.")  # fmt: skip
+    if r.get("levers_not_run"):
+        lines += ["", f"Levers not run yet (they follow the main seeds; `--phase optimal` resumes them): "
+                  f"{', '.join(r['levers_not_run'])}."]  # fmt: skip
     lines += ["", f"Run time (sum of the runs' wall-clock, {s.device}): pilot {r['wall_s_runs_total']['pilot']:.0f} s, "
               f"main {r['wall_s_runs_total']['main']:.0f} s.", ""]  # fmt: skip
     return "\n".join(lines)

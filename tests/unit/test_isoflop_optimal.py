@@ -136,6 +136,7 @@ def test_pilot_then_main_then_levers_and_the_report(mapped):
     assert arm["gstack-x4"]["delta_vs_envelope_mean"] == pytest.approx(0.08, abs=1e-9)
     assert not arm["gstack-x4"]["beats_envelope"] and r["best_arm"] == r["primary_arm"] == "depth-x2"
     assert r["primary_arm_beats_envelope"] and r["levers_skipped"] == [] and r["lr_at_edge"] == {}
+    assert r["levers_not_run"] == [] and "Levers not run yet" not in optimal.markdown(s, r)
     assert d["saving_vs_same_size_mean"] > 0 and d["saving_vs_same_size_n"] == s.seeds  # read off L4 at 1 and 2 B
     assert {lv["lever"] for lv in r["levers"]} == {"early", "late", "reset", "nosym", "noise0.25", "noise4"}
     assert all(lv["effect"] == pytest.approx(0.005) for lv in r["levers"])
@@ -190,6 +191,14 @@ def test_the_report_needs_a_complete_pilot_and_two_seeds(mapped):
         del done[n]
     with pytest.raises(ValueError, match="1 seeds have every main run"):
         optimal.summarize(replace(s, seeds=2), done)
+    done, _, _ = run_all(replace(s, seeds=2))
+    for n in [n for n, r in done.items() if r["spec"].tag]:
+        del done[n]
+    r = optimal.summarize(replace(s, seeds=2), done)
+    assert r["levers"] == [] and r["levers_not_run"] == ["early", "late", "reset", "nosym", "noise0.25", "noise4"]
+    assert "Levers not run yet (they follow the main seeds; `--phase optimal` resumes them): early, late," in (
+        optimal.markdown(replace(s, seeds=2), r)
+    )
 
 
 def test_the_main_runs_train_seed_by_seed_so_a_stopped_phase_leaves_whole_seeds(mapped, tmp_path, monkeypatch):
