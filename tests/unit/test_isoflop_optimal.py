@@ -15,6 +15,7 @@ from growlm.eval.experiments.protocol import RunSpec
 
 OFFSET = {"depth-x2": -0.02, "multi-1-2-4": 0.01, "gstack-x4": 0.08, "width-x2": 0.05, "msg-depth": 0.0}
 BEST_LR: dict[str, float] = {}  # an arm's best LR where it is not 1e-3
+MAIN_OFFSET: dict[str, float] = {}  # a size's loss change on the main seeds
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,8 @@ def fake_run(s, sp: RunSpec) -> float:
     b = s.design["budget_C"]
     seed = 0.003 * ((sp.seed * 7) % 3)
     if sp.kind == "scratch":
-        return fake_loss(replace(sp, phase="map", budget=sp.budget * b, seed=100)) + seed
+        main = MAIN_OFFSET.get(sp.size, 0.0) if sp.phase == "main" else 0.0
+        return fake_loss(replace(sp, phase="map", budget=sp.budget * b, seed=100)) + seed + main
     base = fake_loss(RunSpec("map", "scratch", 100, b, 1e-3, size=s.target)) + OFFSET.get(sp.arm, 0.03)
     base += 0.05 * abs(math.log2(sp.lr / BEST_LR.get(sp.arm, 1e-3)))
     return base + seed + (0.01 if sp.policy == "rewarm" else 0.0) + (0.005 if sp.tag else 0.0)
@@ -137,6 +139,7 @@ def test_pilot_then_main_then_levers_and_the_report(mapped):
     assert not arm["gstack-x4"]["beats_envelope"] and r["best_arm"] == r["primary_arm"] == "depth-x2"
     assert r["primary_arm_beats_envelope"] and r["levers_skipped"] == [] and r["lr_at_edge"] == {}
     assert r["levers_not_run"] == [] and "Levers not run yet" not in optimal.markdown(s, r)
+    assert d["delta_vs_best_size_at_B_mean"] == d["delta_vs_envelope_mean"]  # the best size is the comparator
     assert d["saving_vs_same_size_mean"] > 0 and d["saving_vs_same_size_n"] == s.seeds  # read off L4 at 1 and 2 B
     assert {lv["lever"] for lv in r["levers"]} == {"early", "late", "reset", "nosym", "noise0.25", "noise4"}
     assert all(lv["effect"] == pytest.approx(0.005) for lv in r["levers"])
@@ -160,6 +163,23 @@ def test_at_an_untuned_budget_the_arms_sweep_around_the_target_lr_swept_here(map
         {r["spec"].lr for r in done.values() if r["spec"].arm == "depth-x2" and r["spec"].phase == "pilot"}
     )
     assert arm_lrs[:3] == [5e-4, 1e-3, 2e-3] and 4e-3 in arm_lrs  # centred on 2e-3, widened at the low edge
+
+
+def test_a_best_size_on_the_main_seeds_other_than_the_comparator_gets_its_own_deltas(mapped, monkeypatch):
+    monkeypatch.setitem(MAIN_OFFSET, "L8", -0.5)  # L8 best on the main seeds; the comparator stays the map's L4
+    s = optimal.design(S, mapped)
+    done, _, _ = run_all(s)
+    r = optimal.summarize(s, done)
+    assert r["comparator"] == "L4" and r["envelope_at_B"]["size"] == "L8"
+    gap = r["envelope"]["1"]["losses"]["L8"] - r["envelope"]["1"]["losses"]["L4"]
+    for a in r["arms"]:
+        assert a["delta_vs_best_size_at_B_mean"] == pytest.approx(a["delta_vs_envelope_mean"] - gap, abs=2e-6)
+        assert a["delta_vs_best_size_at_B_ci95_high"] > 0  # no arm beats L8
+    md = optimal.markdown(s, r)
+    assert "Over the main seeds the best size at B is `L8`" in md
+    assert "Against that size (chosen after the fact on the same seeds, which favours the envelope)" in md
+    dx = next(a for a in r["arms"] if a["arm"] == "depth-x2")
+    assert f"`depth-x2` {dx['delta_vs_best_size_at_B_mean']:+.4f} [{dx['delta_vs_best_size_at_B_ci95_low']:+.4f}" in md
 
 
 def test_a_best_lr_at_an_end_of_the_widened_grid_is_reported(mapped, monkeypatch):
