@@ -421,8 +421,8 @@ def summarize(s: Settings, done: Mapping[str, dict], note: Mapping[str, Any] | N
     at_edge = {}  # best LR at an end of its widened grid: tuned only up to the grid
     for who, sw in sweep.items():
         lrs = [float(x) for x in sw]
-        for end, lr in (("lowest", lrs[0]), ("highest", lrs[-1])):
-            if len(lrs) > 1 and math.isclose(st.lr[who], lr):
+        for end, lr in (("lowest", lrs[0]), ("highest", lrs[-1])) if len(lrs) > 1 else ():
+            if math.isclose(st.lr[who], lr):
                 at_edge[who] = end
     policy = {}
     for a in s.arm_list():
@@ -430,9 +430,9 @@ def summarize(s: Settings, done: Mapping[str, dict], note: Mapping[str, Any] | N
         policy[a.name] = {"continue": _r(plan.final_loss(done, base)),
                           "rewarm": _r(plan.final_loss(done, replace(base, policy="rewarm"))),
                           "chosen": st.policy[a.name]}  # fmt: skip
-    levers = []
+    levers, lever_runs = [], lever_specs(s, st)
     if st.main_complete:
-        for sp in lever_specs(s, st):
+        for sp in lever_runs:
             lv = plan.final_loss(done, sp)
             if lv is None:
                 continue
@@ -444,8 +444,8 @@ def summarize(s: Settings, done: Mapping[str, dict], note: Mapping[str, Any] | N
                            "base": base.name, "base_loss": _r(lb), "effect": _r(lv - lb)})  # fmt: skip
     best = min(arms, key=lambda x: x["delta_vs_envelope_mean"])
     primary = next(a for a in arms if a["arm"] == st.primary)
-    skipped = [t for t in TIMING if t not in {sp.tag for sp in lever_specs(s, st)}] if st.main_complete else []
-    not_run = [sp.tag for sp in lever_specs(s, st) if plan.final_loss(done, sp) is None]
+    skipped = [t for t in TIMING if t not in {sp.tag for sp in lever_runs}] if st.main_complete else []
+    not_run = [sp.tag for sp in lever_runs if plan.final_loss(done, sp) is None]
     ses = [rec["curve"]["final"]["val_se"] for rec in done.values() if rec["spec"].phase == "main"]
     return {
         "protocol": OPTIMAL_PROTOCOL, "settings": s.as_dict(),
