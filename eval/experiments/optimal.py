@@ -23,7 +23,8 @@ This experiment runs there:
   on the target's LR (widened at an edge), then each arm at its best LR with the LR re-warmed after growth.
 - **Main** (``Settings.seeds`` fresh seeds): the envelope and every arm, paired by seed (the same batches).
 - **Levers** (pilot seed, after the main runs): on the arm with the lowest pilot loss, growth at half and at twice
-  its growth points, Adam moments reset, the LR re-warmed (the pilot's policy runs); on the width arm the
+  its growth points, Adam moments reset, the LR re-warmed (the pilot's policy runs), and, where its pilot sweep's
+  best LR sits at an end of the widened grid, the LR one grid step past that end; on the width arm the
   symmetry-breaking noise at a quarter and four times its scale and none.
 
 Primary metric (as in eval.experiments.report): the paired difference between an arm's final validation loss at B
@@ -212,6 +213,7 @@ class State:
     growth_flags: dict[str, list[str]]
     policy: dict[str, str]  # arm -> 'continue' | 'rewarm'
     primary: str | None  # the arm with the lowest pilot loss: the primary arm (chosen before any main seed), levers
+    lr_edge: dict[str, str]  # arm -> 'highest' | 'lowest': its best LR at that end of its widened sweep
     pilot_complete: bool
     main_complete: bool
     complete: bool
@@ -256,6 +258,9 @@ def lever_specs(s: Settings, st: State) -> list[RunSpec]:
         if all(x < y for x, y in zip(pts, pts[1:], strict=False)) and pts != list(st.growth[a]):
             out.append(replace(base, grow_flops=tuple(pts), tag=tag))
     out.append(replace(base, moments="reset", tag="reset"))
+    if a in st.lr_edge:  # tuned only up to its grid: one step past the end where its best sits
+        up = st.lr_edge[a] == "highest"
+        out.append(replace(base, lr=st.lr[a] * (2 if up else 0.5), tag="lr-x2" if up else "lr-half"))
     w = "width-x2"
     wbase = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[w], arm=w, grow_flops=st.growth[w], policy=st.policy[w])
     out.append(replace(wbase, symmetry="none", tag="nosym"))
@@ -270,6 +275,8 @@ def lever_what(s: Settings, sp: RunSpec) -> str:
         return f"{sp.arm} grown at {', '.join(f'{g / s.c_flops:.3g}' for g in sp.grow_flops)} B ({sp.tag})"
     if sp.tag == "reset":
         return f"{sp.arm} with Adam moments reset at growth"
+    if sp.tag in ("lr-x2", "lr-half"):
+        return f"{sp.arm} at peak LR {sp.lr:.1e}, one grid step past its best ({sp.tag[3:]}; the sweep's end)"
     if sp.tag == "nosym":
         return f"{sp.arm} without symmetry breaking (exact copies)"
     return f"{sp.arm} with symmetry-breaking noise s.d. {sp.symmetry.split(':')[1]} (default {WIDTH['noise_std']:g})"
@@ -284,7 +291,7 @@ def experiment_plan(s: Settings, done: Mapping[str, dict]) -> tuple[list[RunSpec
     d = s.design
     seed = s.pilot_seed
     growth, flags = growth_of(s)
-    st = State(dict(d["lr_from_map"]), growth, flags, {}, None, False, False, False)
+    st = State(dict(d["lr_from_map"]), growth, flags, {}, None, {}, False, False, False)
     specs: list[RunSpec] = []
     for z in d["envelope"]:
         if z not in st.lr:
@@ -304,6 +311,10 @@ def experiment_plan(s: Settings, done: Mapping[str, dict]) -> tuple[list[RunSpec
         specs += need
         if lr is not None:
             st.lr[a.name] = lr
+            swept = sorted(sp.lr for sp in need)
+            for end, x in (("lowest", swept[0]), ("highest", swept[-1])):
+                if math.isclose(lr, x):
+                    st.lr_edge[a.name] = end
     if any(z not in st.lr for z in [*d["envelope"], *(a.name for a in s.arm_list())]):
         return specs, st
     pilot_loss = {}

@@ -286,3 +286,17 @@ def test_the_noise_lever_reaches_the_width_operator_and_keeps_the_function(small
         spread[sym] = c["final"]["val_loss"]
     assert [(k["symmetry"], k["noise_std"]) for k in seen] == [("noise", 0.25), ("noise", 4.0), ("none", 1.0)]
     assert len(set(spread.values())) == 3  # three different runs
+
+
+def test_a_primary_arm_tuned_only_up_to_its_grid_gets_an_lr_lever_one_step_past_it(mapped, monkeypatch):
+    for arm in OFFSET:  # every arm best past the grid 5e-4 .. 2e-3 widened twice: depth-x2 stays the primary
+        monkeypatch.setitem(BEST_LR, arm, 1.6e-2)
+    s = optimal.design(S, mapped)
+    done, st, _ = run_all(s)
+    assert st.primary == "depth-x2" and st.lr_edge["depth-x2"] == "highest" and st.lr["depth-x2"] == 8e-3
+    r = optimal.summarize(s, done)
+    lever = next(lv for lv in r["levers"] if lv["lever"] == "lr-x2")
+    # the fabricated loss: 0.05 nats per factor 2 from 1.6e-2, a lever 0.005: one step up gains 0.045
+    assert lever["arm"] == "depth-x2" and lever["effect"] == pytest.approx(-0.045, abs=1e-9)
+    assert lever["what"] == "depth-x2 at peak LR 1.6e-02, one grid step past its best (x2; the sweep's end)"
+    assert done[lever["base"]]["spec"].lr == 8e-3 and "lr-half" not in {lv["lever"] for lv in r["levers"]}
