@@ -272,8 +272,14 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
     except optimal.DesignError as e:
         return fail(str(e))
     settings, note = s.as_dict(), optimal.choice_note(s, r)
+    r_s, r_out = optimal.refine_settings(s), out / optimal.REFINE  # the runs between the ladder's sizes
     if args.report_only:
-        return _report_only(out, settings, lambda done: optimal.write(s, done, out, note), "--phase optimal")
+        return _report_only(
+            out,
+            settings,
+            lambda done: optimal.write(s, done, out, note, runner.load_curves(r_out, r_s.as_dict(), with_data=False)),
+            "--phase optimal",
+        )
     data = args.data or crossmap.token_folder(s, m)
     if not (data / "meta.json").is_file():
         return fail(f"--data {data} has no meta.json; the map's token folder is needed (growlm-experiment --phase "
@@ -289,9 +295,20 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
     done = runner.load_curves(out, settings)
     rc = _rounds(args, s, lambda d: optimal.experiment_plan(s, d)[0], "optimal", done, data, out, settings, parallel,
                  unit="B")  # fmt: skip
+    if rc is not None and not (args.dry_run and rc == 0):
+        return rc
+    done = runner.load_curves(out, settings)
+    _, st = optimal.experiment_plan(s, done)
+    if not st.complete:  # a dry run before the levers finish: the refine runs follow them
+        return 0
+    if args.dry_run:
+        print(f"growlm-experiment: then the refine runs (sizes between the ladder's), under {r_out}:")
+    r_set = r_s.as_dict() | {"data": settings["data"]}
+    rc = _rounds(args, r_s, lambda d: optimal.refine_plan(s, st, d)[0], "refine", runner.load_curves(r_out, r_set),
+                 data, r_out, r_set, parallel, unit="B")  # fmt: skip
     if rc is not None:
         return rc
-    return optimal.write(s, runner.load_curves(out, settings), out, note)
+    return optimal.write(s, done, out, note, runner.load_curves(r_out, r_set))
 
 
 def _report_only(out: Path, settings, write, run: str) -> int:

@@ -27,6 +27,13 @@ This experiment runs there:
   best LR sits at an end of the widened grid, the LR one grid step past that end; on the width arm the
   symmetry-breaking noise at a quarter and four times its scale and none.
 
+- **Refine** (after the levers; its own settings and sub-folder ``refine/``, so the runs above stay valid): the
+  ladder's sizes double in depth, so the best size a user could train at B may lie between two of them. For the
+  comparator and each ladder neighbour, the depth at their geometric midpoint (rounded, when it is a new depth; same
+  width and heads) is trained at B: its LR swept on the pilot seed between the two neighbours' LRs (widened at an
+  edge), then on every main seed. The report gives each arm's paired difference against the best size at B with
+  these added (chosen after the fact on the main seeds, which favours the envelope).
+
 Primary metric (as in eval.experiments.report): the paired difference between an arm's final validation loss at B
 and the comparator's, the comparator being the envelope size with the lowest map loss at B on the pilot seed
 (chosen once); mean and 95% t-interval over the main seeds.
@@ -341,6 +348,53 @@ def experiment_plan(s: Settings, done: Mapping[str, dict]) -> tuple[list[RunSpec
     return specs, st
 
 
+REFINE = "refine"  # the phase, and the sub-folder of the output folder, of the runs between the ladder's sizes
+
+
+def between_sizes(s: Settings) -> dict[str, tuple[int, int, int]]:
+    """The sizes the refine runs add (the module docstring): for the comparator and each of its neighbours on the
+    envelope's depth ladder, the depth round(sqrt(d_comparator x d_neighbour)) when no envelope size has it, at the
+    comparator's width and heads; named ``L<depth>``. {} when every midpoint depth is on the ladder already."""
+    env, comp = s.design["envelope"], s.design["comparator"]
+    i = env.index(comp)
+    have = {s.sizes[z][0] for z in env}
+    out = {}
+    for j in (i - 1, i + 1):
+        if 0 <= j < len(env):
+            depth = round(math.sqrt(s.sizes[comp][0] * s.sizes[env[j]][0]))
+            if depth not in have:
+                out[f"L{depth}"] = (depth, *s.sizes[comp][1:])
+    return out
+
+
+def refine_settings(s: Settings) -> Settings:
+    """The refine runs' settings: the experiment's with the between sizes added (``design["refine"]``: their
+    names); stored in their curves, so they never mix with the experiment's own."""
+    extra = between_sizes(s)
+    return replace(s, sizes={**s.sizes, **extra}, design={**s.design, "refine": sorted(extra)})
+
+
+def refine_plan(s: Settings, st: State, done: Mapping[str, dict]) -> tuple[list[RunSpec], dict[str, float]]:
+    """The refine runs needed now given the finished ones (``done``: the refine curves), and the LR each between
+    size's pilot sweep chose: each size's sweep on the pilot seed (the LRs of the comparator and of the neighbour
+    it lies towards; with one LR, a factor-2 grid around it; widened at an edge, ``plan.lr_sweep``), then the size
+    at its best LR on every main seed. ``s``: the experiment's settings; ``st``: its complete state."""
+    env, comp = s.design["envelope"], s.design["comparator"]
+    i = env.index(comp)
+    specs, lrs = [], {}
+    for z, shape in between_sizes(s).items():
+        side = env[i + 1] if shape[0] > s.sizes[comp][0] else env[i - 1]  # the neighbour it lies towards
+        lo, hi = sorted((st.lr[comp], st.lr[side]))
+        grid = (lo, hi) if not math.isclose(lo, hi) else (lo / 2, lo, lo * 2)
+        base = RunSpec(REFINE, "scratch", s.pilot_seed, 1.0, 0.0, size=z)
+        need, lr = plan.lr_sweep(replace(s, lrs=grid), done, base)
+        specs += need
+        if lr is not None:
+            lrs[z] = lr
+            specs += [replace(base, seed=k, lr=lr) for k in range(s.seeds)]
+    return specs, lrs
+
+
 def max_train_windows(s: Settings) -> int:
     """The most training windows any run reads: the cheapest envelope size's at its largest budget (the target's
     past B included), and each arm at B (the cheapest first stage bounds it)."""
@@ -362,9 +416,53 @@ def _r(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(float(x), nd)
 
 
-def summarize(s: Settings, done: Mapping[str, dict], note: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def refine_summary(
+    s: Settings,
+    st: State,
+    refined: Mapping[str, dict],
+    seeds: list[int],
+    arm_losses: Mapping[str, list[float]],
+    size_losses: Mapping[str, list[float]],
+) -> dict[str, Any]:
+    """results.json's ``refine``: each between size's LR sweep, LR and losses at B on ``seeds``; once every seed
+    has them, the best size at B among the envelope's and these (lowest mean over ``seeds``, chosen after the fact)
+    and each arm's paired difference against it (mean, 95% t-interval, ``beats``: the upper bound below 0).
+    ``arm_losses`` / ``size_losses``: each arm's and envelope size's final losses at B on ``seeds``, in order."""
+    r_s = refine_settings(s)
+    specs, lrs = refine_plan(s, st, refined)
+    sizes, per_seed = {}, {}
+    for z, shape in between_sizes(s).items():
+        sweep = {f"{sp.lr:.2e}": _r(v) for sp in specs if sp.size == z and sp.seed == s.pilot_seed
+                 if (v := plan.final_loss(refined, sp)) is not None}  # fmt: skip
+        lr = lrs.get(z)  # None until its sweep is complete
+        got = [plan.final_loss(refined, RunSpec(REFINE, "scratch", k, 1.0, lr, size=z)) for k in seeds] if lr else []
+        per_seed[z] = got if got and None not in got else None
+        sizes[z] = {"shape": list(shape), "n_params": param_count(r_s.config(z), include_position_embeddings=False),
+                    "lr": lrs.get(z), "lr_sweep": dict(sorted(sweep.items(), key=lambda kv: float(kv[0]))),
+                    "loss_at_B_mean": _r(statistics.fmean(per_seed[z])) if per_seed[z] else None}  # fmt: skip
+    out: dict[str, Any] = {"sizes": sizes, "runs_not_run": [sp.name for sp in specs if sp.name not in refined],
+                           "complete": bool(sizes) and all(per_seed.values())}  # fmt: skip
+    if out["complete"]:
+        cand = {**size_losses, **per_seed}
+        best = min(cand, key=lambda z: statistics.fmean(cand[z]))
+        out |= {"best_size_at_B": best, "best_loss_at_B": _r(statistics.fmean(cand[best])), "arms": {}}
+        for a, la in arm_losses.items():
+            m, lo, hi = an.mean_ci95([x - y for x, y in zip(la, cand[best], strict=True)])
+            out["arms"][a] = {"delta_mean": _r(m), "delta_ci95_low": _r(lo), "delta_ci95_high": _r(hi),
+                              "beats": hi is not None and hi < 0}  # fmt: skip
+        out["epochs"] = {n: float(f"{epochs(r_s, rec['spec']):.4g}") for n, rec in sorted(refined.items())}
+    return out
+
+
+def summarize(
+    s: Settings,
+    done: Mapping[str, dict],
+    note: Mapping[str, Any] | None = None,
+    refined: Mapping[str, dict] | None = None,
+) -> dict[str, Any]:
     """results.json's content from the finished curves (the main runs of every seed that has all of them);
-    ``note``: how the target and B were chosen (``choice_note``), copied in.
+    ``note``: how the target and B were chosen (``choice_note``), copied in; ``refined``: the refine runs' curves
+    (``refine_summary``; None: not read, and ``refine`` is left out).
 
     Raises:
         ValueError: the pilot is incomplete, or fewer than 2 seeds have every main run.
@@ -455,6 +553,12 @@ def summarize(s: Settings, done: Mapping[str, dict], note: Mapping[str, Any] | N
                            "base": base.name, "base_loss": _r(lb), "effect": _r(lv - lb)})  # fmt: skip
     best = min(arms, key=lambda x: x["delta_vs_envelope_mean"])
     primary = next(a for a in arms if a["arm"] == st.primary)
+    refine = None
+    if refined is not None and st.complete:
+        arm_l = {a.name: [done[arm_spec(a.name, k).name]["curve"]["final"]["val_loss"] for k in seeds]
+                 for a in s.arm_list()}  # fmt: skip
+        refine = refine_summary(s, st, refined, seeds, arm_l, {z: [scratch(z, 1.0, k) for k in seeds]
+                                                               for z in d["envelope"]})  # fmt: skip
     skipped = [t for t in TIMING if t not in {sp.tag for sp in lever_runs}] if st.main_complete else []
     not_run = [sp.tag for sp in lever_runs if plan.final_loss(done, sp) is None]
     ses = [rec["curve"]["final"]["val_se"] for rec in done.values() if rec["spec"].phase == "main"]
@@ -474,6 +578,8 @@ def summarize(s: Settings, done: Mapping[str, dict], note: Mapping[str, Any] | N
         "lr_sweep": sweep, "lr_best": dict(st.lr), "lr_at_edge": at_edge, "lr_from_map": d["lr_from_map"],
         "lr_policy": policy,
         "levers": levers, "levers_skipped": skipped, "levers_not_run": not_run,
+        **({"refine": refine, "primary_arm_beats_refined_envelope": refine["arms"][st.primary]["beats"]
+            if refine["complete"] else None} if refine is not None else {}),
         "epochs": {name: float(f"{epochs(s, rec['spec']):.4g}") for name, rec in sorted(done.items())},
         "eval_noise": {"final_windows": s.final_windows, "val_se_mean": _r(statistics.fmean(ses), 5)},
         "wall_s_runs_total": {ph: _r(sum(r["curve"]["wall_s"] for r in done.values() if r["spec"].phase == ph), 1)
@@ -573,6 +679,7 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
     flags = [f"`{a['arm']}`: {f}" for a in r["arms"] for f in a["growth_flags"]]
     if flags:
         lines += ["Growth points moved, or read outside the map's budgets:", *[f"- {f}" for f in flags], ""]
+    lines += _refine_lines(r)
     lines += [f"## Pilot (seed {r['pilot_seed']})", "", "LR sweep at B (final loss per peak LR; arms with the LR "
               "continued after growth):", "", "| size / arm | LR: loss | best |", "|---|---|---|"]  # fmt: skip
     for who, sw in r["lr_sweep"].items():
@@ -603,10 +710,49 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write(s: Settings, done: Mapping[str, dict], out: Path, note: Mapping[str, Any] | None = None) -> int:
+def _refine_lines(r: Mapping[str, Any]) -> list[str]:
+    """report.md's section on the sizes between the ladder's (results.json ``refine``); none without them."""
+    rf = r.get("refine")
+    if not rf or not rf["sizes"]:
+        return []
+    lines = ["## The envelope refined at B: sizes between the ladder's", "",
+             "The ladder doubles the depth, so the best size a user could train at B may lie between two of its "
+             "sizes. Each size at the geometric midpoint of the comparator's depth and a neighbour's, trained at B "
+             "(LR swept on the pilot seed, then every main seed):", "",
+             "| size (n_layer x n_embd) | parameters | LR sweep (pilot) | LR | loss at B (main mean) |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for z, v in rf["sizes"].items():
+        sweep = ", ".join(f"{lr}: {x:.4f}" for lr, x in v["lr_sweep"].items()) or "-"
+        loss = "-" if v["loss_at_B_mean"] is None else f"{v['loss_at_B_mean']:.4f}"
+        lr = "-" if v["lr"] is None else f"{v['lr']:.1e}"
+        lines.append(f"| `{z}` ({v['shape'][0]} x {v['shape'][1]}) | {v['n_params']:,} | {sweep} | {lr} | {loss} |")
+    if not rf["complete"]:
+        return lines + ["", f"Refine runs not run yet ({len(rf['runs_not_run'])}; `--phase optimal` runs them after "
+                        "the levers).", ""]  # fmt: skip
+    p = rf["arms"][r["primary_arm"]]
+    verdict = ("beats it: its interval lies below 0" if p["beats"] else
+               f"does not beat it: its interval's upper bound is {p['delta_ci95_high']:+.4f} nats")  # fmt: skip
+    lines += ["", f"The best size at B with these added is `{rf['best_size_at_B']}` ({rf['best_loss_at_B']:.4f}, "
+              "the lowest mean over the main seeds: chosen after the fact, which favours the envelope). Each arm's "
+              "paired difference against it [95% CI]: "
+              + "; ".join(f"`{a}` {v['delta_mean']:+.4f} [{v['delta_ci95_low']:+.4f}, {v['delta_ci95_high']:+.4f}]"
+                          for a, v in rf["arms"].items()) + ".", "",
+              f"**Refined verdict.** Against the best size at B, between the ladder's sizes included, the primary "
+              f"arm `{r['primary_arm']}` ({p['delta_mean']:+.4f} [{p['delta_ci95_low']:+.4f}, "
+              f"{p['delta_ci95_high']:+.4f}] nats) {verdict}.", ""]  # fmt: skip
+    return lines
+
+
+def write(
+    s: Settings,
+    done: Mapping[str, dict],
+    out: Path,
+    note: Mapping[str, Any] | None = None,
+    refined: Mapping[str, dict] | None = None,
+) -> int:
     """Write results.json and report.md into ``out`` (atomically); 0, or 2 with a one-line reason on stderr.
-    ``note``: how the target and B were chosen (``choice_note``)."""
-    res = results_json(lambda s_, d_: summarize(s_, d_, note), s, done, out)
+    ``note``: how the target and B were chosen (``choice_note``); ``refined``: the refine runs' curves."""
+    res = results_json(lambda s_, d_: summarize(s_, d_, note, refined), s, done, out)
     if res is None:
         return 2
     atomic.write_text(out / "report.md", markdown(s, res), overwrite=True)

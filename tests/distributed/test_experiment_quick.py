@@ -139,15 +139,24 @@ def test_quick_optimal_phase_runs_pilot_main_and_levers_from_a_map_and_rebuilds_
         assert ARM_FIELDS <= set(a) and a["n_seeds"] == 2
         assert a["delta_vs_envelope_ci95_low"] <= a["delta_vs_envelope_mean"] <= a["delta_vs_envelope_ci95_high"]
         assert len(a["delta_vs_envelope_per_seed"]) == 2
-    assert len(r["levers"]) == 6 and all(lv["loss"] > 0 for lv in r["levers"])
+    # the LR lever joins when the primary arm's best LR sits at an end of its widened grid
+    assert len(r["levers"]) == 6 + (r["primary_arm"] in r["lr_at_edge"]) and all(lv["loss"] > 0 for lv in r["levers"])
     curves = _mtimes(out)
     assert set(r["epochs"]) == {Path(n).stem for n in curves} and all(0 < e < 2 for e in r["epochs"].values())
+    # the sizes between the ladder's (none where the comparator is L1: its midpoint with L2 rounds onto L1)
+    rf, refined = r["refine"], _mtimes(out / "refine")
+    assert rf["complete"] == bool(rf["sizes"]) == bool(refined) and rf["runs_not_run"] == []
     # the grown width arm's first stage is the half-width size, run only inside that arm
     assert r["settings"]["sizes"]["L2n"] == [2, 8, 1]
-    assert experiment.main(argv) == 0 and _mtimes(out) == curves  # nothing left to run
+    assert experiment.main(argv) == 0 and _mtimes(out) == curves and _mtimes(out / "refine") == refined
     assert experiment.main([*argv, "--dry_run"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1].startswith(f"{len(curves)} runs done, 0 to run")
+    printed = capsys.readouterr().out.splitlines()
+    i = next(k for k, x in enumerate(printed) if x.startswith(f"{len(curves)} runs done, 0 to run"))
+    assert "then the refine runs" in printed[i + 1]
+    assert printed[-1].startswith(f"{len(refined)} runs done, 0 to run")
     shutil.copytree(out / "curves", tmp_path / "copy" / "curves")
+    if refined:
+        shutil.copytree(out / "refine" / "curves", tmp_path / "copy" / "refine" / "curves")
     rebuilt = ["--quick", "--phase", "optimal", "--map", str(tmp_path / "map"), "--target", "L2", "--budget", "1",
                "--report_only", "--out", str(tmp_path / "copy")]  # fmt: skip
     assert experiment.main(rebuilt) == 0
@@ -157,3 +166,26 @@ def test_quick_optimal_phase_runs_pilot_main_and_levers_from_a_map_and_rebuilds_
     capsys.readouterr()
     assert experiment.main([*rebuilt[:8], "2", *rebuilt[9:]]) == 2
     assert "other settings" in capsys.readouterr().err
+    # target L4 (envelope L2, L4, L8): a midpoint depth (3 or 6) is new, so the refine runs train, after the levers,
+    # in their own folder: the pilot seed's sweep, then both seeds; a rerun trains nothing
+    out4 = tmp_path / "opt4"
+    argv4 = ["--quick", "--phase", "optimal", "--map", str(tmp_path / "map"), "--target", "L4", "--budget", "1",
+             "--out", str(out4), *data]  # fmt: skip
+    assert experiment.main(argv4) == 0 and "refine round 2:" in capsys.readouterr().out
+    r4, refined = json.loads((out4 / "results.json").read_text()), _mtimes(out4 / "refine")
+    rf = r4["refine"]
+    assert rf["complete"] and rf["sizes"] and set(rf["sizes"]) <= {"L3", "L6"} and set(rf["arms"]) == {
+        a["arm"] for a in r4["arms"]
+    }  # fmt: skip
+    assert set(rf["epochs"]) == {Path(n).stem for n in refined} and isinstance(
+        r4["primary_arm_beats_refined_envelope"], bool
+    )  # fmt: skip
+    for z, v in rf["sizes"].items():
+        assert sum(n.startswith(f"{z}-") and n.endswith(("-s0.json", "-s1.json")) for n in refined) == 2
+        assert len(v["lr_sweep"]) >= 2 and v["loss_at_B_mean"] > 0 and v["shape"][0] in (3, 6)
+    assert "## The envelope refined at B" in (out4 / "report.md").read_text()
+    assert experiment.main(argv4) == 0 and _mtimes(out4 / "refine") == refined
+    for sub in ("curves", "refine/curves"):  # --report_only reads the refine curves too
+        shutil.copytree(out4 / sub, tmp_path / "copy4" / sub)
+    assert experiment.main([*argv4[:9], "--report_only", "--out", str(tmp_path / "copy4")]) == 0
+    assert json.loads((tmp_path / "copy4" / "results.json").read_text()) == r4

@@ -16,6 +16,7 @@ from growlm.eval.experiments.protocol import RunSpec
 OFFSET = {"depth-x2": -0.02, "multi-1-2-4": 0.01, "gstack-x4": 0.08, "width-x2": 0.05, "msg-depth": 0.0}
 BEST_LR: dict[str, float] = {}  # an arm's best LR where it is not 1e-3
 MAIN_OFFSET: dict[str, float] = {}  # a size's loss change on the main seeds
+REFINE_OFFSET: dict[str, float] = {}  # a size between the ladder's: its loss against the target's at B
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +30,9 @@ def fake_run(s, sp: RunSpec) -> float:
     from 1e-3 costs 0.05 nats per factor 2, the re-warm 0.01, a lever 0.005; seeds differ by a few millinats."""
     b = s.design["budget_C"]
     seed = 0.003 * ((sp.seed * 7) % 3)
+    if sp.phase == optimal.REFINE:
+        near = fake_loss(RunSpec("map", "scratch", 100, b, sp.lr, size=s.target))
+        return near + REFINE_OFFSET.get(sp.size, 0.01) + seed
     if sp.kind == "scratch":
         main = MAIN_OFFSET.get(sp.size, 0.0) if sp.phase == "main" else 0.0
         return fake_loss(replace(sp, phase="map", budget=sp.budget * b, seed=100)) + seed + main
@@ -47,11 +51,25 @@ def run_all(s) -> tuple[dict[str, dict], optimal.State, int]:
             return done, st, rounds
         rounds += 1
         for sp in todo:
-            loss = fake_run(s, sp)
-            growth = [{"loss_before": loss, "loss_after": loss}] * (len(sp.grow_flops))
-            done[sp.name] = {"spec": sp, "settings": {"data": {"train_windows": 400_000}},
-                             "curve": {"final": {"val_loss": loss, "val_se": 0.01}, "wall_s": 8.0 * sp.budget,
-                                       "growth": growth}}  # fmt: skip
+            done[sp.name] = record(sp, fake_run(s, sp))
+
+
+def record(sp: RunSpec, loss: float) -> dict:
+    growth = [{"loss_before": loss, "loss_after": loss}] * (len(sp.grow_flops))
+    curve = {"final": {"val_loss": loss, "val_se": 0.01}, "wall_s": 8.0 * sp.budget, "growth": growth}
+    return {"spec": sp, "settings": {"data": {"train_windows": 400_000}}, "curve": curve}
+
+
+def run_refine(s, st) -> tuple[dict[str, dict], int]:
+    done: dict[str, dict] = {}
+    rounds = 0
+    while True:
+        todo = [sp for sp in dict.fromkeys(optimal.refine_plan(s, st, done)[0]) if sp.name not in done]
+        if not todo:
+            return done, rounds
+        rounds += 1
+        for sp in todo:
+            done[sp.name] = record(sp, fake_run(s, sp))
 
 
 def test_the_design_follows_the_map_choice(mapped):
@@ -300,3 +318,52 @@ def test_a_primary_arm_tuned_only_up_to_its_grid_gets_an_lr_lever_one_step_past_
     assert lever["arm"] == "depth-x2" and lever["effect"] == pytest.approx(-0.045, abs=1e-9)
     assert lever["what"] == "depth-x2 at peak LR 1.6e-02, one grid step past its best (x2; the sweep's end)"
     assert done[lever["base"]]["spec"].lr == 8e-3 and "lr-half" not in {lv["lever"] for lv in r["levers"]}
+
+
+def test_the_sizes_between_the_ladders_are_the_midpoint_depths_around_the_comparator(mapped):
+    s = optimal.design(S, mapped)  # L4 at 64 C, envelope L2, L4, L8: depths 2.83 and 5.66 round to 3 and 6
+    w, h = s.sizes["L4"][1:]
+    assert optimal.between_sizes(s) == {"L3": (3, w, h), "L6": (6, w, h)}
+    r_s = optimal.refine_settings(s)
+    assert r_s.sizes["L3"] == (3, w, h) and r_s.design["refine"] == ["L3", "L6"]
+    assert r_s.as_dict() != s.as_dict() and s.design.get("refine") is None  # curves of the two never mix
+    # L2 at 16 C (comparator L2, neighbours L1 and L4): 1.41 rounds onto L1, 2.83 to 3
+    assert list(optimal.between_sizes(optimal.design(S, mapped, target="L2", budget=16.0))) == ["L3"]
+
+
+def test_the_refined_envelope_can_take_a_win_back_and_the_report_says_so(mapped, monkeypatch):
+    monkeypatch.setitem(REFINE_OFFSET, "L3", -0.03)  # L3 0.03 below the target L4 at B; depth-x2 only 0.02
+    s = optimal.design(S, mapped)
+    done, st, _ = run_all(s)
+    refined, rounds = run_refine(s, st)
+    assert rounds == 2  # the two sweeps (both neighbours' LRs are 1e-3: 5e-4, 1e-3, 2e-3), then every main seed
+    _, lrs = optimal.refine_plan(s, st, refined)
+    assert lrs == {"L3": 1e-3, "L6": 1e-3}
+    assert sorted(sp.seed for sp in (r["spec"] for r in refined.values()) if sp.size == "L3") == [
+        *range(s.seeds), 100, 100, 100,
+    ]  # fmt: skip
+    r = optimal.summarize(s, done, refined=refined)
+    rf = r["refine"]
+    assert rf["complete"] and rf["runs_not_run"] == [] and rf["best_size_at_B"] == "L3"
+    assert list(rf["sizes"]["L3"]["lr_sweep"]) == ["5.00e-04", "1.00e-03", "2.00e-03"]
+    dx = rf["arms"]["depth-x2"]  # -0.02 against L4, so +0.01 against L3 on every seed
+    assert dx["delta_mean"] == pytest.approx(0.01, abs=1e-9) and not dx["beats"]
+    assert r["primary_arm_beats_envelope"] and r["primary_arm_beats_refined_envelope"] is False
+    assert set(rf["epochs"]) == set(refined) and all(0 < e <= 2 for e in rf["epochs"].values())
+    md = optimal.markdown(s, r)
+    assert "## The envelope refined at B: sizes between the ladder's" in md
+    assert "the primary arm `depth-x2` (+0.0100 [+0.0100, +0.0100] nats) does not beat it: its interval's" in md
+    # without the between sizes winning, the refined best is the ladder's and the primary arm keeps its win
+    monkeypatch.setitem(REFINE_OFFSET, "L3", 0.02)
+    r = optimal.summarize(s, done, refined=run_refine(s, st)[0])
+    assert r["refine"]["best_size_at_B"] == "L4" and r["primary_arm_beats_refined_envelope"] is True
+
+
+def test_refine_runs_not_yet_run_are_listed_and_the_report_without_them_leaves_refine_out(mapped):
+    s = optimal.design(S, mapped)
+    done, _, _ = run_all(s)
+    r = optimal.summarize(s, done, refined={})
+    assert not r["refine"]["complete"] and len(r["refine"]["runs_not_run"]) == 6  # the two pilot sweeps
+    assert r["primary_arm_beats_refined_envelope"] is None
+    assert "Refine runs not run yet (6; `--phase optimal` runs them after the levers)." in optimal.markdown(s, r)
+    assert "refine" not in optimal.summarize(s, done)
