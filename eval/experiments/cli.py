@@ -269,10 +269,10 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
                     "growlm-experiment --phase map wrote")  # fmt: skip
     try:
         s = optimal.design(s, r, args.target, args.budget)
+        r_s, r_out = optimal.refine_settings(s), out / optimal.REFINE  # the runs between the ladder's sizes
     except optimal.DesignError as e:
         return fail(str(e))
     settings, note = s.as_dict(), optimal.choice_note(s, r)
-    r_s, r_out = optimal.refine_settings(s), out / optimal.REFINE  # the runs between the ladder's sizes
     if args.report_only:
         return _report_only(
             out,
@@ -301,9 +301,11 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
     _, st = optimal.experiment_plan(s, done)
     if not st.complete:  # a dry run before the levers finish: the refine runs follow them
         return 0
+    r_set = r_s.as_dict() | {"data": settings["data"]}
     if args.dry_run:
         print(f"growlm-experiment: then the refine runs (sizes between the ladder's), under {r_out}:")
-    r_set = r_s.as_dict() | {"data": settings["data"]}
+    elif optimal.write(s, done, out, note, runner.load_curves(r_out, r_set)):  # the report before the refine runs
+        return 2
     rc = _rounds(args, r_s, lambda d: optimal.refine_plan(s, st, d)[0], "refine", runner.load_curves(r_out, r_set),
                  data, r_out, r_set, parallel, unit="B")  # fmt: skip
     if rc is not None:

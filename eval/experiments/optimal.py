@@ -29,10 +29,11 @@ This experiment runs there:
 
 - **Refine** (after the levers; its own settings and sub-folder ``refine/``, so the runs above stay valid): the
   ladder's sizes double in depth, so the best size a user could train at B may lie between two of them. For the
-  comparator and each ladder neighbour, the depth at their geometric midpoint (rounded, when it is a new depth; same
-  width and heads) is trained at B: its LR swept on the pilot seed between the two neighbours' LRs (widened at an
-  edge), then on every main seed. The report gives each arm's paired difference against the best size at B with
-  these added (chosen after the fact on the main seeds, which favours the envelope).
+  comparator and each of its neighbours in the envelope, the depth at their geometric midpoint (rounded, when it
+  is a new depth; same width and heads) is trained at B: its LR swept on the pilot seed from one neighbour's LR to
+  the other's (``between_lrs``, widened at an edge), then on every main seed. The report gives each arm's paired
+  difference against the best size at B with these added (chosen after the fact on the main seeds, which favours
+  the envelope).
 
 Primary metric (as in eval.experiments.report): the paired difference between an arm's final validation loss at B
 and the comparator's, the comparator being the envelope size with the lowest map loss at B on the pilot seed
@@ -367,25 +368,41 @@ def between_sizes(s: Settings) -> dict[str, tuple[int, int, int]]:
     return out
 
 
+def between_lrs(a: float, b: float) -> tuple[float, ...]:
+    """A between size's LR grid from its two neighbours' LRs ``a`` and ``b``: the factor-2 steps from the smaller
+    to the larger, with their geometric mean added when they are one step apart (so that a value between them is
+    tried); a factor-2 grid around them when they are equal."""
+    lo, hi = sorted((a, b))
+    n = round(math.log2(hi / lo))
+    if n == 0:
+        return (lo / 2, lo, lo * 2)
+    if n == 1:
+        return (lo, math.sqrt(lo * hi), hi)
+    return tuple(lo * 2**k for k in range(n + 1))
+
+
 def refine_settings(s: Settings) -> Settings:
     """The refine runs' settings: the experiment's with the between sizes added (``design["refine"]``: their
     names); stored in their curves, so they never mix with the experiment's own."""
     extra = between_sizes(s)
+    clash = [z for z, v in extra.items() if z in s.sizes and tuple(s.sizes[z]) != v]
+    if clash:
+        raise DesignError(f"the refine sizes {clash} are named like sizes of another shape in the profile; rename "
+                          "those sizes")  # fmt: skip
     return replace(s, sizes={**s.sizes, **extra}, design={**s.design, "refine": sorted(extra)})
 
 
 def refine_plan(s: Settings, st: State, done: Mapping[str, dict]) -> tuple[list[RunSpec], dict[str, float]]:
     """The refine runs needed now given the finished ones (``done``: the refine curves), and the LR each between
     size's pilot sweep chose: each size's sweep on the pilot seed (the LRs of the comparator and of the neighbour
-    it lies towards; with one LR, a factor-2 grid around it; widened at an edge, ``plan.lr_sweep``), then the size
+    it lies towards, ``between_lrs``; widened at an edge, ``plan.lr_sweep``), then the size
     at its best LR on every main seed. ``s``: the experiment's settings; ``st``: its complete state."""
     env, comp = s.design["envelope"], s.design["comparator"]
     i = env.index(comp)
     specs, lrs = [], {}
     for z, shape in between_sizes(s).items():
         side = env[i + 1] if shape[0] > s.sizes[comp][0] else env[i - 1]  # the neighbour it lies towards
-        lo, hi = sorted((st.lr[comp], st.lr[side]))
-        grid = (lo, hi) if not math.isclose(lo, hi) else (lo / 2, lo, lo * 2)
+        grid = between_lrs(st.lr[comp], st.lr[side])
         base = RunSpec(REFINE, "scratch", s.pilot_seed, 1.0, 0.0, size=z)
         need, lr = plan.lr_sweep(replace(s, lrs=grid), done, base)
         specs += need
@@ -440,8 +457,10 @@ def refine_summary(
         sizes[z] = {"shape": list(shape), "n_params": param_count(r_s.config(z), include_position_embeddings=False),
                     "lr": lrs.get(z), "lr_sweep": dict(sorted(sweep.items(), key=lambda kv: float(kv[0]))),
                     "loss_at_B_mean": _r(statistics.fmean(per_seed[z])) if per_seed[z] else None}  # fmt: skip
-    out: dict[str, Any] = {"sizes": sizes, "runs_not_run": [sp.name for sp in specs if sp.name not in refined],
-                           "complete": bool(sizes) and all(per_seed.values())}  # fmt: skip
+    not_run = [sp.name for sp in specs if sp.name not in refined]
+    out: dict[str, Any] = {"sizes": sizes, "runs_not_run": not_run,  # the current round's
+                           "runs_left": len(not_run) + s.seeds * sum(z not in lrs for z in sizes),
+                           "complete": all(per_seed.values())}  # fmt: skip
     if out["complete"]:
         cand = {**size_losses, **per_seed}
         best = min(cand, key=lambda z: statistics.fmean(cand[z]))
@@ -450,7 +469,7 @@ def refine_summary(
             m, lo, hi = an.mean_ci95([x - y for x, y in zip(la, cand[best], strict=True)])
             out["arms"][a] = {"delta_mean": _r(m), "delta_ci95_low": _r(lo), "delta_ci95_high": _r(hi),
                               "beats": hi is not None and hi < 0}  # fmt: skip
-        out["epochs"] = {n: float(f"{epochs(r_s, rec['spec']):.4g}") for n, rec in sorted(refined.items())}
+        out["epochs"] = {sp.name: float(f"{epochs(r_s, sp):.4g}") for sp in sorted(specs, key=lambda x: x.name)}
     return out
 
 
@@ -713,8 +732,12 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
 def _refine_lines(r: Mapping[str, Any]) -> list[str]:
     """report.md's section on the sizes between the ladder's (results.json ``refine``); none without them."""
     rf = r.get("refine")
-    if not rf or not rf["sizes"]:
+    if not rf:
         return []
+    if not rf["sizes"]:
+        why = "their geometric midpoints round onto the ladder"
+        return ["## The envelope refined at B", "", f"No depth lies between the comparator's and its neighbours' "
+                f"({why}): the refined envelope is the envelope.", ""]  # fmt: skip
     lines = ["## The envelope refined at B: sizes between the ladder's", "",
              "The ladder doubles the depth, so the best size a user could train at B may lie between two of its "
              "sizes. Each size at the geometric midpoint of the comparator's depth and a neighbour's, trained at B "
@@ -727,8 +750,8 @@ def _refine_lines(r: Mapping[str, Any]) -> list[str]:
         lr = "-" if v["lr"] is None else f"{v['lr']:.1e}"
         lines.append(f"| `{z}` ({v['shape'][0]} x {v['shape'][1]}) | {v['n_params']:,} | {sweep} | {lr} | {loss} |")
     if not rf["complete"]:
-        return lines + ["", f"Refine runs not run yet ({len(rf['runs_not_run'])}; `--phase optimal` runs them after "
-                        "the levers).", ""]  # fmt: skip
+        return lines + ["", f"Refine runs not run yet ({rf['runs_left']}; `--phase optimal` runs them after the "
+                        "levers).", ""]  # fmt: skip
     p = rf["arms"][r["primary_arm"]]
     verdict = ("beats it: its interval lies below 0" if p["beats"] else
                f"does not beat it: its interval's upper bound is {p['delta_ci95_high']:+.4f} nats")  # fmt: skip

@@ -145,7 +145,7 @@ def test_quick_optimal_phase_runs_pilot_main_and_levers_from_a_map_and_rebuilds_
     assert set(r["epochs"]) == {Path(n).stem for n in curves} and all(0 < e < 2 for e in r["epochs"].values())
     # the sizes between the ladder's (none where the comparator is L1: its midpoint with L2 rounds onto L1)
     rf, refined = r["refine"], _mtimes(out / "refine")
-    assert rf["complete"] == bool(rf["sizes"]) == bool(refined) and rf["runs_not_run"] == []
+    assert rf["complete"] and bool(rf["sizes"]) == bool(refined) and rf["runs_not_run"] == []
     # the grown width arm's first stage is the half-width size, run only inside that arm
     assert r["settings"]["sizes"]["L2n"] == [2, 8, 1]
     assert experiment.main(argv) == 0 and _mtimes(out) == curves and _mtimes(out / "refine") == refined

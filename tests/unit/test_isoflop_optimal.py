@@ -306,18 +306,25 @@ def test_the_noise_lever_reaches_the_width_operator_and_keeps_the_function(small
     assert len(set(spread.values())) == 3  # three different runs
 
 
-def test_a_primary_arm_tuned_only_up_to_its_grid_gets_an_lr_lever_one_step_past_it(mapped, monkeypatch):
+@pytest.mark.parametrize(
+    "best, edge, tuned, tag, other",
+    [(1.6e-2, "highest", 8e-3, "lr-x2", "lr-half"), (3.125e-5, "lowest", 1.25e-4, "lr-half", "lr-x2")],
+)
+def test_a_primary_arm_tuned_only_up_to_its_grid_gets_an_lr_lever_one_step_past_it(
+    mapped, monkeypatch, best, edge, tuned, tag, other
+):
     for arm in OFFSET:  # every arm best past the grid 5e-4 .. 2e-3 widened twice: depth-x2 stays the primary
-        monkeypatch.setitem(BEST_LR, arm, 1.6e-2)
+        monkeypatch.setitem(BEST_LR, arm, best)
     s = optimal.design(S, mapped)
     done, st, _ = run_all(s)
-    assert st.primary == "depth-x2" and st.lr_edge["depth-x2"] == "highest" and st.lr["depth-x2"] == 8e-3
+    assert st.primary == "depth-x2" and st.lr_edge["depth-x2"] == edge and st.lr["depth-x2"] == tuned
     r = optimal.summarize(s, done)
-    lever = next(lv for lv in r["levers"] if lv["lever"] == "lr-x2")
-    # the fabricated loss: 0.05 nats per factor 2 from 1.6e-2, a lever 0.005: one step up gains 0.045
+    lever = next(lv for lv in r["levers"] if lv["lever"] == tag)
+    # the fabricated loss: 0.05 nats per factor 2 from the best LR, a lever 0.005: one step on gains 0.045
     assert lever["arm"] == "depth-x2" and lever["effect"] == pytest.approx(-0.045, abs=1e-9)
-    assert lever["what"] == "depth-x2 at peak LR 1.6e-02, one grid step past its best (x2; the sweep's end)"
-    assert done[lever["base"]]["spec"].lr == 8e-3 and "lr-half" not in {lv["lever"] for lv in r["levers"]}
+    step = tuned * (2 if tag == "lr-x2" else 0.5)
+    assert lever["what"] == f"depth-x2 at peak LR {step:.1e}, one grid step past its best ({tag[3:]}; the sweep's end)"
+    assert done[lever["base"]]["spec"].lr == tuned and other not in {lv["lever"] for lv in r["levers"]}
 
 
 def test_the_sizes_between_the_ladders_are_the_midpoint_depths_around_the_comparator(mapped):
@@ -326,7 +333,7 @@ def test_the_sizes_between_the_ladders_are_the_midpoint_depths_around_the_compar
     assert optimal.between_sizes(s) == {"L3": (3, w, h), "L6": (6, w, h)}
     r_s = optimal.refine_settings(s)
     assert r_s.sizes["L3"] == (3, w, h) and r_s.design["refine"] == ["L3", "L6"]
-    assert r_s.as_dict() != s.as_dict() and s.design.get("refine") is None  # curves of the two never mix
+    assert s.design.get("refine") is None  # the experiment's own settings (and so its curves) are unchanged
     # L2 at 16 C (comparator L2, neighbours L1 and L4): 1.41 rounds onto L1, 2.83 to 3
     assert list(optimal.between_sizes(optimal.design(S, mapped, target="L2", budget=16.0))) == ["L3"]
 
@@ -346,8 +353,9 @@ def test_the_refined_envelope_can_take_a_win_back_and_the_report_says_so(mapped,
     rf = r["refine"]
     assert rf["complete"] and rf["runs_not_run"] == [] and rf["best_size_at_B"] == "L3"
     assert list(rf["sizes"]["L3"]["lr_sweep"]) == ["5.00e-04", "1.00e-03", "2.00e-03"]
-    dx = rf["arms"]["depth-x2"]  # -0.02 against L4, so +0.01 against L3 on every seed
-    assert dx["delta_mean"] == pytest.approx(0.01, abs=1e-9) and not dx["beats"]
+    dx = rf["arms"]["depth-x2"]  # -0.02 against L4, so +0.01 against L3 on every seed (paired: no spread)
+    assert dx["delta_mean"] == dx["delta_ci95_low"] == dx["delta_ci95_high"] == pytest.approx(0.01, abs=1e-9)
+    assert not dx["beats"]
     assert r["primary_arm_beats_envelope"] and r["primary_arm_beats_refined_envelope"] is False
     assert set(rf["epochs"]) == set(refined) and all(0 < e <= 2 for e in rf["epochs"].values())
     md = optimal.markdown(s, r)
@@ -364,6 +372,26 @@ def test_refine_runs_not_yet_run_are_listed_and_the_report_without_them_leaves_r
     done, _, _ = run_all(s)
     r = optimal.summarize(s, done, refined={})
     assert not r["refine"]["complete"] and len(r["refine"]["runs_not_run"]) == 6  # the two pilot sweeps
-    assert r["primary_arm_beats_refined_envelope"] is None
-    assert "Refine runs not run yet (6; `--phase optimal` runs them after the levers)." in optimal.markdown(s, r)
-    assert "refine" not in optimal.summarize(s, done)
+    assert r["refine"]["runs_left"] == 6 + 2 * s.seeds and r["primary_arm_beats_refined_envelope"] is None
+    left = f"Refine runs not run yet ({6 + 2 * s.seeds}; `--phase optimal` runs them after the levers)."
+    assert left in optimal.markdown(s, r) and "refine" not in optimal.summarize(s, done)
+    # L1 the comparator (4 C, below the map's L1 -> L2 crossover at 6 C): sqrt(1 x 2) rounds onto L1, no refine run
+    s = optimal.design(S, mapped, target="L2", budget=4.0)
+    assert s.design["comparator"] == "L1" and optimal.between_sizes(s) == {}
+    done, st, _ = run_all(s)
+    assert optimal.refine_plan(s, st, {}) == ([], {})
+    r = optimal.summarize(s, done, refined={})
+    assert r["refine"]["complete"] and r["refine"]["best_size_at_B"] == r["envelope_at_B"]["size"]
+    assert "the refined envelope is the envelope" in optimal.markdown(s, r)
+
+
+@pytest.mark.parametrize(
+    "a, b, grid",
+    [
+        (2e-3, 4e-3, (2e-3, 2e-3 * 2**0.5, 4e-3)),
+        (1e-3, 1e-3, (5e-4, 1e-3, 2e-3)),
+        (8e-3, 1e-3, (1e-3, 2e-3, 4e-3, 8e-3)),
+    ],
+)
+def test_a_between_size_sweeps_the_lrs_from_one_neighbour_to_the_other(a, b, grid):
+    assert optimal.between_lrs(a, b) == pytest.approx(grid, rel=1e-12)
