@@ -709,6 +709,10 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
                   f"{s.lr_widen} times at most): "
                   + ", ".join(f"`{k}` ({r['lr_best'][k]:.1e}, the {v} tried)" for k, v in r["lr_at_edge"].items())
                   + ". A wider grid could only lower these pilot losses."]  # fmt: skip
+        for lv in r["levers"]:
+            if lv["lever"] in ("lr-x2", "lr-half"):
+                lines[-1] += (f" One grid step past the end, `{lv['arm']}`'s pilot loss changes by {lv['effect']:+.4f} "
+                              "nats (the LR lever below).")  # fmt: skip
     lines += ["", "| arm | LR continued | LR re-warmed | chosen |", "|---|---|---|---|"]
     for k, v in r["lr_policy"].items():
         lines.append(f"| `{k}` | {v['continue']:.4f} | {v['rewarm']:.4f} | {v['chosen']} |")

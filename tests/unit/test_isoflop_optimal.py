@@ -325,6 +325,7 @@ def test_a_primary_arm_tuned_only_up_to_its_grid_gets_an_lr_lever_one_step_past_
     step = tuned * (2 if tag == "lr-x2" else 0.5)
     assert lever["what"] == f"depth-x2 at peak LR {step:.1e}, one grid step past its best ({tag[3:]}; the sweep's end)"
     assert done[lever["base"]]["spec"].lr == tuned and other not in {lv["lever"] for lv in r["levers"]}
+    assert "One grid step past the end, `depth-x2`'s pilot loss changes by -0.0450 nats" in optimal.markdown(s, r)
 
 
 def test_the_sizes_between_the_ladders_are_the_midpoint_depths_around_the_comparator(mapped):
