@@ -484,7 +484,8 @@ def summarize(
     (``refine_summary``; None: not read, and ``refine`` is left out).
 
     Raises:
-        ValueError: the pilot is incomplete, or fewer than 2 seeds have every main run.
+        ValueError: the pilot is incomplete, fewer than 2 seeds have every main run, or a refine curve comes from
+            another token folder.
     """
     _, st = experiment_plan(s, done)
     if not st.pilot_complete:
@@ -573,6 +574,10 @@ def summarize(
     best = min(arms, key=lambda x: x["delta_vs_envelope_mean"])
     primary = next(a for a in arms if a["arm"] == st.primary)
     refine = None
+    data = next(iter(done.values()))["settings"].get("data")
+    if other := [n for n, rec in sorted((refined or {}).items()) if rec["settings"].get("data") != data]:
+        raise ValueError(f"the refine curve {other[0]} comes from another token folder than the experiment's curves; "
+                         "move the refine/ folder away (a rerun trains its runs again)")  # fmt: skip
     if refined is not None and st.complete:
         arm_l = {a.name: [done[arm_spec(a.name, k).name]["curve"]["final"]["val_loss"] for k in seeds]
                  for a in s.arm_list()}  # fmt: skip
@@ -583,7 +588,7 @@ def summarize(
     ses = [rec["curve"]["final"]["val_se"] for rec in done.values() if rec["spec"].phase == "main"]
     return {
         "protocol": OPTIMAL_PROTOCOL, "settings": s.as_dict(),
-        "data": next(iter(done.values()))["settings"].get("data"),
+        "data": data,
         "budget_flops": s.c_flops, "budget_C": d["budget_C"], "C_flops": d["map_c_flops"], "target": s.target,
         **(note or {}), "comparator": comp,
         "envelope": {f"{b:g}": {"budget_flops": b * s.c_flops, "best_size": z, "loss": _r(loss),

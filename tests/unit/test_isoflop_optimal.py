@@ -362,6 +362,10 @@ def test_the_refined_envelope_can_take_a_win_back_and_the_report_says_so(mapped,
     md = optimal.markdown(s, r)
     assert "## The envelope refined at B: sizes between the ladder's" in md
     assert "the primary arm `depth-x2` (+0.0100 [+0.0100, +0.0100] nats) does not beat it: its interval's" in md
+    # a refine curve from another token folder is refused, never compared with these runs
+    moved = {**refined, "L3-x": {**refined[next(iter(refined))], "settings": {"data": {"train_windows": 9}}}}
+    with pytest.raises(ValueError, match="the refine curve L3-x comes from another token folder"):
+        optimal.summarize(s, done, refined=moved)
     # without the between sizes winning, the refined best is the ladder's and the primary arm keeps its win
     monkeypatch.setitem(REFINE_OFFSET, "L3", 0.02)
     r = optimal.summarize(s, done, refined=run_refine(s, st)[0])
