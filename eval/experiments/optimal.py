@@ -221,7 +221,7 @@ class State:
     growth_flags: dict[str, list[str]]
     policy: dict[str, str]  # arm -> 'continue' | 'rewarm'
     primary: str | None  # the arm with the lowest pilot loss: the primary arm (chosen before any main seed), levers
-    lr_edge: dict[str, str]  # arm -> 'highest' | 'lowest': its best LR at that end of its widened sweep
+    lr_edge: dict[str, str]  # size or arm swept here -> 'highest' | 'lowest': its best LR at that end of its sweep
     pilot_complete: bool
     main_complete: bool
     complete: bool
@@ -309,6 +309,7 @@ def experiment_plan(s: Settings, done: Mapping[str, dict]) -> tuple[list[RunSpec
             specs += need
             if lr is not None:
                 st.lr[z] = lr
+                _mark_edge(st, z, lr, need)
     if s.target not in st.lr:
         return specs, st
     t_lr = st.lr[s.target]
@@ -319,10 +320,7 @@ def experiment_plan(s: Settings, done: Mapping[str, dict]) -> tuple[list[RunSpec
         specs += need
         if lr is not None:
             st.lr[a.name] = lr
-            swept = sorted(sp.lr for sp in need)
-            for end, x in (("lowest", swept[0]), ("highest", swept[-1])):
-                if math.isclose(lr, x):
-                    st.lr_edge[a.name] = end
+            _mark_edge(st, a.name, lr, need)
     if any(z not in st.lr for z in [*d["envelope"], *(a.name for a in s.arm_list())]):
         return specs, st
     pilot_loss = {}
@@ -369,9 +367,9 @@ def between_sizes(s: Settings) -> dict[str, tuple[int, int, int]]:
 
 
 def between_lrs(a: float, b: float) -> tuple[float, ...]:
-    """A between size's LR grid from its two neighbours' LRs ``a`` and ``b``: the factor-2 steps from the smaller
-    to the larger, with their geometric mean added when they are one step apart (so that a value between them is
-    tried); a factor-2 grid around them when they are equal."""
+    """A between size's LR grid (peak LRs, ascending) from its two neighbours' peak LRs ``a`` and ``b`` (> 0): the
+    factor-2 steps from the smaller to the larger, with their geometric mean added when they are one step apart (so
+    that a value between them is tried); a factor-2 grid around them when they are equal."""
     lo, hi = sorted((a, b))
     n = round(math.log2(hi / lo))
     if n == 0:
@@ -383,7 +381,11 @@ def between_lrs(a: float, b: float) -> tuple[float, ...]:
 
 def refine_settings(s: Settings) -> Settings:
     """The refine runs' settings: the experiment's with the between sizes added (``design["refine"]``: their
-    names); stored in their curves, so they never mix with the experiment's own."""
+    names); stored in their curves, so they never mix with the experiment's own.
+
+    Raises:
+        DesignError: a between size's name ``L<depth>`` is taken in the profile by a size of another shape.
+    """
     extra = between_sizes(s)
     clash = [z for z, v in extra.items() if z in s.sizes and tuple(s.sizes[z]) != v]
     if clash:
@@ -395,8 +397,12 @@ def refine_settings(s: Settings) -> Settings:
 def refine_plan(s: Settings, st: State, done: Mapping[str, dict]) -> tuple[list[RunSpec], dict[str, float]]:
     """The refine runs needed now given the finished ones (``done``: the refine curves), and the LR each between
     size's pilot sweep chose: each size's sweep on the pilot seed (the LRs of the comparator and of the neighbour
-    it lies towards, ``between_lrs``; widened at an edge, ``plan.lr_sweep``), then the size
-    at its best LR on every main seed. ``s``: the experiment's settings; ``st``: its complete state."""
+    it lies towards, ``between_lrs``; widened at an edge, ``plan.lr_sweep``), then the size at its best LR on every
+    main seed. ``s``: the experiment's settings; ``st``: its complete state.
+
+    Raises:
+        plan.CurveMismatch: a refine curve has a needed run's name but another spec.
+    """
     env, comp = s.design["envelope"], s.design["comparator"]
     i = env.index(comp)
     specs, lrs = [], {}
@@ -410,6 +416,14 @@ def refine_plan(s: Settings, st: State, done: Mapping[str, dict]) -> tuple[list[
             lrs[z] = lr
             specs += [replace(base, seed=k, lr=lr) for k in range(s.seeds)]
     return specs, lrs
+
+
+def _mark_edge(st: State, who: str, lr: float, sweep: list[RunSpec]) -> None:
+    """Record in ``st.lr_edge`` when ``who``'s best LR ``lr`` is the lowest or highest of its complete sweep."""
+    swept = sorted(sp.lr for sp in sweep)
+    for end, x in (("lowest", swept[0]), ("highest", swept[-1])) if len(swept) > 1 else ():
+        if math.isclose(lr, x):
+            st.lr_edge[who] = end
 
 
 def max_train_windows(s: Settings) -> int:
@@ -455,7 +469,7 @@ def refine_summary(
         got = [plan.final_loss(refined, RunSpec(REFINE, "scratch", k, 1.0, lr, size=z)) for k in seeds] if lr else []
         per_seed[z] = got if got and None not in got else None
         sizes[z] = {"shape": list(shape), "n_params": param_count(r_s.config(z), include_position_embeddings=False),
-                    "lr": lrs.get(z), "lr_sweep": dict(sorted(sweep.items(), key=lambda kv: float(kv[0]))),
+                    "lr": lr, "lr_sweep": dict(sorted(sweep.items(), key=lambda kv: float(kv[0]))),
                     "loss_at_B_mean": _r(statistics.fmean(per_seed[z])) if per_seed[z] else None}  # fmt: skip
     not_run = [sp.name for sp in specs if sp.name not in refined]
     out: dict[str, Any] = {"sizes": sizes, "runs_not_run": not_run,  # the current round's
@@ -547,12 +561,6 @@ def summarize(
         if sp.phase == "pilot" and sp.policy == "continue" and not sp.tag:
             sweep.setdefault(sp.size or sp.arm, {})[f"{sp.lr:.2e}"] = _r(rec["curve"]["final"]["val_loss"])
     sweep = {k: dict(sorted(v.items(), key=lambda kv: float(kv[0]))) for k, v in sorted(sweep.items())}
-    at_edge = {}  # best LR at an end of its widened grid: tuned only up to the grid
-    for who, sw in sweep.items():
-        lrs = [float(x) for x in sw]
-        for end, lr in (("lowest", lrs[0]), ("highest", lrs[-1])) if len(lrs) > 1 else ():
-            if math.isclose(st.lr[who], lr):
-                at_edge[who] = end
     policy = {}
     for a in s.arm_list():
         base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name])
@@ -599,8 +607,8 @@ def summarize(
         "arms": arms, "scratch": scratch_out, "primary_arm": primary["arm"],
         "primary_arm_beats_envelope": primary["beats_envelope"], "best_arm": best["arm"],
         "best_arm_beats_envelope": best["beats_envelope"],
-        "lr_sweep": sweep, "lr_best": dict(st.lr), "lr_at_edge": at_edge, "lr_from_map": d["lr_from_map"],
-        "lr_policy": policy,
+        "lr_sweep": sweep, "lr_best": dict(st.lr), "lr_at_edge": dict(sorted(st.lr_edge.items())),
+        "lr_from_map": d["lr_from_map"], "lr_policy": policy,
         "levers": levers, "levers_skipped": skipped, "levers_not_run": not_run,
         **({"refine": refine, "primary_arm_beats_refined_envelope": refine["arms"][st.primary]["beats"]
             if refine["complete"] else None} if refine is not None else {}),
