@@ -31,7 +31,6 @@ its decompressed bytes, so it equals the corpus MANIFEST.json value.
 
 import argparse
 import errno
-import fcntl
 import functools
 import os
 import shutil
@@ -56,6 +55,7 @@ from growlm.data.sources import (
 from growlm.data.text import InputError, read_json_rows
 from growlm.data.tokens import DTYPE, FORMAT, SPLITS, TokenFolderWriter, cache_dir, load_meta, open_tokens
 from growlm.runtime.commands import HelpFormatter, add_version, interruptible
+from growlm.runtime.lock import queue_lock
 
 __all__ = ["FORMAT", "DTYPE", "SPLITS", "prepare_dataset", "ensure_builtin_prepared", "load_meta", "open_tokens"]
 
@@ -309,17 +309,14 @@ def ensure_builtin_prepared(data_dir: Source | None = None, *, num_proc: int | N
     """Prepare the built-in corpus into data_dir (default default_data_dir()) unless it is already current.
 
     Current means meta.json is valid, the .bin sizes match, and the sources' sha256 equal MANIFEST.json. Safe
-    to call from several processes at once: they serialise on an fcntl lock file next to data_dir, and the
+    to call from several processes at once: they queue on data_dir's queue lock (runtime.lock.queue_lock), and the
     ones that wait find the work done. Returns data_dir.
 
     Raises:
         ValueError: the committed corpus does not match its MANIFEST.json (the message says how to restore it).
     """
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
-    data_dir.parent.mkdir(parents=True, exist_ok=True)
-    # callers queue on this file (waiting); the one that prepares then takes the writer lock (runtime.lock) too
-    with open(data_dir.parent / f".{data_dir.name}.queue.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with queue_lock(data_dir):  # callers wait their turn; the one that prepares then takes the writer lock too
         if _builtin_is_current(data_dir):
             return data_dir
         problems = verify_corpus(CORPUS_DIR)

@@ -31,7 +31,8 @@ import numpy as np
 
 from growlm.data.prepare import builtin_corpus_files
 from growlm.data.text import read_text
-from growlm.data.tokens import TokenFolderWriter, cache_dir
+from growlm.data.tokens import TokenFolderWriter, cache_dir, load_meta
+from growlm.runtime.lock import queue_lock
 
 EOT = "<|endoftext|>"
 
@@ -133,6 +134,31 @@ def prepare_small_vocab(
             eot_token_id=tok.token_to_id(EOT),
             splits=splits,
         )
+
+
+def ensure_small_vocab(out: str | Path, vocab_size: int, extra: tuple[str, ...] = ()) -> Path:
+    """The small-vocabulary token folder ``out``, prepared by ``prepare_small_vocab`` unless it is already there.
+    Safe to call from several processes at once (pytest workers, two experiments sharing growlm's cache): they
+    wait their turn on out's queue lock (runtime.lock.queue_lock); the first prepares, the others find it done.
+    Returns out.
+
+    Raises:
+        ValueError: a folder already at ``out`` has another vocabulary size or other extra sources (it is never
+            replaced: remove it or choose another folder); vocab_size or extra invalid (``prepare_small_vocab``).
+        FileExistsError: ``out`` exists but is not a complete token folder, or a process that does not queue (a
+            user's ``python -m growlm.data.small_vocab``) is writing it right now.
+        FileNotFoundError: an extra source that has not been built.
+    """
+    out = Path(out)
+    with queue_lock(out):
+        if not (out / "meta.json").is_file():
+            return prepare_small_vocab(out, vocab_size, extra=extra)
+    meta = load_meta(out)
+    if meta["vocab_size"] != vocab_size or tuple(meta.get("extra", ())) != tuple(extra):
+        have = f"{meta['vocab_size']} tokens, extra sources {meta.get('extra', [])}"
+        raise ValueError(f"{out} holds another small-vocabulary corpus ({have}; wanted {vocab_size} tokens, extra "
+                         f"sources {list(extra)}); remove it or choose another folder")  # fmt: skip
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

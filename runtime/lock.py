@@ -8,7 +8,9 @@ its holder when the write ends, still holding it; a process that took the lock o
 the path no longer names the file it locked and takes the new one, so two writers never hold "the" lock at once.
 
 On a network filesystem flock works across hosts where the filesystem supports it (NFS maps it to a byte-range
-lock), so one process of a multi-node run (global rank 0) takes the lock, not one per node. Standard library only.
+lock), so one process of a multi-node run (global rank 0) takes the lock, not one per node. Callers that share an
+output rather than compete for it (prepare it if missing, else use it) wait their turn on a separate queue lock
+(``queue_lock``) and then take the writer lock. Standard library only.
 """
 
 from __future__ import annotations
@@ -129,6 +131,33 @@ def output_lock(target: str | os.PathLike) -> Iterator[Path]:
         except FileNotFoundError:
             pass
         f.close()
+
+
+@contextmanager
+def queue_lock(target: str | os.PathLike) -> Iterator[Path]:
+    """Wait for, then hold, the queue lock of the output ``target`` for the block: the hidden file
+    ``.<name>.queue.lock`` beside it (fcntl.flock, exclusive, waiting). For the callers that want one output to
+    exist and may share it (``ensure_*``: two pytest workers, the ranks of a node, two experiments wanting the same
+    cached token folder): each takes its turn, looks whether the output is there, and only the first builds it.
+
+    It is a different file from the writer lock (``output_lock``) on purpose: the writer lock never waits, so a
+    second user's command writing the same output is refused at once rather than left hanging, while callers who
+    asked to share an output queue here and then, one at a time, take the writer lock, which nobody in the queue
+    holds. The file stays in place (a waiting process holds it open; removing it would let a newcomer lock a new
+    file beside the queue). A holder that is killed releases it with its process.
+
+    Yields:
+        the queue lock file's path.
+
+    Raises:
+        OSError: the parent folder cannot be created, or the lock file created or opened there.
+    """
+    target = Path(os.path.abspath(target))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    path = target.parent.resolve() / f".{target.name}.queue.lock"
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        yield path
 
 
 def output_held_message(what: str, target: str | os.PathLike, err: LockHeldError) -> str:

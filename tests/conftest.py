@@ -9,7 +9,6 @@ gloo on loopback), marked ``dist`` here by folder. Tests import helpers from thi
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sys
 from pathlib import Path
@@ -37,15 +36,9 @@ def small_vocab_data() -> Path:
     cheaper than at GPT-2's 50,257 tokens when bf16 is emulated (no AVX512-BF16/AMX), the LM head being most of it."""
     from dist_utils import SMALL_DATA, SMALL_VOCAB
 
-    from growlm.data.small_vocab import prepare_small_vocab
+    from growlm.data.small_vocab import ensure_small_vocab
 
-    out = SMALL_DATA
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:  # pytest-xdist workers: one prepares, the other waits
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if not (out / "meta.json").is_file():  # the token-folder writer renames a complete folder into place
-            prepare_small_vocab(out, SMALL_VOCAB)
-    return out
+    return ensure_small_vocab(SMALL_DATA, SMALL_VOCAB)  # pytest-xdist workers: one prepares, the other waits
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -161,12 +161,12 @@ def _main_out(args, s, out: Path, parallel: int) -> int:
     if not (data / "meta.json").is_file():
         if args.data is not None:
             return fail(f"--data {data} has no meta.json; prepare it with python -m growlm.data.small_vocab")
-        from growlm.data.small_vocab import prepare_small_vocab  # lazy: HF tokenizers, only when preparing
+        from growlm.data.small_vocab import ensure_small_vocab  # lazy: HF tokenizers, only when preparing
 
         print(f"growlm-experiment: training a {s.vocab_size}-token BPE into {data}", flush=True)
         try:
-            prepare_small_vocab(data, s.vocab_size)
-        except FileExistsError as e:  # another growlm-experiment prepares it right now (its writer lock)
+            ensure_small_vocab(data, s.vocab_size)  # a second growlm-experiment waits for the first to prepare it
+        except (FileExistsError, ValueError) as e:
             return fail(f"preparing the {s.vocab_size}-token BPE into {data}: {e}")
     settings["data"] = runner.data_fingerprint(data)
     if settings["data"]["vocab_size"] != s.vocab_size:
@@ -228,12 +228,12 @@ def _map(args, s, out: Path, parallel: int) -> int:
     if not (data / "meta.json").is_file():
         if args.data is not None:
             return fail(f"--data {data} has no meta.json; prepare it with python -m growlm.data.small_vocab")
-        from growlm.data.small_vocab import prepare_small_vocab  # lazy: HF tokenizers, only when preparing
+        from growlm.data.small_vocab import ensure_small_vocab  # lazy: HF tokenizers, only when preparing
 
         print(f"growlm-experiment: training a {s.vocab_size}-token BPE into {data}", flush=True)
         try:
-            prepare_small_vocab(data, s.vocab_size, extra=m.extra)
-        except (FileExistsError, FileNotFoundError) as e:
+            ensure_small_vocab(data, s.vocab_size, extra=m.extra)
+        except (FileExistsError, FileNotFoundError, ValueError) as e:
             return fail(f"preparing the map's token folder {data}: {e}")
     have = (runner.train_tokens(data) - 1) // s.seq_len
     settings["data"] = runner.data_fingerprint(data) | {"train_windows": have}

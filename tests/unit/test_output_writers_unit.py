@@ -6,24 +6,29 @@ curve JSON (growlm-experiment --report_only) are named in one line, exit status 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
 import shutil
 import socket
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from cli_utils import one_error_line, train_fails
 from init_from_helpers import make_hf_folder
 
 from growlm.data import prepare
+from growlm.data.small_vocab import ensure_small_vocab
+from growlm.data.tokens import TokenFolderWriter, open_tokens
 from growlm.eval.bench import throughput as bench
 from growlm.eval.experiments import cli as experiment
 from growlm.eval.experiments import protocol, runner
 from growlm.eval.experiments.protocol import RunSpec
 from growlm.eval.metrics import cli as eval_cli
 from growlm.model.hf import safetensors_problem
-from growlm.runtime.lock import LockHeldError, output_lock, output_lock_path
+from growlm.runtime.lock import LockHeldError, output_lock, output_lock_path, queue_lock
 
 HOLDER = rf"pid {os.getpid()} on host {re.escape(socket.gethostname())} since \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d \(\S+\)"
 
@@ -66,6 +71,57 @@ def test_output_lock_is_released_when_the_block_fails(tmp_path):
     with output_lock(tmp_path / "out"):
         pass
     assert list(tmp_path.iterdir()) == []
+
+
+def _ensure_tiny_folder(out: Path, log: Path) -> None:
+    """What every ``ensure_*`` preparer does: wait its turn on out's queue lock, build out only if it is missing
+    (taking the writer lock, as any writer), and log each build."""
+    with queue_lock(out):
+        if (out / "meta.json").is_file():
+            return
+        with TokenFolderWriter(out) as w:
+            time.sleep(0.5)  # the other process queues meanwhile
+            splits = {}
+            for split in ("train", "val"):
+                sw = w.split(split)
+                sw.write(np.arange(10))
+                splits[split] = sw.record(1, [])
+            w.finish(tokenizer="test", vocab_size=10, eot_token_id=9, splits=splits)
+        with open(log, "a") as f:
+            f.write(f"built by {os.getpid()}\n")
+
+
+def test_queued_preparers_build_an_output_once_and_the_writer_lock_never_refuses_them(tmp_path):
+    """Two processes that want one output (pytest workers wanting the small-vocabulary corpus, ranks wanting the
+    built-in corpus) queue on its queue lock: one builds it under its writer lock, the other then finds it built;
+    neither is refused by the writer lock (the two locks are different files)."""
+    out, log = tmp_path / "cache" / "tokens", tmp_path / "log"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_ensure_tiny_folder, args=(out, log)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert len(log.read_text().splitlines()) == 1  # built once
+    assert open_tokens(out, "train").tolist() == list(range(10))
+    assert sorted(p.name for p in out.parent.iterdir()) == [".tokens.queue.lock", "tokens"]  # no writer lock left
+
+
+@pytest.mark.bad_input
+def test_ensure_small_vocab_never_replaces_another_vocabulary(small_vocab_data):
+    """A cached small-vocabulary folder of another size is named and left alone, not reused or rebuilt."""
+    from dist_utils import SMALL_VOCAB
+
+    mtime = (small_vocab_data / "meta.json").stat().st_mtime_ns
+    other = (
+        rf"holds another small-vocabulary corpus \({SMALL_VOCAB} tokens, extra sources \[\]; wanted 4096 tokens, "
+        r"extra sources \[\]\); remove it or choose another folder"
+    )
+    with pytest.raises(ValueError, match=other):
+        ensure_small_vocab(small_vocab_data, 4096)
+    assert ensure_small_vocab(small_vocab_data, SMALL_VOCAB) == small_vocab_data
+    assert (small_vocab_data / "meta.json").stat().st_mtime_ns == mtime
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -264,5 +320,6 @@ def test_growlm_experiment_preparing_a_vocabulary_another_process_prepares_is_re
         line = one_error_line(capsys.readouterr().err, "growlm-experiment")
         prefix = f"preparing the {s.vocab_size}-token BPE into {data}: "
         assert line.startswith(prefix) and held("--out", data).fullmatch(line.removeprefix(prefix)), line
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == []  # nothing of the token folder
+    # nothing of the token folder; the queue lock it waited its turn on stays (runtime.lock.queue_lock)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [f".bpe{s.vocab_size}.queue.lock"]
     assert not (tmp_path / "res" / "curves").exists()
