@@ -490,11 +490,16 @@ def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int
             torch.save(rng_state(), tmp)
         if rank == 0:
             write_text(tmp_dir / STATE_FILE, state.dumps(), overwrite=True)
+        hold_point(f"checkpoint.written:{tag}")  # test-only (runtime.crash_points): a rank lost mid-save
         collectives.barrier()
     except OSError as e:  # disk full, quota, permissions: the half-written .tmp-<tag> goes, everything else stays
         if not final.exists():
             shutil.rmtree(tmp_dir, ignore_errors=True)
         raise CheckpointSaveError(save_failed_message(e, final)) from None
+    except Exception:  # a rank lost meanwhile (the barrier failed): rank 0 removes the unfinished save
+        if rank == 0 and not final.exists():
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
     # every rank hashes the files it wrote (its shards and RNG file; the shared ones split by size), all at once;
     # rank 0 writes the manifest from the gathered digests (rank 0's listing: every rank splits the same list)
     listing: tuple[dict[str, int], str] = ({}, "")

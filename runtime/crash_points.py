@@ -8,13 +8,14 @@ process is killed, so the test can wait for the marker and ``kill -9`` the proce
 
 Points (``name``): ``checkpoint.commit:<tag>`` (runtime.checkpoint.save: every rank has written ``.tmp-<tag>``,
 growlm_state.json and the manifest included; rank 0, before the rename and the ``latest`` update),
-``grow.commit`` (growth.offline.pipeline.grow_checkpoint: converted and grown tensors written in the temporary output,
-before growlm_state.json, the manifest, ``latest`` and the rename), ``live.applied`` (growth.live.engine.grow_engine:
-every parameter written into the new engine, old engine not yet destroyed; every rank), ``train.step:<N>``
-(trainer.run.train: step N done and logged, before its validation and save; every rank), ``train.stopped:<N>``
-(trainer.run.stop_before_stage: the stop checkpoint at step N saved, its "stop" record not yet logged; every
-rank), ``driver.launched:<K>``
-(growlm-run, trainer.driver.phases: the driver itself, right after starting segment K's job).
+``checkpoint.written:<tag>`` (runtime.checkpoint.save: this rank has written its files into ``.tmp-<tag>``, before
+the barrier that ends the writing; every rank), ``grow.commit`` (growth.offline.pipeline.grow_checkpoint: converted
+and grown tensors written in the temporary output, before growlm_state.json, the manifest, ``latest`` and the
+rename), ``live.applied`` (growth.live.engine.grow_engine: every parameter written into the new engine, old engine
+not yet destroyed; every rank), ``train.step:<N>`` (trainer.run.train: step N done and logged, before its validation
+and save; every rank), ``train.stopped:<N>`` (trainer.run.stop_before_stage: the stop checkpoint at step N saved,
+its "stop" record not yet logged; every rank), ``driver.launched:<K>`` (growlm-run, trainer.driver.phases: the
+driver itself, right after starting segment K's job).
 
 Nobody sets these variables in normal use; no other code reads them. Standard library only.
 """

@@ -22,8 +22,9 @@ import torch
 # process and destroy_process_group cannot free it (its worker threads then meet the interpreter's teardown).
 # Imported here, before any group exists, the defaults hold None (the default group at call time).
 import torch.distributed.nn  # noqa: F401, E402  (isort: keep this after torch)
+from torch.distributed import distributed_c10d as c10d  # noqa: E402
 
-from growlm.runtime import collectives, stop
+from growlm.runtime import collectives, peers, stop
 from growlm.runtime.launch import free_port
 from growlm.runtime.processes import watch_launchers
 from growlm.runtime.quiet import quiet_known_noise
@@ -213,7 +214,9 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
     training (oversubscribed threads make steps erratic); on a GPU node they do a live growth's expansion of the
     gathered tensors and the data work, which 8 ranks with every core each would oversubscribe 8 times. On a CPU
     malloc keeps freed memory (``keep_freed_memory``). A rank started by a launcher watches it from then on and is
-    told when it is gone (``runtime.processes.watch_launchers``, ``runtime.stop.launcher_gone``).
+    told when it is gone (``runtime.processes.watch_launchers``, ``runtime.stop.launcher_gone``). Groups created
+    later (DeepSpeed's, one set per engine) get ``timeout_s`` too, and a multi-rank job's ranks keep a heartbeat
+    (``runtime.peers``) so that a rank that stops answering can be named.
 
     Args:
         timeout_s: seconds to wait for the other ranks (rendezvous and every collective).
@@ -256,6 +259,14 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
             f"could not join the process group at {where} within {timeout_s:.0f} s ({e}); check that the master "
             "address is reachable from every node, the port is free, and every rank was started"
         ) from e
+    # groups created later (DeepSpeed's, for every engine a live growth builds) take torch's default timeout, 30
+    # minutes for gloo and 10 for NCCL, unless given one: give them this run's, so that --dist_timeout_s holds there too
+    _DEFAULT_TIMEOUTS.setdefault("pg", c10d.default_pg_timeout)
+    _DEFAULT_TIMEOUTS.setdefault("nccl", getattr(c10d, "default_pg_nccl_timeout", None))
+    c10d.default_pg_timeout = timedelta(seconds=timeout_s)
+    if _DEFAULT_TIMEOUTS["nccl"] is not None:
+        c10d.default_pg_nccl_timeout = timedelta(seconds=timeout_s)
+    peers.start(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))  # who stopped answering, when one does
     atexit.unregister(close_distributed)
     atexit.register(close_distributed)  # groups closed while the interpreter is whole
     if os.environ.get(STRICT_COLLECTIVES_ENV) == "1":  # tests: every collective checked (runtime.collectives)
@@ -317,6 +328,7 @@ def skip_shm_comm_op() -> bool:
 
 _RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _ENV_BEFORE: dict[str, str | None] = {}  # what init_distributed found, so close_distributed can put it back
+_DEFAULT_TIMEOUTS: dict[str, timedelta | None] = {}  # torch's default group timeouts before init_distributed
 
 
 def close_distributed() -> None:
@@ -334,6 +346,11 @@ def close_distributed() -> None:
     Python's finalisation through a forced unwind, and the process aborts with "terminate called without an active
     exception" (SIGABRT) after a finished run (DESIGN.md, "DeepSpeed facts": the captured default group).
     """
+    peers.leave()  # the others, if they are still waiting for this rank, learn that it ended on its own
+    for key, name in (("pg", "default_pg_timeout"), ("nccl", "default_pg_nccl_timeout")):
+        if _DEFAULT_TIMEOUTS.get(key) is not None:
+            setattr(c10d, name, _DEFAULT_TIMEOUTS[key])
+    _DEFAULT_TIMEOUTS.clear()
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         try:  # DeepSpeed's destroy also drops the groups it caches (deepspeed.utils.groups), then calls torch's
             import deepspeed.comm as ds_comm  # lazy: deepspeed picks its accelerator at import

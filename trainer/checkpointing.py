@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from growlm.runtime import checkpoint
+from growlm.runtime import checkpoint, peers
 from growlm.runtime.dist import DistInfo
 from growlm.runtime.run_state import DataIdentity, RunState
 from growlm.runtime.schedule import ScheduleState, apply_schedule, checkpoint_schedule, engine_schedule
@@ -171,7 +171,8 @@ def save(p: Progress, run: RunConfig, info: DistInfo, train_sha256: str | None) 
             rank reports it too.
     """
     try:
-        return checkpoint.save(p.engine, run.save_dir, run_state(p, run, info, train_sha256), rank=info.rank)
+        with peers.doing(f"the save of checkpoint {checkpoint.tag_for(p.step)}"):
+            return checkpoint.save(p.engine, run.save_dir, run_state(p, run, info, train_sha256), rank=info.rank)
     except checkpoint.CheckpointSaveError as e:
         if info.rank == 0:
             raise

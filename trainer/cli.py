@@ -6,14 +6,16 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import sys
+from pathlib import Path
 
 from growlm import DS_CONFIG_DIR
 from growlm.growth.errors import GrowthError
 from growlm.model.config import PRESETS
-from growlm.runtime import stop
-from growlm.runtime.checkpoint import CheckpointError
+from growlm.runtime import peers, stop
+from growlm.runtime.checkpoint import LATEST, CheckpointError
 from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import close_distributed, launch_rank
 from growlm.runtime.processes import watch_driver
@@ -198,10 +200,19 @@ def _evaluation_flags(e: argparse._ArgumentGroup) -> None:
     e.add_argument("--no_final_eval", action="store_true", help="skip the before/after perplexity")
 
 
+def resume_arg(args: argparse.Namespace) -> str | None:
+    """The ``--resume`` value that continues this run from its last complete checkpoint (``<out_dir>/checkpoints``
+    when its ``latest`` exists), shell-quoted; None when it has none yet."""
+    save_dir = Path(args.out_dir) / "checkpoints"
+    return shlex.quote(str(save_dir)) if (save_dir / LATEST).is_file() else None
+
+
 def main(argv: list[str] | None = None) -> int:
     """growlm-train: run ``run`` and turn bad input into one message and exit status 2. SIGTERM and SIGINT stop the
     run after the current step on every rank (``runtime.stop``, ``trainer.stopping``): exit status 128 + the
-    signal's number (143, 130); a second SIGINT stops it at once (130, no checkpoint of that step)."""
+    signal's number (143, 130); a second SIGINT stops it at once (130, no checkpoint of that step). A rank whose
+    collective fails because another rank ended, was killed or stopped answering (``runtime.peers``) says so in one
+    line, naming that rank, what the job was doing and the ``--resume`` that continues it: exit status 1."""
     args = parse_args(argv)
     watch_driver()  # under growlm-run: die with the driver (no-op otherwise)
     rank_env = launch_rank()
@@ -221,6 +232,12 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
         return stop.exit_status(signal.SIGINT)
+    except Exception:  # a collective failed: when a peer is lost, say which, once, not gloo's or NCCL's traceback
+        line = peers.lost_rank_message(resume_arg(args))
+        if line is None:
+            raise
+        print(f"growlm-train: error: {line}", file=sys.stderr)
+        return 1
     finally:  # success, refusal or exception: leave no process group, TCP store or rendezvous variables behind
         close_distributed()
         restore_handlers()

@@ -17,7 +17,7 @@ from growlm.growth.live.engine import CUDA_MEMORY_KEYS, GROWTH_PHASES, GrowthRes
 from growlm.growth.stages.plan import Stage
 from growlm.growth.stages.trigger import equal_rate_reached, slope_trigger
 from growlm.model.config import ModelConfig, param_count
-from growlm.runtime import collectives
+from growlm.runtime import collectives, peers
 from growlm.runtime.engine import build_engine
 from growlm.runtime.metrics_file import MetricsFileError, read_val_curve
 from growlm.trainer.config import RunConfig
@@ -167,7 +167,8 @@ def maybe_grow(p: Progress, run: RunConfig, data: Batches, log: MetricsLogger) -
     stage = next_stage(p, run)
     if stage is None:
         return
-    event = grow(p, stage, run, data)
+    with peers.doing(f"the live growth of stage {stage.name!r} at step {p.step}"):
+        event = grow(p, stage, run, data)
     if not log.enabled:
         return
     old = event.old

@@ -1,0 +1,161 @@
+"""Which rank stopped answering: a heartbeat every rank keeps in the rendezvous store, read when a collective fails.
+
+A collective that fails because a peer is gone (SIGKILL, a crashed node: gloo's "Connection closed by peer") or
+silent (SIGSTOP, a hang, a lost network: the group's timeout) names no rank, and its traceback is long. So every rank
+of a multi-rank job bumps a counter in the rendezvous store, ``growlm/heartbeat/<rank>``, once per ``BEAT_S`` from
+a daemon thread (``start``). When a collective fails, ``silent_ranks`` reads every counter twice, ``LISTEN_S``
+apart, and names the ranks whose counter did not move (a rank that ends on its own says so first, ``leave``), and
+``lost_rank_message`` makes the one line a job ends with, naming what the job was doing (``doing``). A stopped
+process's threads stop with it and a killed one's end with it, so both read as silent; a rank busy in a long
+computation still beats (torch releases the GIL).
+
+The thread and the reader each open their own client of the store (``torch.distributed.TCPStore`` at MASTER_ADDR:
+MASTER_PORT, where every launcher growlm supports serves the rendezvous store: the deepspeed launcher, torchrun,
+mpirun through ``runtime.dist``), never the process group's own: a client blocks while another thread waits on it
+(``runtime.collectives.all_gather_object_within`` waits there), which would stop a healthy rank's beat. The store
+lives in global rank 0's process: when rank 0 is gone, nothing can be read, and the line says rank 0 is gone.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+import time
+from typing import Any
+
+import torch.distributed as dist
+
+BEAT_S = 1.0  # seconds between a rank's heartbeats
+LISTEN_S = 4.0  # seconds the reader watches the counters: a rank that beat in none of them is silent
+KEY = "growlm/heartbeat/{rank}"
+LEFT = "growlm/left/{rank}"  # set by a rank that ends on its own (``leave``): not silent, it said goodbye
+
+_STATE: dict[str, Any] = {"stop": None, "thread": None, "rank": 0, "world": 1, "doing": "training"}
+
+
+def _client(timeout_s: float) -> Any:
+    """A new client of the rendezvous store at MASTER_ADDR:MASTER_PORT (raises when it cannot be reached)."""
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
+
+
+def _beat(rank: int, stop: threading.Event) -> None:
+    """The heartbeat thread: bump this rank's counter every BEAT_S until ``stop`` is set or the store is gone."""
+    try:
+        store = _client(30.0)
+        while not stop.is_set():
+            store.add(KEY.format(rank=rank), 1)
+            stop.wait(BEAT_S)
+    except Exception:  # the store is gone (rank 0 ended): nothing left to beat into, and the job is ending
+        return
+
+
+def start(rank: int, world_size: int) -> bool:
+    """Start this rank's heartbeat thread (a daemon; ``stop`` ends it). Nothing for a world of one, or when
+    MASTER_ADDR / MASTER_PORT are not set. Returns whether it started."""
+    stop()
+    _STATE.update(rank=rank, world=world_size)
+    if world_size < 2 or not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
+        return False
+    event = threading.Event()
+    thread = threading.Thread(target=_beat, args=(rank, event), name="growlm-heartbeat", daemon=True)
+    thread.start()
+    _STATE.update(stop=event, thread=thread)
+    return True
+
+
+def stop() -> None:
+    """End the heartbeat thread, if one runs (it ends within one beat; not waited for)."""
+    if _STATE["stop"] is not None:
+        _STATE["stop"].set()
+    _STATE.update(stop=None, thread=None)
+
+
+def leave() -> None:
+    """Say in the store that this rank ends on its own (it closes its process group: done, or failing with its own
+    message), so the others do not report it as silent; then ``stop``. Nothing when it does not beat; a store
+    that is gone already (rank 0 ended first) is not waited for."""
+    if running():
+        try:
+            _client(2.0).set(LEFT.format(rank=_STATE["rank"]), "1")
+        except Exception:
+            pass
+    stop()
+
+
+class doing:  # noqa: N801  (used as a context manager, named for how it reads: ``with peers.doing("a save"):``)
+    """For the block, what the job does, as ``lost_rank_message`` names it when a peer is lost ("training" else); an
+    error that leaves the block leaves it named."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.before = what, None
+
+    def __enter__(self) -> doing:
+        self.before, _STATE["doing"] = _STATE["doing"], self.what
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:  # on an error the job stays "doing" it, so the line after the error names it
+            _STATE["doing"] = self.before
+
+
+def current() -> str:
+    """What the job does now (``doing``)."""
+    return _STATE["doing"]
+
+
+def running() -> bool:
+    """Whether this process beats (a multi-rank job whose group ``runtime.dist.init_distributed`` started)."""
+    return _STATE["thread"] is not None
+
+
+def silent_ranks(listen_s: float = LISTEN_S) -> tuple[list[int], list[int]] | None:
+    """The other ranks that left (``leave``: they ended on their own, with their own message) and those whose
+    heartbeat did not move in ``listen_s`` seconds without leaving, each in rank order; None when the store cannot
+    be reached (it lives in global rank 0's process: rank 0 is gone). Blocks up to ``listen_s``: not at all when
+    some rank left."""
+    me, world = _STATE["rank"], _STATE["world"]
+    others = [r for r in range(world) if r != me]
+    try:
+        store = _client(min(10.0, listen_s + 5))
+        left = [r for r in others if store.check([LEFT.format(rank=r)])]
+        if left:
+            return left, []
+        first = {r: store.add(KEY.format(rank=r), 0) for r in others}
+        time.sleep(listen_s)
+        second = {r: store.add(KEY.format(rank=r), 0) for r in others}
+    except Exception:
+        return None
+    return [], [r for r in others if second[r] == first[r]]
+
+
+def lost_rank_message(resume: str | None, listen_s: float = LISTEN_S) -> str | None:
+    """The one line a rank ends with after a collective failed (``silent_ranks``), or None when every other rank
+    still answers or this process does not beat (the failure is something else: the caller reports it as it is).
+
+    Args:
+        resume: the ``--resume`` argument that continues the job from its last complete checkpoint, or None.
+    """
+    if not running():
+        return None
+    found = silent_ranks(listen_s)
+    me, during = _STATE["rank"], _STATE["doing"]
+    then = f"resume from the last complete checkpoint with --resume {resume}" if resume else "run it again"
+    if found is None:
+        who, why = "rank 0 is gone (the rendezvous store it serves no longer answers)", "see rank 0's output"
+    elif found[0]:
+        plural = "s" if len(found[0]) > 1 else ""
+        who, why = f"rank{plural} {', '.join(map(str, found[0]))} ended", "see its own message"
+    elif found[1]:
+        plural = "s" if len(found[1]) > 1 else ""
+        who = f"rank{plural} {', '.join(map(str, found[1]))} stopped answering (no heartbeat for {listen_s:.0f} s)"
+        why = "find out why on its node (it was killed or stopped, or its node or network is lost)"
+    else:
+        return None
+    return f"rank {me}: {who} during {during}; the job ends here: {why}, then {then}"

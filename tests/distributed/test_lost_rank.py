@@ -1,0 +1,161 @@
+"""A rank lost in the middle of the work: one rank of a 2-rank job killed (SIGKILL) or stopped (SIGSTOP) by PID at a
+fixed moment, during training, a live growth or a checkpoint save; the other rank must end within a bounded time
+with one line naming the lost rank, what the job was doing and the ``--resume`` that continues it (runtime.peers),
+leave no checkpoint half-written or named by ``latest``, and the resumed job must train the steps the lost one did
+not as an uninterrupted run does.
+
+The moment is a test-only hold point (runtime/crash_points.py) armed on rank 1 only: rank 1 writes a marker and
+sleeps there, rank 0 goes on into the next collective and waits for it; then the test signals rank 1. Tiny models,
+2 ranks over gloo on CPU. The seconds from the signal to rank 0's exit are printed (``-s`` shows them).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from dist_utils import REPO, base_env, read_metrics, run_ranks, tiny_ds_config
+
+from growlm.runtime import checkpoint
+from growlm.runtime.crash_points import HOLD_AT_ENV, HOLD_DIR_ENV
+from growlm.runtime.launch import rank_env
+
+PLAN = """
+seed: 0
+start: {preset: tiny, n_layer: 1, n_embd: 32, n_head: 2}
+stages:
+  - name: deeper-wider
+    target: {n_layer: 2, n_embd: 64, n_head: 4}
+    family: masked
+    when: {step: 3}
+    ramp_steps: 4
+    schedule: {kind: continue}
+"""
+TIMEOUT_S = 12  # --dist_timeout_s of the held jobs: far below the default 300 s, so a wait that ignores it shows
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory, builtin_data):
+    """The job's arguments (a growth at step 3, checkpoints at steps 2 and 4) and its uninterrupted run's metrics."""
+    tmp = tmp_path_factory.mktemp("lost_rank")
+    plan = tmp / "plan.yaml"
+    plan.write_text(PLAN)
+    args = ["--seq_len", "32", "--no_final_eval", "--log_interval", "1", "--ds_config", str(tiny_ds_config(tmp)),
+            "--max_steps", "4", "--save_interval", "2", "--growth_plan", str(plan),
+            "--dist_timeout_s", str(TIMEOUT_S)]  # fmt: skip
+    ref = tmp / "uninterrupted"
+    r = run_ranks([*args, "--out_dir", str(ref)], timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:]
+    return args, {m["step"]: m for m in read_metrics(ref)}
+
+
+def rank1_signalled(point: str, sig: int, args: list[str], tmp: Path) -> tuple[int, str, float]:
+    """Start the 2 ranks with ``point`` armed on rank 1 only; when rank 1 holds there, send it ``sig``. Returns rank
+    0's exit code, its output, and the seconds from the signal to its exit. Rank 1 is killed at the end."""
+    hold_dir, port = tmp / f"hold-{time.monotonic_ns()}", int(base_env()["MASTER_PORT"])
+    procs, logs = [], []
+    for rank in range(2):
+        extra = {HOLD_AT_ENV: point, HOLD_DIR_ENV: str(hold_dir)} if rank == 1 else {}
+        env = rank_env(rank, 2, port, base=base_env(), **extra)
+        logs.append(open(tmp / f"rank{rank}-{time.monotonic_ns()}.log", "w+"))
+        cmd = [sys.executable, str(REPO / "train.py"), *args]
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=logs[-1], stderr=subprocess.STDOUT))
+    try:
+        deadline = time.monotonic() + 240
+        while not (hold_dir.is_dir() and any(hold_dir.iterdir())):
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                text = "".join(f.seek(0) or f.read() for f in logs)
+                pytest.fail(f"rank 1 never reached {point} (exit codes {[p.poll() for p in procs]}):\n{text[-3000:]}")
+            time.sleep(0.2)
+        time.sleep(1.0)  # rank 0 is now waiting in the collective after the point
+        t0 = time.monotonic()
+        os.kill(procs[1].pid, sig)
+        try:
+            code = procs[0].wait(timeout=TIMEOUT_S + 90)
+        except subprocess.TimeoutExpired:
+            code = None
+        took = time.monotonic() - t0
+        logs[0].seek(0)
+        out = logs[0].read()
+        print(f"{point} {signal.Signals(sig).name}: rank 0 ended {took:.1f} s after the signal (exit {code})")
+        return code, out, took
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for f in logs:
+            f.close()
+
+
+def error_line(out: str) -> str:
+    """Rank 0's one error line; no traceback anywhere in its output."""
+    lines = [ln for ln in out.splitlines() if ln.startswith("growlm-train: error:")]
+    assert len(lines) == 1 and "Traceback" not in out, out[-4000:]
+    return lines[0]
+
+
+def resumed_like_uninterrupted(args: list[str], out: Path, want: dict[int, dict]) -> None:
+    """--resume from the last complete checkpoint trains steps 3 and 4 (the growth included) as the uninterrupted
+    run did."""
+    ck = out / "checkpoints"
+    r = run_ranks([*args, "--out_dir", str(out), "--resume", str(ck)], timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:]
+    records = read_metrics(out)
+    assert [m["step"] for m in records] == [1, 2, 3, 4]
+    for m in records:
+        assert abs(m["loss"] - want[m["step"]]["loss"]) <= 1e-6, (m, want[m["step"]])
+    assert (ck / "latest").read_text() == "global_step4"
+    assert checkpoint.existing_tags(ck) == ["global_step2", "global_step4"] and not list(ck.glob(".tmp-*"))
+
+
+@pytest.mark.parametrize(
+    ("point", "during"),
+    [
+        ("live.applied", "during the live growth of stage 'deeper-wider' at step 3"),
+        ("checkpoint.written:global_step4", "during the save of checkpoint global_step4"),
+    ],
+    ids=["live-growth", "checkpoint-save"],
+)
+def test_a_killed_rank_is_named_and_the_job_resumes_exactly(job, tmp_path, point, during):
+    args, want = job
+    out = tmp_path / "run"
+    code, text, took = rank1_signalled(point, signal.SIGKILL, [*args, "--out_dir", str(out)], tmp_path)
+    assert code == 1 and took < 60, (code, took, text[-3000:])  # the default timeout would be 300 s
+    ck = out / "checkpoints"
+    assert error_line(text) == (
+        f"growlm-train: error: rank 0: rank 1 stopped answering (no heartbeat for 4 s) {during}; the job ends here: "
+        "find out why on its node (it was killed or stopped, or its node or network is lost), then resume from the "
+        f"last complete checkpoint with --resume {ck}"
+    )
+    # nothing half-written: latest names the last complete checkpoint, no unfinished save is left
+    assert (ck / "latest").read_text() == "global_step2" and checkpoint.existing_tags(ck) == ["global_step2"]
+    assert not list(ck.glob(".tmp-*")) and not list(ck.glob(".old-*"))
+    checkpoint.open_checkpoint(ck)  # manifest and files check out
+    resumed_like_uninterrupted(args, out, want)
+
+
+@pytest.mark.parametrize(
+    ("point", "during", "then"),
+    [
+        ("train.step:1", "during training", "run it again"),  # before the first checkpoint: nothing to resume
+        ("live.applied", "during the live growth of stage 'deeper-wider' at step 3", "resume from the last"),
+    ],
+    ids=["training", "live-growth"],
+)
+def test_a_stopped_rank_is_named_once_the_timeout_passes(job, tmp_path, point, during, then):
+    """SIGSTOP for longer than --dist_timeout_s: rank 0 waits the timeout (a growth included), then names rank 1."""
+    args, _ = job
+    out = tmp_path / "run"
+    code, text, took = rank1_signalled(point, signal.SIGSTOP, [*args, "--out_dir", str(out)], tmp_path)
+    assert code == 1 and TIMEOUT_S - 2 <= took < TIMEOUT_S + 60, (code, took, text[-3000:])
+    line = error_line(text)
+    assert line.startswith(f"growlm-train: error: rank 0: rank 1 stopped answering (no heartbeat for 4 s) {during};")
+    assert f"(it was killed or stopped, or its node or network is lost), then {then}" in line, line
+    if then != "run it again":
+        assert line.endswith(f"--resume {out / 'checkpoints'}"), line
