@@ -477,9 +477,14 @@ def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int
     tag = tag_for(state.global_step)
     final, tmp_tag = save_dir / tag, f"{TMP_PREFIX}{tag}"
     tmp_dir = save_dir / tmp_tag
-    if final.exists():
-        raise CheckpointError(f"{final} already exists; refusing to overwrite it (use another output folder)")
     world = collectives.world_size() if collectives.is_initialized() else 1
+    # rank 0 decides and every rank learns it, so all refuse at once: a folder that some node sees differently (not
+    # shared, NFS attribute caching) would otherwise leave the others waiting in the barrier below for the timeout
+    exists = f"{final} already exists; refusing to overwrite it (use another output folder)" if final.exists() else ""
+    if world > 1:
+        exists = collectives.broadcast_object(exists, src=0)
+    if exists:
+        raise CheckpointError(exists)
     try:
         if rank == 0:
             fresh_dir(final)  # empty .tmp-<tag> (a crashed save may have left one), with the umask's mode

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import threading
 import time
 from typing import Any
@@ -34,8 +35,21 @@ LEFT = "growlm/left/{rank}"  # set by a rank that ends on its own (``leave``): n
 _STATE: dict[str, Any] = {"stop": None, "thread": None, "rank": 0, "world": 1, "doing": "training"}
 
 
+def _reachable(timeout_s: float = 1.0) -> bool:
+    """Whether the rendezvous store's port still accepts a connection: asked with a plain socket first, because a
+    store client that cannot connect logs a C++ error before it raises, which would bury the one line."""
+    try:
+        with socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])), timeout_s):
+            return True
+    except (OSError, KeyError, ValueError):
+        return False
+
+
 def _client(timeout_s: float) -> Any:
-    """A new client of the rendezvous store at MASTER_ADDR:MASTER_PORT (raises when it cannot be reached)."""
+    """A new client of the rendezvous store at MASTER_ADDR:MASTER_PORT (raises when it cannot be reached; check
+    ``_reachable`` first)."""
+    if not _reachable():
+        raise ConnectionError("the rendezvous store does not answer")
     return dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),

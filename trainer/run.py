@@ -81,14 +81,21 @@ def open_data(run: RunConfig, info: DistInfo) -> RunData:
     """Open the token folder (preparing the built-in corpus once per node if it is the one used).
 
     Raises:
-        UsageError: the data's vocabulary is larger than the model's, or (resume) its train split is not the one
-            the checkpoint trained on.
+        UsageError: the built-in corpus could not be prepared on some node (every rank raises it), the data's
+            vocabulary is larger than the model's, or (resume) its train split is not the one the checkpoint
+            trained on.
     """
 
-    if run.builtin_data:
+    if run.builtin_data:  # one rank a node prepares it; every rank learns whether any failed, so none is left waiting
+        problem = ""
         if info.local_rank == 0:
-            ensure_builtin_prepared()
-        collectives.barrier()
+            try:
+                ensure_builtin_prepared()
+            except (OSError, ValueError) as e:  # a cache folder that cannot be written, a damaged corpus
+                problem = f"rank {info.rank} could not prepare the built-in corpus: {e}"
+        problems = [p for p in (collectives.all_gather_object(problem) if info.world_size > 1 else [problem]) if p]
+        if problems:
+            raise UsageError(f"{problems[0]}; set GROWLM_CACHE to a folder every rank can write, or pass --data")
     meta = load_meta(run.data_dir)
     if meta["vocab_size"] > run.model.vocab_size:
         raise UsageError(

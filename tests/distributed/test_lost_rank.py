@@ -11,6 +11,7 @@ sleeps there, rank 0 goes on into the next collective and waits for it; then the
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -159,3 +160,35 @@ def test_a_stopped_rank_is_named_once_the_timeout_passes(job, tmp_path, point, d
     assert f"(it was killed or stopped, or its node or network is lost), then {then}" in line, line
     if then != "run it again":
         assert line.endswith(f"--resume {out / 'checkpoints'}"), line
+
+
+def test_a_checkpoint_that_only_rank_0_sees_is_refused_by_every_rank(tmp_path):
+    """Rank 0 decides whether the tag exists and every rank learns it: with a folder the nodes see differently, no
+    rank waits in the save's barrier for one that refused (rank 0's folder holds the tag, rank 1's does not)."""
+    r = run_ranks([str(tmp_path)], script="tests/save_verdict_probe.py", timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:]
+    got = sorted((json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")), key=lambda d: d["rank"])
+    want = f"CheckpointError: {tmp_path / 'rank0' / 'global_step3'} already exists; refusing to overwrite it"
+    assert [d["rank"] for d in got] == [0, 1] and all(d["raised"].startswith(want) for d in got), got
+    assert not (tmp_path / "rank1").exists()  # rank 1 wrote nothing
+
+
+@pytest.mark.bad_input
+def test_a_built_in_corpus_that_cannot_be_prepared_ends_every_rank_at_once(tmp_path):
+    """Local rank 0 prepares the built-in corpus; when it cannot (here growlm's cache lies under a file), every rank
+    learns it and the job ends with one line at once, instead of rank 1 waiting in a barrier for the timeout."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    cache = blocker / "cache"
+    args = ["--preset", "tiny", "--seq_len", "32", "--max_steps", "1", "--no_final_eval", "--out_dir",
+            str(tmp_path / "run"), "--dist_timeout_s", "300"]  # fmt: skip
+    t0 = time.monotonic()
+    r = run_ranks(args, timeout=120, env={"GROWLM_CACHE": str(cache)})  # 300 s of waiting would time this out
+    print(f"refused on every rank in {time.monotonic() - t0:.1f} s")
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("growlm-train: error:")]
+    assert r.returncode == 2 and "Traceback" not in r.stdout, r.stdout[-3000:]
+    assert len(lines) == 1 and lines[0].startswith(
+        "growlm-train: error: rank 0 could not prepare the built-in corpus: [Errno 20] Not a directory: "
+    ), lines
+    assert lines[0].endswith("; set GROWLM_CACHE to a folder every rank can write, or pass --data"), lines
+    assert not (tmp_path / "run" / "checkpoints").exists()
