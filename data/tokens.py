@@ -13,7 +13,9 @@ has no bos before its documents.
 
 ``TokenFolderWriter`` is used by growlm-prepare (data/prepare.py) and the small-vocabulary builder
 (data/small_vocab.py): everything goes into a temporary sibling of out_dir that is renamed into place only when
-complete, so out_dir is either the old folder or the new one, never half of each, and a failure leaves nothing.
+complete, so out_dir is either the old folder or the new one, never half of each, and a failure leaves nothing. The
+temporary sibling is ``.tmp-<name>``: a writer killed with SIGKILL leaves it (and its lock file), and the next writer
+of out_dir, once it holds the writer lock, empties it and builds there.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import numpy as np
 
 from growlm.runtime import atomic
 from growlm.runtime.atomic import commit_dir, fresh_dir
+from growlm.runtime.crash_points import hold_point
 from growlm.runtime.lock import LockHeldError, output_held_message, output_lock
 
 CACHE_ENV = "GROWLM_CACHE"
@@ -155,7 +158,9 @@ class TokenFolderWriter:
             raise FileExistsError(output_held_message("--out", self.out_dir, e)) from None
         try:
             self._check()  # under the lock: no other writer changes out_dir until this one is done
-            self.staging = fresh_dir(self.out_dir, unique=True)  # .tmp-<name>.<random>, the umask's mode
+            # .tmp-<name>, the umask's mode: one writer at a time holds the lock, so what a killed writer left there
+            # is its alone, emptied and taken over here
+            self.staging = fresh_dir(self.out_dir)
         except BaseException:
             self._lock.close()
             raise
@@ -176,6 +181,7 @@ class TokenFolderWriter:
         (self.staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         for name in self.scratch:
             shutil.rmtree(self.staging / name, ignore_errors=True)
+        hold_point("tokens.finish")  # test-only (runtime.crash_points): a writer killed before the rename
         commit_dir(self.staging, self.out_dir, overwrite=True)  # an old out_dir is moved aside, then removed
         self._done = True
         return self.out_dir

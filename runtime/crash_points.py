@@ -13,8 +13,10 @@ the barrier that ends the writing; every rank), ``grow.commit`` (growth.offline.
 and grown tensors written in the temporary output, before growlm_state.json, the manifest, ``latest`` and the
 rename), ``live.applied`` (growth.live.engine.grow_engine: every parameter written into the new engine, old engine
 not yet destroyed; every rank), ``train.step:<N>`` (trainer.run.train: step N done and logged, before its validation
-and save; every rank), ``train.stopped:<N>`` (trainer.run.stop_before_stage: the stop checkpoint at step N saved,
-its "stop" record not yet logged; every rank), ``driver.launched:<K>`` (growlm-run, trainer.driver.phases: the
+and save; every rank), ``tokens.finish`` (data.tokens.TokenFolderWriter: the token folder complete in
+``.tmp-<name>``, before the rename; growlm-prepare and the small-vocabulary builder), ``train.stopped:<N>``
+(trainer.run.stop_before_stage: the stop checkpoint at step N saved, its "stop" record not yet logged; every rank),
+``driver.launched:<K>`` (growlm-run, trainer.driver.phases: the
 driver itself, right after starting segment K's job).
 
 Nobody sets these variables in normal use; no other code reads them. Standard library only.

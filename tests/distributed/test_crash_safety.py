@@ -179,3 +179,25 @@ def test_live_growth_killed_mid_way(tmp_path, builtin_data):
     state = json.loads((ck / "global_step4" / "growlm_state.json").read_text())
     assert state["growth_stage"] == 1 and state["model_config"]["n_embd"] == 64
     assert (ck / "latest").read_text() == "global_step4"
+
+
+def test_growlm_prepare_killed_before_the_rename_is_taken_over(tmp_path):
+    """A growlm-prepare killed with its folder complete in .tmp-<name>: nothing at --out, its lock file names the dead
+    holder; the same command run again takes the staging folder and the lock over (no "being written" refusal, no
+    "unknown" holder) and leaves neither behind."""
+    docs = {}
+    for split in ("train", "val"):
+        docs[split] = tmp_path / f"{split}.txt"
+        docs[split].write_text(f"The {split} text, a few words long, said twice. " * 40)
+    out = tmp_path / "tokens"
+    argv = ["--train", str(docs["train"]), "--val", str(docs["val"]), "--out", str(out)]
+    cmd = [sys.executable, "-m", "growlm.data.prepare", *argv]
+    assert killed_at("tokens.finish", [cmd], tmp_path) == [-signal.SIGKILL]
+    staging, lock = tmp_path / ".tmp-tokens", tmp_path / ".tokens.lock"
+    assert not out.exists() and (staging / "meta.json").is_file() and (staging / "train.bin").is_file()
+    assert "(" in lock.read_text() and lock.read_text().startswith("pid ")  # the dead holder's line, not "unknown"
+
+    r = subprocess.run(cmd, cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # staging and lock gone
+    assert (out / "meta.json").is_file() and not list(tmp_path.glob(".tmp-*"))
