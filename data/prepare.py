@@ -54,6 +54,7 @@ from growlm.data.sources import (
 )
 from growlm.data.text import InputError, read_json_rows
 from growlm.data.tokens import DTYPE, FORMAT, SPLITS, TokenFolderWriter, cache_dir, load_meta, open_tokens
+from growlm.runtime.atomic import write_error
 from growlm.runtime.commands import HelpFormatter, add_version, interruptible
 from growlm.runtime.lock import queue_lock
 
@@ -250,8 +251,8 @@ def prepare_dataset(
                 eot_token_id=t.eot_token_id, splits=splits,
             )  # fmt: skip
     except Exception as err:
-        full = _disk_full(err)
-        if full is None:
+        full = write_error(err, writer.out_dir.parent)  # the staging folder is gone already: read the chain
+        if full is None or full.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         where = f" ({full.filename})" if full.filename else ""
         raise OSError(
@@ -259,17 +260,6 @@ def prepare_dataset(
             f"{' and the old folder is unchanged' if overwrite and writer.out_dir.exists() else ''}: free space, "
             "or choose an --out on a disk with room, and run again"
         ) from None
-
-
-def _disk_full(err: BaseException | None) -> OSError | None:
-    """The ENOSPC OSError behind ``err`` (itself, or a cause a library wrapped it in), or None."""
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:  # a chain may loop back on itself
-        seen.add(id(err))
-        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-            return err
-        err = err.__cause__ or err.__context__
-    return None
 
 
 def check_has_rows(src: Path | str, split: str, text_field: str) -> None:

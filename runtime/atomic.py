@@ -15,8 +15,10 @@ Standard library only.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -230,13 +232,18 @@ def atomic_dir(target: str | os.PathLike, *, overwrite: bool = False, unique: bo
 
     Raises:
         FileExistsError: ``target`` exists and ``overwrite`` is False (when the block ends).
+        OSError: the block's write failed (``write_error``: torch's writer's RuntimeError is raised as the OSError
+            behind it, e.g. ENOSPC, chained to it).
     """
     tmp = fresh_dir(target, unique=unique)
     try:
         yield tmp
         commit_dir(tmp, target, overwrite=overwrite)
-    except BaseException:
+    except BaseException as e:
+        failed = write_error(e, tmp) if isinstance(e, Exception) else None  # read while tmp still holds the space
         shutil.rmtree(tmp, ignore_errors=True)
+        if failed is not None and failed is not e:  # torch's writer's RuntimeError: raised as the OSError behind it
+            raise failed from e
         raise
 
 
@@ -280,3 +287,53 @@ def check_replaceable(
     if other:
         shown = ", ".join(other[:5]) + (", ..." if len(other) > 5 else "")
         raise error(f"--overwrite: {out} holds {foreign} ({shown}); refusing to delete them; {fix}")
+
+
+TORCH_WRITER_FAILURES = ("inline_container", "PytorchStreamWriter", "iostream error", "file write failed")
+NOT_ENOUGH_SPACE = "Not enough disk space"  # how ``datasets`` refuses to build where its size estimate does not fit
+NEARLY_FULL_BYTES = 16 * 2**20  # free bytes under which a failed write is taken for a full disk
+
+
+def write_error(err: BaseException, folder: str | os.PathLike) -> OSError | None:
+    """The OSError behind a failed write into ``folder``, or None when ``err`` is no write failure. Follows the
+    causes and contexts libraries wrap it in. Besides an OSError itself: ``datasets``' "Not enough disk space" (an
+    OSError without an errno) as ENOSPC; a Rust writer's error (safetensors' "I/O error: No space left on device
+    (os error 28)") as the errno it names; torch's file writer, which reports a short write (a full disk, a quota)
+    as a RuntimeError ("[enforce fail at inline_container.cc] unexpected pos ...", "basic_ios::clear: iostream
+    error"), as ENOSPC when ``folder``'s filesystem has (nearly) no space left for this user (under
+    ``NEARLY_FULL_BYTES`` or 1% of it), else as EIO with torch's first line. Read it before removing what the
+    write left: that holds the space."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:  # a chain may loop back on itself
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno is None and str(err).startswith(NOT_ENOUGH_SPACE):
+            return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if isinstance(err, OSError):
+            return err
+        rust = re.search(r"\(os error (\d+)\)", str(err))  # Rust writers (safetensors, tokenizers) name the errno
+        if rust:
+            return OSError(int(rust.group(1)), os.strerror(int(rust.group(1))))
+        if isinstance(err, RuntimeError) and any(k in str(err) for k in TORCH_WRITER_FAILURES):
+            try:
+                usage = shutil.disk_usage(folder)
+                full = usage.free < max(NEARLY_FULL_BYTES, usage.total // 100)
+            except OSError:
+                full = False
+            if full:
+                return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return OSError(errno.EIO, f"the file writer failed ({str(err).splitlines()[0][:200]})")
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def write_failed_message(err: OSError, what: str, target: str | os.PathLike, kept: str) -> str:
+    """The one line of a write that failed with ``err`` (``write_error``): why (no space left on device, disk quota
+    exceeded, read-only file system, ...), ``what`` was written into ``target``, what was ``kept`` (e.g. "nothing
+    was left there"), and the fix."""
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        why = "no space left on device" if err.errno == errno.ENOSPC else "disk quota exceeded"
+        fix = "free space there, or choose a folder on another disk, and run it again"
+    else:
+        why = err.strerror or str(err)
+        fix = "choose a folder you can write, and run it again"
+    return f"{why} while writing {what} {target}; {kept}: {fix}"

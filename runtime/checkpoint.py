@@ -40,7 +40,16 @@ import numpy as np
 import torch
 
 from growlm.runtime import collectives
-from growlm.runtime.atomic import TMP_PREFIX, atomic_path, commit_dir, fix_mode, fresh_dir, unfinished, write_text
+from growlm.runtime.atomic import (
+    TMP_PREFIX,
+    atomic_path,
+    commit_dir,
+    fix_mode,
+    fresh_dir,
+    unfinished,
+    write_error,
+    write_text,
+)
 from growlm.runtime.crash_points import hold_point
 from growlm.runtime.dist import select_accelerator
 from growlm.runtime.engine import repair_adam_steps
@@ -469,9 +478,10 @@ def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int
     Raises:
         CheckpointError: that tag already exists (checkpoints are never overwritten); ``save_dir`` is not on a
             filesystem shared by every rank.
-        CheckpointSaveError: writing failed (disk full, ...: ``save_failed_message``); the unfinished
-            ``.tmp-<tag>`` is removed, the earlier tags and ``latest`` are left as they were. Also (every rank) when
-            a rank could not read its share back, or did not report within its limit.
+        CheckpointSaveError: writing failed (disk full, ...: ``save_failed_message``; torch's writer's RuntimeError
+            read as the OSError behind it, ``write_error``); the unfinished ``.tmp-<tag>`` is removed, the earlier
+            tags and ``latest`` are left as they were. Also (every rank) when a rank could not read its share back,
+            or did not report within its limit.
     """
     save_dir = Path(save_dir)
     tag = tag_for(state.global_step)
@@ -497,14 +507,13 @@ def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int
             write_text(tmp_dir / STATE_FILE, state.dumps(), overwrite=True)
         hold_point(f"checkpoint.written:{tag}")  # test-only (runtime.crash_points): a rank lost mid-save
         collectives.barrier()
-    except OSError as e:  # disk full, quota, permissions: the half-written .tmp-<tag> goes, everything else stays
-        if not final.exists():
-            shutil.rmtree(tmp_dir, ignore_errors=True)
-        raise CheckpointSaveError(save_failed_message(e, final)) from None
-    except Exception:  # a rank lost meanwhile (the barrier failed): rank 0 removes the unfinished save
-        if rank == 0 and not final.exists():
-            shutil.rmtree(tmp_dir, ignore_errors=True)
-        raise
+    except Exception as e:  # disk full, quota, permissions; or a rank lost meanwhile (the barrier failed)
+        failed = write_error(e, save_dir)  # read before the half-written .tmp-<tag> goes (it holds the space)
+        if (failed is not None or rank == 0) and not final.exists():
+            shutil.rmtree(tmp_dir, ignore_errors=True)  # everything else stays
+        if failed is None:
+            raise
+        raise CheckpointSaveError(save_failed_message(failed, final)) from None
     # every rank hashes the files it wrote (its shards and RNG file; the shared ones split by size), all at once;
     # rank 0 writes the manifest from the gathered digests (rank 0's listing: every rank splits the same list)
     listing: tuple[dict[str, int], str] = ({}, "")

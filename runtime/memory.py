@@ -203,8 +203,16 @@ def disk_free_bytes(path: Path) -> tuple[Path, int]:
 
 def disk_shortfall(need: float, path: Path, what: str, fix: str) -> str:
     """The one-line refusal when ``need`` bytes exceed the free space of ``path``'s filesystem, naming both figures
-    in GiB, ``what`` needs them and the ``fix``; '' when it fits."""
+    (``size_text``: GiB, MiB or KiB), ``what`` needs them and the ``fix``; '' when it fits."""
     where, have = disk_free_bytes(path)
     if need <= have:
         return ""
-    return f"{what} needs about {need / GIB:,.1f} GiB on disk, and {where} has {have / GIB:,.1f} GiB free: {fix}"
+    return f"{what} needs about {size_text(need)} on disk, and {where} has {size_text(have)} free: {fix}"
+
+
+def size_text(n_bytes: float) -> str:
+    """A size in the unit that shows it: GiB from 1 GiB up, else MiB from 1 MiB, else KiB (one decimal)."""
+    for unit, size in (("GiB", GIB), ("MiB", 2**20)):
+        if n_bytes >= size:
+            return f"{n_bytes / size:,.1f} {unit}"
+    return f"{n_bytes / 1024:,.1f} KiB"

@@ -30,6 +30,7 @@ from growlm.growth.ops.preparation import same_shape
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.stages.plan import Stage, StageList, Trigger, load_stages
 from growlm.model.config import ModelConfig
+from growlm.runtime.atomic import write_error, write_failed_message
 from growlm.runtime.checkpoint import CheckpointError
 from growlm.runtime.commands import HelpFormatter, add_version, interruptible
 from growlm.runtime.manifest import ManifestError
@@ -267,6 +268,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except (CheckpointError, GrowthError, ManifestError) as e:
         print(f"growlm-grow: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a full disk, a read-only folder (write_error): the output's staging folder is gone
+        out = args.export_hf if args.export_hf is not None else args.out
+        failed = write_error(e, Path(out).parent) if out is not None else None
+        if failed is None:
+            raise
+        what = "the export" if args.export_hf is not None else "the grown checkpoint"
+        kept = "nothing was left there" + (", the folder there before is unchanged" if Path(out).exists() else "")
+        print(f"growlm-grow: error: {write_failed_message(failed, what, out, kept)}", file=sys.stderr)
         return 2
 
 

@@ -19,6 +19,8 @@ end-of-text id too (GPT-2 BPE and small-vocabulary data). The tokenizer files na
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +129,20 @@ def to_transformers(model: Any, eot_token_id: int, bos_token_id: int | None = No
     return hf
 
 
+@contextmanager
+def quiet_progress() -> Iterator[None]:
+    """transformers' progress bars off for the block (as they were after it)."""
+    from transformers.utils import logging as hf_logging  # lazy: transformers only for an export
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def _write(src: Source, out: Path, t: tok.Tokenizer, overwrite: bool) -> None:
     """Build the export of ``src`` with tokenizer ``t`` in a temporary folder and rename it to ``out``."""
     step = src.state.global_step
@@ -134,7 +150,8 @@ def _write(src: Source, out: Path, t: tok.Tokenizer, overwrite: bool) -> None:
         model = fp32_model(src)  # masks done ramping (checked above): a plain GPT-2 or Llama
         bos = t.special("bos_token")  # the token folder's record (a model folder's bos), else end-of-text
         hf = to_transformers(model, t.eot_token_id, None if bos is None else bos[1])
-        hf.save_pretrained(str(tmp), safe_serialization=True)
+        with quiet_progress():  # transformers' "Writing model shards" bar: growlm-grow says what it wrote itself
+            hf.save_pretrained(str(tmp), safe_serialization=True)
         if model.config.arch == "llama":  # transformers 4 reads the rotary base only from a top-level rope_theta
             cfg_json = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
             atomic.write_json(tmp / "config.json", llama_hf.with_rope_theta(cfg_json, model.config), overwrite=True)

@@ -190,9 +190,16 @@ def test_grow_refuses_an_output_that_does_not_fit_the_free_disk_space(tmp_path, 
     need = 12 * param_count(new) + 4 * new.vocab_size * new.n_embd  # + the tied lm_head.weight (ZeRO-2)
     assert line == (
         f"growing {old.shape_str()} into {new.shape_str()} offline writes a checkpoint that needs about "
-        f"{need / 2**30:,.1f} GiB on disk, and {tmp_path} has 0.0 GiB free: choose a smaller target, or an output "
+        f"{memory.size_text(need)} on disk, and {tmp_path} has 1.0 MiB free: choose a smaller target, or an output "
         "folder on a disk with room"
     )
+    assert need > 2**20 and memory.size_text(need).endswith(" MiB")  # tiny: tens of MiB, not "0.0 GiB"
+
+
+def test_sizes_are_written_in_the_unit_that_shows_them():
+    assert [memory.size_text(n) for n in (512, 1536, 5 * 2**20, 3 * 2**30 + 2**29)] == [
+        "0.5 KiB", "1.5 KiB", "5.0 MiB", "3.5 GiB",
+    ]  # fmt: skip
 
 
 def test_the_disk_figure_matches_what_the_universal_writer_writes(tmp_path):
