@@ -223,3 +223,33 @@ def test_driver_killed_in_each_phase_continues_exactly(zero2, tmp_path):
     for f in sorted(a_dir.glob("*.pt")):  # weights, each rank's ZeRO-2 partition with its Adam state, RNG
         sa, sb = (torch.load(d / f.name, map_location="cpu", weights_only=False) for d in (a_dir, b_dir))
         assert_close_tree(sa, sb, f.name, ("ds_config", "ds_version", "mp_world_size", "growlm"))
+
+
+GLOBAL_BATCH_PLAN = """seed: 0
+start: {preset: tiny, resources: {ranks_per_node: 1, zero_stage: 2, micro_batch: 4, grad_accum: 2}}
+stages:
+  - name: wider
+    target: {n_embd: 96, n_head: 6}
+    family: masked
+    when: {step: 3}
+    ramp_steps: 2
+    resources: {ranks_per_node: 2, micro_batch: 4, grad_accum: 2, global_batch: 16}
+"""
+
+
+def test_a_stated_global_batch_changes_the_batch_between_stages(tmp_path, builtin_data):
+    """1 rank x 4 x 2 = 8 sequences a step, then a stage on 2 ranks that states global_batch: 16: the driver runs
+    it (it used to refuse it, asking for the very value given), and every step after the stop trains 16."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(GLOBAL_BATCH_PLAN)
+    _, args = setup_run(tmp_path, 2, ONE_NODE)
+    args[args.index("--max_steps") + 1] = "5"
+    out = tmp_path / "run"
+    run_driver(plan, args, out)
+    train = read_metrics(out)
+    assert [m["step"] for m in train] == [1, 2, 3, 4, 5]
+    consumed = [m["consumed_samples"] for m in train]
+    assert [b - a for a, b in zip([0, *consumed], consumed, strict=False)] == [8, 8, 8, 16, 16]
+    cfg = json.loads((out / "driver" / "ds_config.segment1.json").read_text())
+    assert (cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) == (4, 2)  # x 2 ranks = 16
+    assert [g["stage"] for g in read_metrics(out, "growth")] == ["wider"] and train[-1]["loss"] < train[0]["loss"]

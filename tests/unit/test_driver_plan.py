@@ -124,6 +124,10 @@ def test_train_batch_size_fills_the_missing_micro_batch_or_accumulation():
 def test_a_stated_global_batch_change_is_allowed():
     p = plan(START, None, {"ranks_per_node": 2, "grad_accum": 2, "global_batch": 16})
     assert stage_resources(p)[1][1].global_batch == 16
+    segs = make_segments(p, {"train_micro_batch_size_per_gpu": 4})  # the driver's cut, not only the parser's
+    assert [s.resources.global_batch for s in segs] == [8, 16]
+    with pytest.raises(GrowthError, match=r"the global batch changes from 8 to 16 .* state global_batch: 16"):
+        make_segments(plan(START, None, {"ranks_per_node": 2, "grad_accum": 2}), {"train_micro_batch_size_per_gpu": 4})
 
 
 def test_config_values_fill_the_gaps_and_are_checked_too():

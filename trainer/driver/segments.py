@@ -98,8 +98,9 @@ def make_segments(plan: StageList, ds_cfg: dict[str, Any]) -> list[Segment]:
     for i, (stage, declared) in enumerate(zip(plan.stages, stage_res, strict=True)):
         res = declared.with_defaults(*defaults)
         if res != current:
-            try:
-                check_change(current, res, f"stage {stage.name!r}")
+            raw = stage.resources if isinstance(stage.resources, dict) else {}
+            try:  # a global batch the stage states is the change it asks for (check_change)
+                check_change(current, res, f"stage {stage.name!r}", raw.get("global_batch"))
             except GrowthError as e:
                 raise DriverError(f"{e} (with the --ds_config values filled in)") from None
             out.append(Segment(len(out), current, first, stage.name, tuple(names)))
