@@ -54,7 +54,7 @@ from growlm.data.sources import (
 )
 from growlm.data.text import InputError, read_json_rows
 from growlm.data.tokens import DTYPE, FORMAT, SPLITS, TokenFolderWriter, cache_dir, load_meta, open_tokens
-from growlm.runtime.atomic import write_error
+from growlm.runtime.atomic import write_error, write_failed_message
 from growlm.runtime.commands import HelpFormatter, add_version, interruptible
 from growlm.runtime.lock import queue_lock
 
@@ -386,6 +386,17 @@ def _run(args: argparse.Namespace) -> Path:
     )
 
 
+def _unwritable(e: BaseException, out: Path) -> str:
+    """The one line for ``e`` when it is a failure to write beside ``out`` (a read-only file system, no
+    permission: the writer lock, the staging folder), else ''."""
+    if not isinstance(e, OSError) or e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM) or not e.filename:
+        return ""
+    target = Path(os.path.abspath(out))
+    if Path(os.path.abspath(e.filename)).parent not in (target.parent, target, *target.parents):
+        return ""  # an input that cannot be read: its own message
+    return write_failed_message(e, "--out", out, "nothing was written")
+
+
 @interruptible("growlm-prepare")
 def main(argv: list[str] | None = None) -> int:
     """growlm-prepare: see the module docstring. Returns the exit status: 0, or 2 for bad input (one line on
@@ -408,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = _run(args)
     except (OSError, ValueError, RuntimeError) as e:  # InputError, FileExistsError, FileNotFoundError, ...
-        print(f"growlm-prepare: error: {e}", file=sys.stderr)
+        print(f"growlm-prepare: error: {_unwritable(e, args.out or default_data_dir()) or e}", file=sys.stderr)
         return 2
     meta = load_meta(out)
     for split in SPLITS:

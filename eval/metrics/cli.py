@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from growlm.eval.metrics.errors import EvalInputError, check_token_ids
 from growlm.eval.metrics.load import LoadedModel, load
 from growlm.eval.metrics.perplexity import document_nll, word_count, word_perplexity
 from growlm.eval.metrics.textsets import cloze_source, heldout_documents, read_text_file, wikipedia_documents
+from growlm.runtime.atomic import write_failed_message, write_text
 from growlm.runtime.commands import HelpFormatter, add_version, interruptible
 
 SETS = ("heldout", "cloze", "wikipedia")
@@ -238,8 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     """growlm-eval: 0 after printing the JSON results, 2 on bad input (one ``growlm-eval: error:`` line)."""
     args = parse_args(argv)
     sets = [s.strip() for s in args.sets.split(",") if s.strip()]
-    try:  # the flags and the user's files first: bad input is refused before a model is loaded
+    try:  # the flags, the user's files and --out first: bad input is refused before a model is loaded
         check_flags(args)
+        if args.out:
+            check_writable(Path(args.out))
         files = read_eval_files(args.wikitext, args.lambada)
         m = load(args.model, args.tokenizer)
         out = evaluate(
@@ -258,11 +262,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"growlm-eval: error: {e}", file=sys.stderr)
         return 2
     text = json.dumps(out, indent=2)
+    print(text, flush=True)  # first: a failed write below loses nothing
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-    print(text)
+        try:
+            write_text(Path(args.out), text + "\n", overwrite=True)
+        except OSError as e:
+            kept = "the results are printed above"
+            print(f"growlm-eval: error: {write_failed_message(e, '--out', args.out, kept)}", file=sys.stderr)
+            return 2
     return 0
+
+
+def check_writable(out: Path) -> None:
+    """Refuse an --out that cannot be written (a read-only or full disk, a file where its folder should be) before
+    anything is evaluated: its folder is created and a file written and removed there.
+
+    Raises:
+        EvalInputError: names the problem, the path and the fix.
+    """
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}.probe-"):
+            pass
+    except OSError as e:
+        raise EvalInputError(write_failed_message(e, "--out", out, "nothing was evaluated")) from None
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """A disk that fills up in the middle of the work, on a real small tmpfs (tests/disk_helpers.py; skipped, saying why,
 where the test may not mount one): a checkpoint save of a 2-rank run, growlm-grow, ``--export_hf`` and
 growlm-prepare each end with one line that says no space is left and where, earlier outputs stay whole, and no
-staging folder is left behind."""
+staging folder is left behind. The same four on a read-only file system: one line, nothing written (growlm-eval
+before it evaluates)."""
 
 from __future__ import annotations
 
@@ -109,3 +110,35 @@ def test_growlm_prepare_on_a_full_disk(tmp_path):
         assert line.endswith("nothing was kept: free space, or choose an --out on a disk with room, and run again")
         assert sorted(p.name for p in disk.iterdir()) == ["earlier"]  # no staging folder, no lock file
     assert shutil.disk_usage(tmp_path).free > 0
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("kind", ["grow", "export", "eval", "prepare"])
+def test_a_read_only_output_folder_is_one_line(reference, tmp_path, capsys, roomy, kind):
+    """growlm-grow, --export_hf, growlm-eval --out and growlm-prepare --out on a read-only file system: one line,
+    nothing written; growlm-eval refuses before it evaluates anything."""
+    from growlm.data import prepare
+    from growlm.eval.metrics import cli as eval_cli
+
+    src = reference[1] / "checkpoints"
+    with small_disk(tmp_path / "ro", 64 * 1024, read_only=True) as ro:
+        out = ro / kind
+        fix = "choose a folder you can write, and run it again"
+        if kind in ("grow", "export"):
+            argv = [str(src), str(out), "--n_layer", "4"] if kind == "grow" else [str(src), "--export_hf", str(out)]
+            assert grow_cli.main(argv) == 2
+            what = "the grown checkpoint" if kind == "grow" else "the export"
+            want = f"Read-only file system while writing {what} {out}; nothing was left there: {fix}"
+            prog = "growlm-grow"
+        elif kind == "eval":
+            assert eval_cli.main([str(src), "--sets", "builtin", "--out", str(out / "results.json")]) == 2
+            want = f"Read-only file system while writing --out {out / 'results.json'}; nothing was evaluated: {fix}"
+            prog = "growlm-eval"
+        else:
+            val = str(REPO / "data" / "corpus" / "val" / "persuasion.txt.xz")
+            assert prepare.main(["--train", val, "--val", val, "--out", str(out)]) == 2
+            want = f"Read-only file system while writing --out {out}; nothing was written: {fix}"
+            prog = "growlm-prepare"
+        captured = capsys.readouterr()
+        assert one_error_line(captured.err, prog) == want and captured.out == ""
+        assert list(ro.iterdir()) == []
