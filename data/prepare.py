@@ -386,6 +386,17 @@ def _run(args: argparse.Namespace) -> Path:
     )
 
 
+def held_out_in_training(train: Sequence[str], val: Sequence[str]) -> list[str]:
+    """The --val sources that are also --train sources (the same file, however spelled, or the same Hub name), in
+    --val's order."""
+
+    def key(src: str) -> str:
+        return src if src.startswith(HUB_PREFIX) else os.path.realpath(os.path.expanduser(src))
+
+    train_keys = {key(s) for s in train}
+    return [s for s in val if key(s) in train_keys]
+
+
 def _unwritable(e: BaseException, out: Path) -> str:
     """The one line for ``e`` when it is a failure to write beside ``out`` (a read-only file system, no
     permission: the writer lock, the staging folder), else ''."""
@@ -416,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    for same in held_out_in_training(args.train or [], args.val or []):
+        print(f"growlm-prepare: note: {same} is given to --train and to --val: its held-out loss measures training "
+              "text, not generalisation; give --val text that is not in --train", file=sys.stderr)  # fmt: skip
     try:
         out = _run(args)
     except (OSError, ValueError, RuntimeError) as e:  # InputError, FileExistsError, FileNotFoundError, ...

@@ -375,8 +375,9 @@ def from_hf_dir(path: str | Path) -> Tokenizer | None:
 
     Raises:
         TokenizerError: tokenizer.json is invalid or lacks the end-of-text token; tokenizer_config.json or
-            special_tokens_map.json names a bos token it lacks; the folder asks for a bos token (``add_bos_token``)
-            without naming one, or its template puts another token first than the bos token it names.
+            special_tokens_map.json is not valid JSON, or names a bos token it lacks; the folder asks for a bos
+            token (``add_bos_token``, or its template) without naming one, its template puts an id first that is
+            not in its vocabulary, or another token than the bos token it names.
     """
     path = Path(path)
     if not (path / HF_TOKENIZER_FILES[0]).is_file():
@@ -406,7 +407,16 @@ def from_hf_dir(path: str | Path) -> Tokenizer | None:
         add_bos = template is not None  # a post-processor of its own is what transformers' fast tokenizer applies
     bos = next((i for r, _, i in special if r == "bos_token"), None)
     if add_bos and bos is None:
-        raise TokenizerError(f"{path}: tokenizer_config.json sets add_bos_token but names no bos_token")
+        if template is not None and t._impl.id_to_token(template) is None:
+            raise TokenizerError(
+                f"{path}: tokenizer.json's template (its post_processor) puts id {template} first, which is not a "
+                "token of its vocabulary; fix the template or the vocabulary"
+            )
+        why = "tokenizer.json's template" if template is not None else "tokenizer_config.json's add_bos_token"
+        raise TokenizerError(
+            f"{path}: {why} puts a bos token first but the folder names no bos_token; name it in "
+            "tokenizer_config.json (bos_token)"
+        )
     if add_bos and template is not None and template != bos:
         raise TokenizerError(
             f"{path}: tokenizer.json's template puts id {template} first but the folder's bos_token is id {bos}"
@@ -417,15 +427,23 @@ def from_hf_dir(path: str | Path) -> Tokenizer | None:
 def _hf_declared(path: Path) -> tuple[dict[str, str | int], bool | None]:
     """A model folder's declared special tokens, ``{role: token string}`` from tokenizer_config.json, else
     special_tokens_map.json, else ``{role: id}`` from config.json's ``bos_token_id`` / ``eos_token_id`` /
-    ``pad_token_id``; and tokenizer_config.json's ``add_bos_token`` (None when it does not say). Unreadable or
-    missing files count as saying nothing."""
+    ``pad_token_id``; and tokenizer_config.json's ``add_bos_token`` (None when it does not say). Missing files
+    (and a config.json that is not JSON, which the model's loader names) count as saying nothing.
+
+    Raises:
+        TokenizerError: tokenizer_config.json or special_tokens_map.json is there but not valid JSON.
+    """
     found: dict[str, str | int] = {}
     add_bos = None
     for name in (*HF_TOKENIZER_FILES[1:], "config.json"):
         try:
             data = json.loads((path / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except OSError:  # missing: it says nothing
             continue
+        except ValueError as e:  # there but damaged: its special tokens would be silently lost
+            if name == "config.json":
+                continue  # the model's loader names a damaged config.json
+            raise TokenizerError(f"{path / name} is not valid JSON ({e}); restore it, or remove it") from None
         if not isinstance(data, dict):
             continue
         if name == HF_TOKENIZER_FILES[1] and isinstance(data.get("add_bos_token"), bool):

@@ -155,3 +155,23 @@ def safetensors_problem(path: str | os.PathLike) -> str | None:
     if size > want:
         return f"is {size:,} bytes, {size - want:,} more than its header describes (damaged, or two files joined)"
     return None
+
+
+def tensors_differ(a: tuple[str | os.PathLike, str], b: tuple[str | os.PathLike, str], rows: int = 4096) -> bool:
+    """Whether two tensors of safetensors files, each ``(file, tensor name)``, differ in shape or in any value,
+    compared ``rows`` rows at a time (memory: two slices; e.g. a folder that declares its LM head tied to the token
+    embedding but holds a head of its own: transformers ties it, or does not, by version).
+
+    Raises:
+        OSError, safetensors.SafetensorError: a file cannot be read.
+    """
+    from safetensors import safe_open  # lazy: only for a folder's weights
+
+    with safe_open(str(a[0]), framework="pt") as fa, safe_open(str(b[0]), framework="pt") as fb:
+        sa, sb = fa.get_slice(a[1]), fb.get_slice(b[1])
+        shape = sa.get_shape()
+        if shape != sb.get_shape():
+            return True
+        if not shape:
+            return not torch.equal(fa.get_tensor(a[1]), fb.get_tensor(b[1]))
+        return any(not torch.equal(sa[i : i + rows], sb[i : i + rows]) for i in range(0, shape[0], rows))

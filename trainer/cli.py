@@ -74,14 +74,15 @@ def _model_and_data_flags(p: argparse.ArgumentParser) -> None:
     m.add_argument("--head_dim", type=int, help="Llama presets only: head dim Q, even (default n_embd // n_head)")
     m.add_argument("--rope_theta", type=float, help="Llama presets only: the rotary embeddings' base")
     m.add_argument("--rms_norm_eps", type=float, help="Llama presets only: RMSNorm's epsilon")
-    m.add_argument(
+    tie = m.add_mutually_exclusive_group()  # both at once: refused, not the last one silently winning
+    tie.add_argument(
         "--tie_word_embeddings",
         action="store_const",
         const=True,
         default=None,
         help="Llama presets only: the LM head shares the token embedding's weight",
     )
-    m.add_argument(
+    tie.add_argument(
         "--untie_word_embeddings",
         dest="tie_word_embeddings",
         action="store_const",

@@ -40,7 +40,7 @@ from growlm.growth.stages.plan import StageList
 from growlm.model import hf as gpt2_hf
 from growlm.model import llama_hf
 from growlm.model.config import ModelConfig, from_preset
-from growlm.model.hf import safetensors_problem
+from growlm.model.hf import safetensors_problem, tensors_differ
 from growlm.runtime import run_state
 from growlm.trainer.errors import UsageError
 from growlm.trainer.plan_checks import SHAPE_FLAGS, shape_flag, shape_of
@@ -217,6 +217,32 @@ def map_tensors(path: Path, files: list[Path], cfg: ModelConfig, weight_map: dic
     return keys, {k: where[k] for k in keys.values()}
 
 
+def check_tied_head(path: Path, cfg: ModelConfig, keys: dict[str, str], files: list[Path]) -> None:
+    """Refuse a Llama folder whose config.json ties the LM head to the token embedding (``tie_word_embeddings``)
+    but whose weights hold an ``lm_head.weight`` with other values: growlm would drop that head, and transformers'
+    versions differ in which of the two they use, so the model is not what the folder says. Compares the two
+    tensors a block of rows at a time (``model.hf.tensors_differ``).
+
+    Raises:
+        UsageError: the two differ; names the folder and the fix.
+    """
+    if cfg.arch != "llama" or not cfg.tie_word_embeddings:
+        return
+    named = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            named.update({k: file for k in f.keys()})  # noqa: SIM118 (not a dict)
+    embed = next((k for n, k in keys.items() if n.endswith("embed_tokens.weight")), None)
+    if TIED_HEAD not in named or embed is None:
+        return
+    if tensors_differ((named[embed], embed), (named[TIED_HEAD], TIED_HEAD)):
+        raise _fail(
+            path,
+            f"config.json sets tie_word_embeddings: true, but {TIED_HEAD} differs from {embed}: the folder holds an "
+            "LM head of its own; set tie_word_embeddings: false in config.json to keep it, or remove it to tie them",
+        )
+
+
 def check_flags(args: argparse.Namespace, path: Path, cfg: ModelConfig) -> None:
     """Refuse --resume and shape flags that disagree with the folder's config.json (equal values are harmless).
 
@@ -260,6 +286,7 @@ def open_init_from(args: argparse.Namespace) -> InitFolder | None:
     check_flags(args, path, cfg)
     weights, files, weight_map = weight_files(path, cfg.arch)
     keys, where = map_tensors(path, files, cfg, weight_map)
+    check_tied_head(path, cfg, keys, files)
     try:
         tokenizer = tok.from_hf_dir(path)
     except tok.TokenizerError as e:

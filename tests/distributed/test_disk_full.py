@@ -135,8 +135,8 @@ def test_a_read_only_output_folder_is_one_line(reference, tmp_path, capsys, room
             want = f"Read-only file system while writing --out {out / 'results.json'}; nothing was evaluated: {fix}"
             prog = "growlm-eval"
         else:
-            val = str(REPO / "data" / "corpus" / "val" / "persuasion.txt.xz")
-            assert prepare.main(["--train", val, "--val", val, "--out", str(out)]) == 2
+            train, val = (str(REPO / "data" / "corpus" / "val" / f"{n}.txt.xz") for n in ("hamlet", "persuasion"))
+            assert prepare.main(["--train", train, "--val", val, "--out", str(out)]) == 2
             want = f"Read-only file system while writing --out {out}; nothing was written: {fix}"
             prog = "growlm-prepare"
         captured = capsys.readouterr()

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from cli_utils import one_error_line
 from llama_folder_helpers import make_llama_folder
+from safetensors.torch import load_file, save_file
 
 from growlm import train
 from growlm.growth.stages.plan import load_stages
@@ -137,8 +138,16 @@ def test_damaged_shards_are_refused(capsys, tmp_path):
 @pytest.mark.bad_input
 def test_weights_that_do_not_fit_the_config_are_refused(capsys, tmp_path, untied):
     d = copy(untied, tmp_path / "t")
-    edit_config(d, tie_word_embeddings=True)  # the file's lm_head.weight is then a tensor the model does not have
-    assert opened(d).config.tie_word_embeddings  # a tied folder may carry the head: transformers ties it anyway
+    edit_config(d, tie_word_embeddings=True)  # the file's lm_head.weight is then a head of its own, not the tie
+    own_head = (
+        "config.json sets tie_word_embeddings: true, but lm_head.weight differs from model.embed_tokens.weight: the "
+        "folder holds an LM head of its own; set tie_word_embeddings: false"
+    )
+    fails(capsys, d, own_head)
+    weights = load_file(str(d / "model.safetensors"))
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
+    save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+    assert opened(d).config.tie_word_embeddings  # a tied folder may carry the head when it equals the embedding
     edit_config(d, tie_word_embeddings=False, num_key_value_heads=4)
     fails(capsys, d, "does not hold the Llama of its config.json", "model.layers.0.self_attn.k_proj.weight (32, 64)")
     t = make_llama_folder(tmp_path / "tied", tied=True, tokenizer=False)

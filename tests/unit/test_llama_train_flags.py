@@ -41,11 +41,9 @@ def test_a_llama_preset_with_overrides_builds_a_llama_config():
     # a wider n_embd re-derives head_dim (d // H) and n_inner (8 d / 3 rounded up to 64) unless they are given
     cfg = _model(["--preset", "llama-tiny", "--n_embd", "128"])
     assert (cfg.head_dim, cfg.n_inner) == (32, 384)
-    # --untie_word_embeddings on a tied preset; the last of the two flags counts, as argparse's store_const does
+    # --untie_word_embeddings on a tied preset; both flags at once are refused (test_tie_and_untie_together_...)
     assert _model(["--preset", "smollm-135m", "--seq_len", "64"]).tie_word_embeddings
     assert not _model(["--preset", "smollm-135m", "--seq_len", "64", "--untie_word_embeddings"]).tie_word_embeddings
-    args = train.parse_args(["--preset", "llama-tiny", "--untie_word_embeddings", "--tie_word_embeddings"])
-    assert model_config_from_args(args, None).tie_word_embeddings
     # no flag: GPT-2's default preset
     assert isinstance(_model([]), GPTConfig)
 
@@ -156,3 +154,16 @@ def test_growlm_bench_measures_a_llama_and_its_baseline_trains_one(monkeypatch, 
     # the PyTorch baseline builds the same family from the record's config (one process, 2 steps)
     out = baseline.step_times(cfg, batch=2, seq_len=16, precision="fp32", steps=2)
     assert len(out["step_times_s"]) == 2 and all(0 < loss < 10 for loss in out["losses"])
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("order", [("--tie_word_embeddings", "--untie_word_embeddings"),
+                                   ("--untie_word_embeddings", "--tie_word_embeddings")])  # fmt: skip
+def test_tie_and_untie_together_are_refused(capsys, order):
+    """Both head flags at once: argparse's usage error (exit status 2) naming the two, never the last one winning."""
+    with pytest.raises(SystemExit) as e:
+        train.parse_args(["--preset", "llama-tiny", *order])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.strip().splitlines()[-1] == (
+        f"growlm-train: error: argument {order[1]}: not allowed with argument {order[0]}"
+    )

@@ -119,13 +119,7 @@ def test_a_folder_asking_for_a_bos_it_does_not_have_is_refused(tmp_path, capsys)
     folder = write_bos_tokenizer(tmp_path / "model", add_bos_token=True)
     cfg = json.loads((folder / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps(cfg | {"bos_token": "<bos>"}))
-    (tmp_path / "doc.txt").write_text(DOCS[0])
-    out = tmp_path / "tokens"
-    doc = str(tmp_path / "doc.txt")
-    assert prepare_main(["--train", doc, "--val", doc, "--out", str(out), "--tokenizer", str(folder)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "the bos_token '<bos>' is not a token of tokenizer.json" in err
-    assert not out.exists()
+    assert "the bos_token '<bos>' is not a token of tokenizer.json" in _prepare_refused(tmp_path, capsys, folder)
 
 
 def test_gpt2_and_plain_tokenizer_files_declare_no_special_tokens(tmp_path):
@@ -162,3 +156,45 @@ def test_ids_only_config_json_names_are_recorded_when_they_are_tokens(tmp_path):
     (folder / "config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 999}))
     t = tok.from_hf_dir(folder)
     assert t.special_tokens == (("bos_token", "<s>", 1), ("eos_token", "</s>", 2)) and t.bos_token_id == 1
+
+
+def _prepare_refused(tmp_path: Path, capsys, folder: Path) -> str:
+    docs = [tmp_path / "doc0.txt", tmp_path / "doc1.txt"]
+    for path, text in zip(docs, DOCS, strict=True):
+        path.write_text(text)
+    out = tmp_path / "tokens"
+    argv = ["--train", str(docs[0]), "--val", str(docs[1]), "--out", str(out), "--tokenizer", str(folder)]
+    assert prepare_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("growlm-prepare: error: ") and not out.exists(), err
+    return err.strip().removeprefix("growlm-prepare: error: ")
+
+
+@pytest.mark.bad_input
+def test_a_template_that_puts_an_unknown_id_first_is_named(tmp_path, capsys):
+    """tokenizer.json's template adds an id its vocabulary lacks, and no file names a bos token: the line names the
+    template and the id (it used to blame an add_bos_token that no file sets)."""
+    folder = write_bos_tokenizer(tmp_path / "model")
+    t = json.loads((folder / "tokenizer.json").read_text())
+    t["post_processor"]["special_tokens"]["<s>"]["ids"] = [99999]
+    (folder / "tokenizer.json").write_text(json.dumps(t))
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (folder / name).is_file():
+            cfg = json.loads((folder / name).read_text())
+            cfg.pop("bos_token", None)
+            (folder / name).write_text(json.dumps(cfg))
+    assert _prepare_refused(tmp_path, capsys, folder) == (
+        f"{folder}: tokenizer.json's template (its post_processor) puts id 99999 first, which is not a token of its "
+        "vocabulary; fix the template or the vocabulary"
+    )
+
+
+@pytest.mark.bad_input
+def test_a_tokenizer_config_that_is_not_json_is_named(tmp_path, capsys):
+    """A damaged tokenizer_config.json is refused, not ignored (its eos would silently fall back to <|endoftext|>)."""
+    folder = write_bos_tokenizer(tmp_path / "model")
+    (folder / "tokenizer_config.json").write_text('{"eos_token": "</s>", ')
+    line = _prepare_refused(tmp_path, capsys, folder)
+    assert line.startswith(f"{folder / 'tokenizer_config.json'} is not valid JSON (") and line.endswith(
+        "); restore it, or remove it"
+    ), line

@@ -166,3 +166,19 @@ def test_plan_file_not_utf8_is_named_with_its_line(tmp_path):
     f.write_bytes(b"# caf\xe9\n" + PLAN)
     with pytest.raises(GrowthError, match=rf"^{f}:1: byte 0xe9 is not valid UTF-8 \(.*\); convert it to UTF-8"):
         load_stages(f)
+
+
+@pytest.mark.bad_input
+def test_prepare_notes_held_out_text_that_is_also_training_text(tmp_path, capsys):
+    """The same file given to --train and to --val (however spelled): prepared, with one note naming it."""
+    (tmp_path / "a.txt").write_text("Some words for the two splits. " * 50)
+    (tmp_path / "b.txt").write_text("Other words only for training. " * 50)
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    argv = ["--train", str(a), str(b), "--val", f"{tmp_path}/./a.txt", "--out", str(tmp_path / "tokens")]
+    assert prepare.main(argv) == 0
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("growlm-prepare:")]  # not the bars
+    assert err == [
+        f"growlm-prepare: note: {tmp_path}/./a.txt is given to --train and to --val: its held-out loss measures "
+        "training text, not generalisation; give --val text that is not in --train"
+    ]
+    assert prepare.held_out_in_training([str(a)], [str(b)]) == []
