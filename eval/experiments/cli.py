@@ -258,6 +258,8 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
 
     m = crossmap.quick_map() if args.quick else crossmap.MAP
     where = args.map or Path("runs/isoflop_map_quick" if args.quick else DEFAULT_MAP_OUT[args.profile])
+    if where.is_file():
+        return fail(f"--map {where} is a file; give the folder that holds map.json (--map {where.parent})")
     try:
         r = json.loads((where / "map.json").read_text())
     except FileNotFoundError:

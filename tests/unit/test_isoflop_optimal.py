@@ -262,6 +262,10 @@ def test_the_main_runs_train_seed_by_seed_so_a_stopped_phase_leaves_whole_seeds(
         (["--target", "L2", "--budget", "8"], "--map, --target and --budget belong to --phase optimal"),
         (["--phase", "optimal", "--map", "{tmp}/none"], "has no map.json; run growlm-experiment --phase map"),
         (["--phase", "optimal", "--map", "{tmp}/bad"], "map.json cannot be read"),
+        (
+            ["--phase", "optimal", "--map", "{tmp}/map/map.json"],
+            "map.json is a file; give the folder that holds map.json (--map {tmp}/map)",
+        ),  # fmt: skip
         (["--phase", "optimal", "--map", "{tmp}/map", "--target", "L1", "--budget", "8"], "needs a smaller size"),
         (["--phase", "optimal", "--map", "{tmp}/map", "--target", "L4", "--budget", "3"], "the map measured budgets"),
         (["--phase", "optimal", "--map", "{tmp}/map", "--data", "{tmp}/none"], "has no meta.json"),
@@ -280,6 +284,7 @@ def test_growlm_experiment_phase_optimal_refuses_bad_input_in_one_line(mapped, t
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "map.json").write_text("{")
     argv = [a.format(tmp=tmp_path, data=small_vocab_data) for a in argv]
+    message = message.format(tmp=tmp_path)
     assert cli.main([*argv, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
