@@ -427,14 +427,14 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    for same in held_out_in_training(args.train or [], args.val or []):
-        print(f"growlm-prepare: note: {same} is given to --train and to --val: its held-out loss measures training "
-              "text, not generalisation; give --val text that is not in --train", file=sys.stderr)  # fmt: skip
     try:
         out = _run(args)
     except (OSError, ValueError, RuntimeError) as e:  # InputError, FileExistsError, FileNotFoundError, ...
         print(f"growlm-prepare: error: {_unwritable(e, args.out or default_data_dir()) or e}", file=sys.stderr)
         return 2
+    for same in held_out_in_training(args.train or [], args.val or []):  # prepared, but say it (a refusal: one line)
+        print(f"growlm-prepare: note: {same} is given to --train and to --val: its held-out loss measures training "
+              "text, not generalisation; give --val text that is not in --train", file=sys.stderr)  # fmt: skip
     meta = load_meta(out)
     for split in SPLITS:
         s = meta["splits"][split]

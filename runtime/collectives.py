@@ -231,6 +231,38 @@ def all_gather_object_within(obj: Any, timeout_s: float, what: str) -> list[Any]
 
 # ---- strict mode ------------------------------------------------------------------------------------------------
 
+
+def store_client(addr: str, port: int, timeout_s: float) -> Any:
+    """A new client of the rendezvous store (``torch.distributed.TCPStore``) at ``addr``:``port``, its own
+    connection, not the process group's (``runtime.peers``: a thread that must not wait behind the group's client).
+
+    Raises:
+        RuntimeError (torch's DistNetworkError / DistStoreError): the store cannot be reached within ``timeout_s``.
+    """
+    return dist.TCPStore(
+        addr, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+
+
+_DEFAULT_TIMEOUTS: dict[str, Any] = {}  # torch's default group timeouts before set_default_group_timeout
+
+
+def set_default_group_timeout(timeout_s: float | None) -> None:
+    """Give every process group created from now on without a timeout of its own (DeepSpeed's, for each engine)
+    ``timeout_s`` seconds instead of torch's defaults (30 minutes for gloo, 10 for NCCL); None puts torch's back."""
+    c10d = dist.distributed_c10d
+    names = ("default_pg_timeout", "default_pg_nccl_timeout")
+    if timeout_s is None:
+        for name, value in _DEFAULT_TIMEOUTS.items():
+            setattr(c10d, name, value)
+        _DEFAULT_TIMEOUTS.clear()
+        return
+    for name in names:
+        if getattr(c10d, name, None) is not None:
+            _DEFAULT_TIMEOUTS.setdefault(name, getattr(c10d, name))
+            setattr(c10d, name, datetime.timedelta(seconds=timeout_s))
+
+
 # the torch.distributed functions strict mode checks: every one that moves tensors (barriers carry none)
 _CHECKED = (
     "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "all_gather_single", "reduce_scatter_tensor",

@@ -22,7 +22,6 @@ import torch
 # process and destroy_process_group cannot free it (its worker threads then meet the interpreter's teardown).
 # Imported here, before any group exists, the defaults hold None (the default group at call time).
 import torch.distributed.nn  # noqa: F401, E402  (isort: keep this after torch)
-from torch.distributed import distributed_c10d as c10d  # noqa: E402
 
 from growlm.runtime import collectives, peers, stop
 from growlm.runtime.launch import free_port
@@ -261,11 +260,7 @@ def init_distributed(timeout_s: float = 300.0) -> DistInfo:
         ) from e
     # groups created later (DeepSpeed's, for every engine a live growth builds) take torch's default timeout, 30
     # minutes for gloo and 10 for NCCL, unless given one: give them this run's, so that --dist_timeout_s holds there too
-    _DEFAULT_TIMEOUTS.setdefault("pg", c10d.default_pg_timeout)
-    _DEFAULT_TIMEOUTS.setdefault("nccl", getattr(c10d, "default_pg_nccl_timeout", None))
-    c10d.default_pg_timeout = timedelta(seconds=timeout_s)
-    if _DEFAULT_TIMEOUTS["nccl"] is not None:
-        c10d.default_pg_nccl_timeout = timedelta(seconds=timeout_s)
+    collectives.set_default_group_timeout(timeout_s)
     peers.start(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))  # who stopped answering, when one does
     atexit.unregister(close_distributed)
     atexit.register(close_distributed)  # groups closed while the interpreter is whole
@@ -328,7 +323,6 @@ def skip_shm_comm_op() -> bool:
 
 _RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _ENV_BEFORE: dict[str, str | None] = {}  # what init_distributed found, so close_distributed can put it back
-_DEFAULT_TIMEOUTS: dict[str, timedelta | None] = {}  # torch's default group timeouts before init_distributed
 
 
 def close_distributed() -> None:
@@ -347,10 +341,7 @@ def close_distributed() -> None:
     exception" (SIGABRT) after a finished run (DESIGN.md, "DeepSpeed facts": the captured default group).
     """
     peers.leave()  # the others, if they are still waiting for this rank, learn that it ended on its own
-    for key, name in (("pg", "default_pg_timeout"), ("nccl", "default_pg_nccl_timeout")):
-        if _DEFAULT_TIMEOUTS.get(key) is not None:
-            setattr(c10d, name, _DEFAULT_TIMEOUTS[key])
-    _DEFAULT_TIMEOUTS.clear()
+    collectives.set_default_group_timeout(None)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         try:  # DeepSpeed's destroy also drops the groups it caches (deepspeed.utils.groups), then calls torch's
             import deepspeed.comm as ds_comm  # lazy: deepspeed picks its accelerator at import

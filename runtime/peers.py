@@ -18,14 +18,13 @@ lives in global rank 0's process: when rank 0 is gone, nothing can be read, and 
 
 from __future__ import annotations
 
-import datetime
 import os
 import socket
 import threading
 import time
 from typing import Any
 
-import torch.distributed as dist
+from growlm.runtime import collectives
 
 BEAT_S = 1.0  # seconds between a rank's heartbeats
 LISTEN_S = 4.0  # seconds the reader watches the counters: a rank that beat in none of them is silent
@@ -50,13 +49,7 @@ def _client(timeout_s: float) -> Any:
     ``_reachable`` first)."""
     if not _reachable():
         raise ConnectionError("the rendezvous store does not answer")
-    return dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        is_master=False,
-        timeout=datetime.timedelta(seconds=timeout_s),
-        wait_for_workers=False,
-    )
+    return collectives.store_client(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout_s)
 
 
 def _beat(rank: int, stop: threading.Event) -> None:

@@ -6,7 +6,12 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from growlm.data.tokens import cache_dir
 from growlm.runtime.launch import (  # free_port is re-exported: tests import it from here
@@ -18,6 +23,18 @@ from growlm.runtime.metrics_file import read_records
 REPO = Path(__file__).resolve().parents[1]
 SMALL_VOCAB = 320  # the vocabulary of the ``small_vocab_data`` fixture's token folder (conftest.py) ...
 SMALL_DATA = cache_dir() / f"bpe{SMALL_VOCAB}"  # ... and where it is (tests that name it request the fixture)
+# a growth plan for the fault tests: a 1 x 32 tiny model grown to 2 x 64 (masked) before step 3's update
+GROWTH_AT_STEP_3 = """
+seed: 0
+start: {preset: tiny, n_layer: 1, n_embd: 32, n_head: 2}
+stages:
+  - name: deeper-wider
+    target: {n_layer: 2, n_embd: 64, n_head: 4}
+    family: masked
+    when: {step: 3}
+    ramp_steps: 4
+    schedule: {kind: continue}
+"""
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -143,3 +160,39 @@ def saved_adam_steps(tag_dir: Path) -> list[float]:
     for f in sorted(tag_dir.glob("*_states.pt")):
         walk(torch.load(f, map_location="cpu", weights_only=False))  # the tests' own files
     return steps
+
+
+@contextmanager
+def held_ranks(cmds: list[list[str]], tmp: Path, point: str, armed: Sequence[int] | None = None,
+               timeout: float = 240) -> Iterator[tuple[list[subprocess.Popen], list, set[int]]]:  # fmt: skip
+    """Start one rank per command on loopback with the test-only hold point ``point`` armed (runtime/crash_points.py;
+    on the ranks ``armed``, default all), each logging to a file under ``tmp``, and wait until a process holds
+    there. Yields (the processes, their open log files, the PIDs holding); at the end every process still running
+    is killed and the logs closed. Fails the test, with the logs' tail, when a process ends first or ``timeout``
+    seconds pass."""
+    from growlm.runtime.crash_points import HOLD_AT_ENV, HOLD_DIR_ENV
+    from growlm.runtime.launch import rank_env
+
+    hold_dir, port = tmp / f"hold-{time.monotonic_ns()}", int(base_env()["MASTER_PORT"])
+    procs, logs = [], []
+    try:
+        for rank, cmd in enumerate(cmds):
+            arm = armed is None or rank in armed
+            extra = {HOLD_AT_ENV: point, HOLD_DIR_ENV: str(hold_dir)} if arm else {}
+            logs.append(open(tmp / f"rank{rank}-{time.monotonic_ns()}.log", "w+"))  # noqa: SIM115  closed below
+            env = rank_env(rank, len(cmds), port, base=base_env(), **extra)
+            procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=logs[-1], stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + timeout
+        while not (hold_dir.is_dir() and any(hold_dir.iterdir())):
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                text = "".join(f.seek(0) or f.read() for f in logs)
+                pytest.fail(f"no process reached {point} (exit codes {[p.poll() for p in procs]}):\n{text[-3000:]}")
+            time.sleep(0.2)
+        yield procs, logs, {int(m.name.rsplit(".", 1)[1]) for m in hold_dir.iterdir()}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for f in logs:
+            f.close()

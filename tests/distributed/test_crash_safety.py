@@ -15,61 +15,25 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from dist_utils import REPO, base_env, read_metrics, run_ranks, tiny_ds_config
+from dist_utils import GROWTH_AT_STEP_3, REPO, base_env, held_ranks, read_metrics, run_ranks, tiny_ds_config
 
 from growlm.growth.offline.cli import main as grow_main
 from growlm.runtime import checkpoint
-from growlm.runtime.crash_points import HOLD_AT_ENV, HOLD_DIR_ENV
-from growlm.runtime.launch import rank_env
 
 TINY = ["--preset", "tiny", "--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--seq_len", "32", "--no_final_eval",
         "--log_interval", "1"]  # fmt: skip
-PLAN = """
-seed: 0
-start: {preset: tiny, n_layer: 1, n_embd: 32, n_head: 2}
-stages:
-  - name: deeper-wider
-    target: {n_layer: 2, n_embd: 64, n_head: 4}
-    family: masked
-    when: {step: 3}
-    ramp_steps: 4
-    schedule: {kind: continue}
-"""
 
 
 def killed_at(point: str, cmds: list[list[str]], tmp: Path, timeout: float = 240) -> list[int]:
     """Start ``cmds`` (one per rank) with the hold point ``point`` armed, wait until a process reaches it, then
     SIGKILL every process by PID (the one holding first). Returns the exit codes (-9 each)."""
-    hold_dir, port = tmp / f"hold-{time.monotonic_ns()}", base_env()["MASTER_PORT"]
-    extra = {HOLD_AT_ENV: point, HOLD_DIR_ENV: str(hold_dir)}
-    procs, logs = [], []
-    for rank, cmd in enumerate(cmds):
-        env = rank_env(rank, len(cmds), int(port), base=base_env(), **extra)
-        logs.append(open(tmp / f"killed-rank{rank}-{time.monotonic_ns()}.log", "w+"))
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=logs[-1], stderr=subprocess.STDOUT))
-    try:
-        deadline = time.monotonic() + timeout
-        while not (hold_dir.is_dir() and any(hold_dir.iterdir())):
-            failed = [p for p in procs if p.poll() is not None]
-            if failed or time.monotonic() > deadline:
-                text = "".join(f.seek(0) or f.read() for f in logs)
-                pytest.fail(f"no process reached {point} (exit codes {[p.poll() for p in procs]}):\n{text[-3000:]}")
-            time.sleep(0.2)
-        holders = {int(m.name.rsplit(".", 1)[1]) for m in hold_dir.iterdir()}
+    with held_ranks(cmds, tmp, point, timeout=timeout) as (procs, _, holders):
         for p in sorted(procs, key=lambda p: p.pid not in holders):
             os.kill(p.pid, signal.SIGKILL)
         return [p.wait(timeout=60) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for f in logs:
-            f.close()
 
 
 def train_cmds(args: list[str], nproc: int = 2) -> list[list[str]]:
@@ -151,7 +115,7 @@ def test_growlm_grow_killed_mid_way(killed_in_save, tmp_path):
 
 def test_live_growth_killed_mid_way(tmp_path, builtin_data):
     plan = tmp_path / "plan.yaml"
-    plan.write_text(PLAN)
+    plan.write_text(GROWTH_AT_STEP_3)
     common = ["--seq_len", "32", "--no_final_eval", "--log_interval", "1", "--ds_config", str(tiny_ds_config(tmp_path)),
               "--max_steps", "4", "--save_interval", "2", "--growth_plan", str(plan)]  # fmt: skip
     ref, out = tmp_path / "uninterrupted", tmp_path / "run"

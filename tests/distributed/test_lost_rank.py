@@ -20,23 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
-from dist_utils import REPO, base_env, read_metrics, run_ranks, tiny_ds_config
+from dist_utils import GROWTH_AT_STEP_3, REPO, held_ranks, read_metrics, run_ranks, tiny_ds_config
 
 from growlm.runtime import checkpoint
-from growlm.runtime.crash_points import HOLD_AT_ENV, HOLD_DIR_ENV
-from growlm.runtime.launch import rank_env
 
-PLAN = """
-seed: 0
-start: {preset: tiny, n_layer: 1, n_embd: 32, n_head: 2}
-stages:
-  - name: deeper-wider
-    target: {n_layer: 2, n_embd: 64, n_head: 4}
-    family: masked
-    when: {step: 3}
-    ramp_steps: 4
-    schedule: {kind: continue}
-"""
 TIMEOUT_S = 12  # --dist_timeout_s of the held jobs: far below the default 300 s, so a wait that ignores it shows
 
 
@@ -45,7 +32,7 @@ def job(tmp_path_factory, builtin_data):
     """The job's arguments (a growth at step 3, checkpoints at steps 2 and 4) and its uninterrupted run's metrics."""
     tmp = tmp_path_factory.mktemp("lost_rank")
     plan = tmp / "plan.yaml"
-    plan.write_text(PLAN)
+    plan.write_text(GROWTH_AT_STEP_3)
     args = ["--seq_len", "32", "--no_final_eval", "--log_interval", "1", "--ds_config", str(tiny_ds_config(tmp)),
             "--max_steps", "4", "--save_interval", "2", "--growth_plan", str(plan),
             "--dist_timeout_s", str(TIMEOUT_S)]  # fmt: skip
@@ -58,21 +45,8 @@ def job(tmp_path_factory, builtin_data):
 def rank1_signalled(point: str, sig: int, args: list[str], tmp: Path) -> tuple[int, str, float]:
     """Start the 2 ranks with ``point`` armed on rank 1 only; when rank 1 holds there, send it ``sig``. Returns rank
     0's exit code, its output, and the seconds from the signal to its exit. Rank 1 is killed at the end."""
-    hold_dir, port = tmp / f"hold-{time.monotonic_ns()}", int(base_env()["MASTER_PORT"])
-    procs, logs = [], []
-    for rank in range(2):
-        extra = {HOLD_AT_ENV: point, HOLD_DIR_ENV: str(hold_dir)} if rank == 1 else {}
-        env = rank_env(rank, 2, port, base=base_env(), **extra)
-        logs.append(open(tmp / f"rank{rank}-{time.monotonic_ns()}.log", "w+"))
-        cmd = [sys.executable, str(REPO / "train.py"), *args]
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=logs[-1], stderr=subprocess.STDOUT))
-    try:
-        deadline = time.monotonic() + 240
-        while not (hold_dir.is_dir() and any(hold_dir.iterdir())):
-            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
-                text = "".join(f.seek(0) or f.read() for f in logs)
-                pytest.fail(f"rank 1 never reached {point} (exit codes {[p.poll() for p in procs]}):\n{text[-3000:]}")
-            time.sleep(0.2)
+    cmds = [[sys.executable, str(REPO / "train.py"), *args]] * 2
+    with held_ranks(cmds, tmp, point, armed=[1]) as (procs, logs, _):
         time.sleep(1.0)  # rank 0 is now waiting in the collective after the point
         t0 = time.monotonic()
         os.kill(procs[1].pid, sig)
@@ -85,13 +59,6 @@ def rank1_signalled(point: str, sig: int, args: list[str], tmp: Path) -> tuple[i
         out = logs[0].read()
         print(f"{point} {signal.Signals(sig).name}: rank 0 ended {took:.1f} s after the signal (exit {code})")
         return code, out, took
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for f in logs:
-            f.close()
 
 
 def error_line(out: str) -> str:
