@@ -6,8 +6,9 @@
     python -m growlm.data.prepare ...                       # the same
 
 Each .bin is the concatenation of every document's token ids, each document followed by the end-of-text token (GPT-2
-BPE by default: <|endoftext|> = 50256), as a flat little-endian uint16 array (np.memmap(path, dtype=np.uint16,
-mode="r")), written by the one token-folder writer (data/tokens.py, which also documents meta.json). One .txt /
+BPE by default: <|endoftext|> = 50256), as a flat little-endian array of uint16 ids where the tokenizer has at most
+65,536 ids and of uint32 ids above that (``data.tokens.token_dtype``; meta.json names the dtype), written by the one
+token-folder writer (data/tokens.py, which also documents meta.json). One .txt /
 .txt.xz / .txt.gz / .txt.bz2 file = one document; one row of a .jsonl / .json / .parquet file = one document (its
 `text_field`); empty texts are skipped. Local .txt and JSON files are read by data/text.py, the one reader of user
 text (UTF-8, a leading BOM removed, line endings normalised to "\n", a bad row named FILE:LINE); .parquet files and
@@ -22,8 +23,8 @@ special tokens (bos, eos, unk, pad: tokenizer_config.json / special_tokens_map.j
 recorded too (``special_tokens``, ``add_bos_token``), and when its tokenizer puts a bos token before a text (a
 post-processor template in tokenizer.json such as TinyLlama's ``<s> $A``; tokenizer_config.json's ``add_bos_token``
 only for a tokenizer.json without a post-processor) every document starts with that token, as the model saw it in
-pretraining (docs/models.md). Its ids must fit the uint16 token files (vocab_size <= 65536: Llama 3's 128,256
-tokens do not).
+pretraining (docs/models.md). A tokenizer of more than 65,536 ids (Llama 3's 128,256, Qwen's 151,669) gets uint32
+token files: twice the bytes a token.
 
 Each source record in meta.json is {"path", "sha256", "n_documents", "n_tokens"}. A source's sha256 is that of
 its decompressed bytes, so it equals the corpus MANIFEST.json value.
@@ -53,7 +54,7 @@ from growlm.data.sources import (
     resolve_source,
 )
 from growlm.data.text import InputError, read_json_rows
-from growlm.data.tokens import DTYPE, FORMAT, SPLITS, TokenFolderWriter, cache_dir, load_meta, open_tokens
+from growlm.data.tokens import DTYPE, FORMAT, SPLITS, TokenFolderWriter, cache_dir, load_meta, open_tokens, token_dtype
 from growlm.runtime.atomic import write_error, write_failed_message
 from growlm.runtime.commands import HelpFormatter, add_version, interruptible
 from growlm.runtime.lock import queue_lock
@@ -214,7 +215,7 @@ def prepare_dataset(
         FileExistsError: out_dir exists and overwrite is False.
         FileNotFoundError: a source is missing.
         InputError: a local text/JSON source with undecodable bytes or a bad row (FILE:LINE: problem; fix).
-        TokenizerError (a ValueError): ``tokenizer`` cannot be loaded or has more ids than uint16 token files hold.
+        TokenizerError (a ValueError): ``tokenizer`` cannot be loaded.
         ValueError: no train or val source, an unknown file type, a missing text_field, or a source with no text
             (InputError: a .jsonl/.json source with no rows, naming it and its split).
         OSError: the disk filled up (``no space left on device while writing OUT``; nothing is kept).
@@ -226,11 +227,7 @@ def prepare_dataset(
         if not files:
             raise ValueError(f"the {split} set is empty; pass at least one file with --{split} FILE [FILE ...]")
     t = tok.for_prepare(tokenizer)
-    if t.vocab_size > np.iinfo(DTYPE).max + 1:
-        raise tok.TokenizerError(
-            f"the tokenizer {t.name} has {t.vocab_size:,} tokens; growlm's {np.dtype(DTYPE).name} token files hold ids "
-            f"up to {np.iinfo(DTYPE).max:,} (vocab_size <= {np.iinfo(DTYPE).max + 1:,}); use a smaller vocabulary"
-        )
+    writer.dtype = token_dtype(t.vocab_size)  # uint16 up to 65,536 ids, else uint32 (data.tokens)
     resolved = {"train": [resolve_source(s) for s in train_files], "val": [resolve_source(s) for s in val_files]}
     for split in SPLITS:
         for src in resolved[split]:

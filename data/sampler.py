@@ -60,7 +60,7 @@ def micro_batch_start(
 
 
 class TokenWindows:
-    """Samples of T + 1 tokens over a flat uint16 token array (e.g. an ``np.memmap`` of ``train.bin``).
+    """Samples of T + 1 tokens over a flat uint16 or uint32 token array (e.g. an ``np.memmap`` of ``train.bin``).
 
     Args:
         tokens: 1-D array of token ids, length N.

@@ -31,7 +31,7 @@ import numpy as np
 
 from growlm.data.prepare import builtin_corpus_files
 from growlm.data.text import read_text
-from growlm.data.tokens import TokenFolderWriter, cache_dir, load_meta
+from growlm.data.tokens import TokenFolderWriter, cache_dir, load_meta, token_dtype
 from growlm.runtime.lock import queue_lock
 
 EOT = "<|endoftext|>"
@@ -48,7 +48,8 @@ def train_tokenizer(texts: list[str], vocab_size: int, min_frequency: int = 2):
 
 def _ids(tok, texts: list[str]) -> list[np.ndarray]:
     eot = tok.token_to_id(EOT)
-    return [np.asarray([*e.ids, eot], dtype=np.uint16) for e in tok.encode_batch(texts)]
+    dtype = token_dtype(tok.get_vocab_size())
+    return [np.asarray([*e.ids, eot], dtype=dtype) for e in tok.encode_batch(texts)]
 
 
 def interleave(docs: list[np.ndarray], chunk: int) -> np.ndarray:
@@ -101,14 +102,14 @@ def prepare_small_vocab(
 
     Raises:
         FileExistsError: out exists and overwrite is False.
-        ValueError: vocab_size outside [256 + 1, 65535], or an unknown extra source.
+        ValueError: vocab_size outside [256 + 1, 2**32], or an unknown extra source.
         FileNotFoundError: an extra source that has not been built (see ``extra_train_files``).
     """
 
-    if not 257 <= vocab_size <= 65535:
-        raise ValueError(f"vocab_size={vocab_size} must be in [257, 65535] (byte alphabet + EOT; uint16 files)")
+    if not 257 <= vocab_size <= 2**32:
+        raise ValueError(f"vocab_size={vocab_size} must be in [257, {2**32:,}] (byte alphabet + EOT)")
     extra_files = extra_train_files(tuple(extra)) if extra else []
-    writer = TokenFolderWriter(out, overwrite)
+    writer = TokenFolderWriter(out, overwrite, dtype=token_dtype(vocab_size))
     train_files, val_files = builtin_corpus_files()
     train_files = [*train_files, *extra_files]
     read = {p: read_text(p) for p in [*train_files, *val_files]}

@@ -1,8 +1,11 @@
 """The token-folder format training reads, its one writer and its readers: out_dir/{train.bin, val.bin, meta.json}.
 
-Each .bin is a flat little-endian uint16 array of token ids (np.memmap(path, dtype=np.uint16, mode="r")).
+Each .bin is a flat little-endian array of token ids, of the dtype meta.json names (``open_tokens``): uint16 where
+the vocabulary has at most 65,536 ids (format growlm-tokens-v1, as every folder before uint32 existed), uint32 above
+that (format growlm-tokens-v2: Llama 3's 128,256 ids, Qwen's 151,669), chosen by ``token_dtype``.
 meta.json:
-    {"format": "growlm-tokens-v1", "dtype": "uint16", "tokenizer": "gpt2" | a description, "vocab_size": V,
+    {"format": "growlm-tokens-v1" | "growlm-tokens-v2", "dtype": "uint16" | "uint32" (v2 only),
+     "tokenizer": "gpt2" | a description, "vocab_size": V,
      "eot_token_id": id, ["tokenizer_file": "tokenizer.json", "tokenizer_sha256": hex, "eot_token": str,]
      ["special_tokens": {"bos_token": {"token": "<s>", "id": 1}, "eos_token": ..., "unk_token": ..., "pad_token": ...},
      "add_bos_token": bool,] "splits": {"train": {"file": "train.bin", "n_tokens": N, "n_documents": D,
@@ -48,26 +51,48 @@ def cache_dir() -> Path:
     return Path(base) / "growlm"
 
 
-FORMAT = "growlm-tokens-v1"
-DTYPE = np.uint16
+FORMAT = "growlm-tokens-v1"  # uint16 ids: every folder written before uint32 existed, and every small vocabulary
+FORMAT_V2 = "growlm-tokens-v2"  # the dtype named in meta.json: uint16 or uint32
+DTYPE = np.uint16  # the dtype of a v1 folder
+DTYPES = {"uint16": np.dtype(np.uint16), "uint32": np.dtype(np.uint32)}
 SPLITS = ("train", "val")
 
 
-class SplitWriter:
-    """Appends token ids to one split's .bin file, hashing and counting as it goes."""
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The dtype of a token folder's ids for a vocabulary of ``vocab_size`` ids: uint16 up to 65,536 ids (2 bytes a
+    token), else uint32 (4 bytes, up to 4,294,967,296 ids).
 
-    def __init__(self, path: Path):
+    Raises:
+        ValueError: ``vocab_size`` below 1 or past uint32.
+    """
+    for dtype in DTYPES.values():
+        if 1 <= vocab_size <= np.iinfo(dtype).max + 1:
+            return dtype
+    raise ValueError(f"vocab_size {vocab_size:,} does not fit growlm's token files (1 to {2**32:,} ids)")
+
+
+def format_of(dtype: np.dtype) -> str:
+    """The meta.json format a folder of ``dtype`` ids is written as: v1 for uint16 (readable by every growlm), v2
+    for uint32."""
+    return FORMAT if np.dtype(dtype) == np.dtype(DTYPE) else FORMAT_V2
+
+
+class SplitWriter:
+    """Appends token ids of one dtype (``token_dtype``) to one split's .bin file, hashing and counting as it goes."""
+
+    def __init__(self, path: Path, dtype: np.dtype = DTYPE):
         self.path = path
+        self.dtype = np.dtype(dtype).newbyteorder("<")
         self.n_tokens = 0
         self._sha = hashlib.sha256()
         self._file: BinaryIO = open(path, "wb")  # noqa: SIM115  closed by close()
 
     def write(self, ids: np.ndarray) -> None:
-        """Append ``ids`` (any integer array, shape (n,)). Raises ValueError if an id does not fit uint16."""
+        """Append ``ids`` (any integer array, shape (n,)). Raises ValueError if an id does not fit the dtype."""
         ids = np.asarray(ids)
-        if ids.size and (ids.min() < 0 or ids.max() > np.iinfo(DTYPE).max):
-            raise ValueError(f"token id {ids.max()} does not fit {np.dtype(DTYPE).name} token files")
-        data = ids.astype("<u2").tobytes()
+        if ids.size and (ids.min() < 0 or ids.max() > np.iinfo(self.dtype).max):
+            raise ValueError(f"token id {ids.max()} does not fit {self.dtype.name} token files")
+        data = ids.astype(self.dtype).tobytes()
         self._sha.update(data)
         self._file.write(data)
         self.n_tokens += int(ids.size)
@@ -124,9 +149,16 @@ class TokenFolderWriter:
             message names the holder, and nothing of out_dir is touched).
     """
 
-    def __init__(self, out_dir: str | os.PathLike, overwrite: bool = False, scratch: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        out_dir: str | os.PathLike,
+        overwrite: bool = False,
+        scratch: tuple[str, ...] = (),
+        dtype: np.dtype = DTYPE,
+    ):
         self.out_dir = Path(out_dir).expanduser().resolve()
         self.overwrite = overwrite
+        self.dtype = np.dtype(dtype)  # the ids' dtype (``token_dtype`` of the vocabulary)
         self._check()
         self.scratch = scratch
         self.staging: Path | None = None
@@ -168,7 +200,7 @@ class TokenFolderWriter:
 
     def split(self, name: str) -> SplitWriter:
         """A writer for staging/<name>.bin."""
-        sw = SplitWriter(self.staging / f"{name}.bin")
+        sw = SplitWriter(self.staging / f"{name}.bin", self.dtype)
         self._splits.append(sw)
         return sw
 
@@ -176,7 +208,9 @@ class TokenFolderWriter:
         """Write meta.json and rename the folder into place (an old out_dir is removed only after). Returns out_dir."""
         for sw in self._splits:
             sw.close()
-        meta = {"format": FORMAT, "dtype": np.dtype(DTYPE).name, "tokenizer": tokenizer} | extra
+        if vocab_size > np.iinfo(self.dtype).max + 1:
+            raise ValueError(f"vocab_size {vocab_size:,} does not fit {self.dtype.name} token files")
+        meta = {"format": format_of(self.dtype), "dtype": self.dtype.name, "tokenizer": tokenizer} | extra
         meta |= {"vocab_size": vocab_size, "eot_token_id": eot_token_id, "splits": splits}
         (self.staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         for name in self.scratch:
@@ -208,8 +242,8 @@ def load_meta(data_dir: str | os.PathLike) -> dict:
 
     Raises:
         FileNotFoundError: data_dir or its meta.json is missing (the message says which growlm-prepare to run).
-        ValueError: meta.json is not UTF-8, not valid JSON (truncated, damaged) or not format growlm-tokens-v1 with
-            uint16 train/val splits.
+        ValueError: meta.json is not UTF-8, not valid JSON (truncated, damaged), not format growlm-tokens-v1 (uint16)
+            or growlm-tokens-v2 (uint16 or uint32), or lacks a train/val split.
     """
     data_dir = Path(data_dir)
     fix = _fix(data_dir)
@@ -225,19 +259,31 @@ def load_meta(data_dir: str | os.PathLike) -> dict:
         raise ValueError(f"{damaged}; re-run with --overwrite: {fix}") from None
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not valid JSON ({err}); re-run with --overwrite: {fix}") from err
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    if not isinstance(meta, dict) or meta.get("format") not in (FORMAT, FORMAT_V2):
         got = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise ValueError(f"{path}: format {got!r}, expected {FORMAT!r}; re-run with --overwrite: {fix}")
-    if meta.get("dtype") != np.dtype(DTYPE).name:
-        raise ValueError(f"{path}: dtype {meta.get('dtype')!r}, expected 'uint16'; re-run with --overwrite: {fix}")
+        raise ValueError(
+            f"{path}: format {got!r}, expected {FORMAT!r} or {FORMAT_V2!r}; re-run with --overwrite: {fix}"
+        )
+    allowed = ("uint16",) if meta["format"] == FORMAT else tuple(DTYPES)
+    if meta.get("dtype") not in allowed:
+        raise ValueError(
+            f"{path}: dtype {meta.get('dtype')!r}, expected {' or '.join(map(repr, allowed))} in a {meta['format']} "
+            f"folder; re-run with --overwrite: {fix}"
+        )
     missing = [s for s in SPLITS if s not in meta.get("splits", {})]
     if missing:
         raise ValueError(f"{path}: splits {missing} are missing; re-run with --overwrite: {fix}")
     return meta
 
 
+def dtype_of(meta: dict) -> np.dtype:
+    """The dtype of a token folder's ids from its (checked, ``load_meta``) meta.json: uint16 or uint32."""
+    return DTYPES[meta.get("dtype", "uint16")]
+
+
 def open_tokens(data_dir: str | os.PathLike, split: str) -> np.memmap:
-    """The split's tokens as a read-only flat uint16 memmap, shape (n_tokens,), after checking its size.
+    """The split's tokens as a read-only flat memmap of the folder's dtype (uint16 or uint32: ``dtype_of``), shape
+    (n_tokens,), after checking its size.
 
     Raises:
         FileNotFoundError / ValueError: as load_meta; also an unknown split, a missing .bin, or a .bin whose size
@@ -252,10 +298,11 @@ def open_tokens(data_dir: str | os.PathLike, split: str) -> np.memmap:
     fix = f"re-run growlm-prepare with --overwrite --out {data_dir}"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing; {fix}")
-    expected = record["n_tokens"] * np.dtype(DTYPE).itemsize
+    dtype = dtype_of(meta)
+    expected = record["n_tokens"] * dtype.itemsize
     if path.stat().st_size != expected or record["n_tokens"] == 0:
         raise ValueError(
             f"{path} is {path.stat().st_size} bytes, meta.json says {record['n_tokens']} tokens "
             f"= {expected} bytes; {fix}"
         )
-    return np.memmap(path, dtype=DTYPE, mode="r", shape=(record["n_tokens"],))
+    return np.memmap(path, dtype=dtype, mode="r", shape=(record["n_tokens"],))

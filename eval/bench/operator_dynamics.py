@@ -23,10 +23,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from growlm.data.tokens import cache_dir
+from growlm.data.tokens import cache_dir, open_tokens
 from growlm.eval.metrics.dynamics import (
     TokenBatches,
     clone_training,
@@ -61,7 +60,7 @@ DIV_CASES = {"block": {}, "split": {"pattern": "split"}, "noise": {"symmetry": "
 def batches_of(data: Path, b: int = 8, t: int = 64) -> tuple[TokenBatches, int]:
     """Random (B, T+1) training windows of a growlm token folder's train split, and its vocabulary size."""
     meta = json.loads((data / "meta.json").read_text())
-    return TokenBatches(np.memmap(data / "train.bin", dtype=np.uint16, mode="r"), b, t), int(meta["vocab_size"])
+    return TokenBatches(open_tokens(data, "train"), b, t), int(meta["vocab_size"])
 
 
 def train(model: GPT, opt: torch.optim.Optimizer, data: TokenBatches, seeds: range) -> None:

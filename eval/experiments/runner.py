@@ -70,8 +70,9 @@ def data_fingerprint(folder: Path) -> dict[str, Any]:
 
 
 def train_tokens(folder: Path) -> int:
-    """The number of tokens in the token folder's train split (train.bin holds uint16 ids, as train_run reads it)."""
-    return (folder / "train.bin").stat().st_size // 2
+    """The number of tokens in the token folder's train split (meta.json's count, checked against train.bin's size
+    by ``data.tokens.open_tokens`` when a run opens it)."""
+    return int(json.loads((folder / "meta.json").read_text())["splits"]["train"]["n_tokens"])
 
 
 def compared(settings: dict[str, Any], with_data: bool = True) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from growlm.data.tokens import open_tokens
 from growlm.eval.experiments.protocol import RunSpec, Settings, run_steps
 from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy
@@ -34,7 +35,7 @@ GRAD_CLIP = 1.0
 
 
 class Windows:
-    """Training batches and validation windows of a token folder (``train.bin`` / ``val.bin``, uint16 ids).
+    """Training batches and validation windows of a token folder (``train.bin`` / ``val.bin``, uint16 or uint32 ids).
 
     ``batch(seed, k)``: the k-th (batch, seq_len + 1) int64 batch of seed ``seed``: windows perm[k B : (k+1) B]
     of a seeded permutation of the train split's non-overlapping windows (a second permutation continues it, once).
@@ -44,8 +45,8 @@ class Windows:
     """
 
     def __init__(self, folder: Path, seq_len: int, batch: int) -> None:
-        self.train = np.memmap(folder / "train.bin", dtype=np.uint16, mode="r")
-        self.val_tokens = np.memmap(folder / "val.bin", dtype=np.uint16, mode="r")
+        self.train = open_tokens(folder, "train")  # uint16 or uint32, as meta.json says
+        self.val_tokens = open_tokens(folder, "val")
         self.t, self.b = seq_len, batch
         self.n = (len(self.train) - 1) // seq_len
         self._perm: dict[int, np.ndarray] = {}

@@ -131,12 +131,17 @@ def test_the_pilot_decides_in_rounds_and_the_main_runs_follow_from_it():
 # ------------------------------------------------------------------------------------------ data and real runs
 @pytest.fixture(scope="module")
 def tokens(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tok")
+    from growlm.data.tokens import TokenFolderWriter
+
+    d = tmp_path_factory.mktemp("tok") / "tokens"
     rng = np.random.default_rng(0)
-    rng.integers(0, 320, 40_000).astype(np.uint16).tofile(d / "train.bin")
-    rng.integers(0, 320, 5_000).astype(np.uint16).tofile(d / "val.bin")
-    meta = {"vocab_size": 320, "splits": {"train": {"sha256": "t"}, "val": {"sha256": "v"}}}
-    (d / "meta.json").write_text(json.dumps(meta))
+    with TokenFolderWriter(d) as w:  # the one writer, so meta.json is a real one
+        splits = {}
+        for split, n in (("train", 40_000), ("val", 5_000)):
+            sw = w.split(split)
+            sw.write(rng.integers(0, 320, n))
+            splits[split] = sw.record(1, [])
+        w.finish(tokenizer="random ids", vocab_size=320, eot_token_id=319, splits=splits)
     return d
 
 

@@ -6,6 +6,7 @@ one line."""
 
 from __future__ import annotations
 
+import json
 from argparse import Namespace
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 from cli_utils import one_error_line
 from llama_folder_helpers import make_llama_folder
+from tokenizer_helpers import big_tokenizer
 
 from growlm.data import tokenizer as tok
 from growlm.data.prepare import main as prepare_main
@@ -79,7 +81,6 @@ def refused(capsys, argv: list[str], *needles: str) -> str:
 
 @pytest.mark.bad_input
 def test_tokenizers_that_cannot_make_a_token_folder_are_refused(capsys, tmp_path, llama):
-    from tokenizers import Tokenizer, models
 
     docs = sources(tmp_path)
     refused(capsys, ["--tokenizer", str(llama)], f"--tokenizer {llama} needs --out")
@@ -90,7 +91,25 @@ def test_tokenizers_that_cannot_make_a_token_folder_are_refused(capsys, tmp_path
     refused(capsys, [*base, "--tokenizer", str(empty)], f"{empty} has no tokenizer.json")
     (tmp_path / "bad.json").write_text("{not a tokenizer")
     refused(capsys, [*base, "--tokenizer", str(tmp_path / "bad.json")], "is not a `tokenizers` JSON file")
-    big = {f"w{i}": i for i in range(70_000)} | {"<|endoftext|>": 70_000}  # Llama 3 has 128,256 tokens
-    Tokenizer(models.WordLevel(big, unk_token="<|endoftext|>")).save(str(tmp_path / "big.json"))
-    refused(capsys, [*base, "--tokenizer", str(tmp_path / "big.json")], "has 70,001 tokens", "up to 65,535")
     assert not out.exists()
+
+
+def test_a_vocabulary_past_65536_ids_gets_uint32_token_files(tmp_path, builtin_data):
+    """uint32 token files (format v2) for a tokenizer of more than 65,536 ids, every id as the tokenizer gives it;
+    a uint16 folder (the built-in corpus) stays format v1, as every folder written before uint32 existed."""
+    from tokenizers import Tokenizer
+
+    from growlm.data.tokens import FORMAT, FORMAT_V2, open_tokens
+
+    docs, out = sources(tmp_path), tmp_path / "tokens"
+    big = big_tokenizer(tmp_path / "big.json", DOCS)
+    assert prepare_main(["--train", docs[0], "--val", docs[1], "--out", str(out), "--tokenizer", str(big)]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["format"], meta["dtype"], meta["vocab_size"], meta["eot_token_id"]) == (FORMAT_V2, "uint32", 70_001,
+                                                                                        70_000)  # fmt: skip
+    train = open_tokens(out, "train")
+    want = [*Tokenizer.from_file(str(big)).encode(DOCS[0]).ids, 70_000]
+    assert train.dtype == np.uint32 and train.tolist() == want and min(want) > 65_535
+    assert (out / "train.bin").stat().st_size == 4 * len(want)
+    old = json.loads((builtin_data / "meta.json").read_text())
+    assert (old["format"], old["dtype"]) == (FORMAT, "uint16") and open_tokens(builtin_data, "val").dtype == np.uint16
