@@ -309,6 +309,35 @@ def from_preset(name: str, **overrides: Any) -> ModelConfig:
     return replace(base, **overrides)
 
 
+def grown_shape(base: ModelConfig, changes: dict[str, Any]) -> ModelConfig:
+    """The shape a growth of ``base`` targets when only ``changes`` are given (a plan's target mapping, growlm-grow's
+    shape flags): the fields given are taken as they are, and the ones that follow the width follow it unless given.
+    GPT-2: n_inner None means 4 x n_embd, head_dim is d // H. Llama, so that a width growth scales the model as
+    GPT-2's does rather than leaving parts of it behind:
+
+    - ``n_inner`` scales with n_embd (x d'/d, rounded), e.g. 128 -> 256 at width x2;
+    - ``n_kv_head`` keeps the query heads per key/value head (n_head / n_kv_head) when n_head changes, e.g. 4 / 2 ->
+      8 / 4;
+    - ``head_dim`` stays when n_head is given (more heads of the same size), and scales with n_embd when only n_embd
+      is (as many heads, each wider: GPT-2's d // H).
+
+    Raises:
+        ValueError: the resulting shape is invalid (e.g. a width that the head count does not divide).
+    """
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if base.arch != "llama":
+        return replace(base, **changes)
+    d_old, d_new = base.n_embd, changes.get("n_embd", base.n_embd)
+    if "n_inner" not in changes and d_new != d_old:
+        changes["n_inner"] = max(1, round(base.n_inner * d_new / d_old))
+    h_new = changes.get("n_head", base.n_head)
+    if "n_kv_head" not in changes and h_new != base.n_head and h_new % (base.n_head // base.n_kv_head) == 0:
+        changes["n_kv_head"] = h_new // (base.n_head // base.n_kv_head)
+    if "head_dim" not in changes and "n_head" not in changes and d_new != d_old:
+        changes["head_dim"] = max(2, round(base.head_dim * d_new / d_old))
+    return replace(base, **changes)
+
+
 def largest_param_numel(cfg: ModelConfig) -> int:
     """Elements of the model's largest parameter. GPT-2: the token embedding V*d, the position embedding P*d, a
     block's c_attn d*3d or its c_fc / mlp c_proj d*F. Llama: the embedding (and untied head) V*d, q_proj / o_proj

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.preparation import same_shape
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.stages.plan import Stage, StageList, Trigger, load_stages
-from growlm.model.config import ModelConfig
+from growlm.model.config import ModelConfig, grown_shape
 from growlm.runtime.atomic import write_error, write_failed_message
 from growlm.runtime.checkpoint import CheckpointError
 from growlm.runtime.commands import HelpFormatter, add_version, interruptible
@@ -105,7 +104,7 @@ def stage_from_flags(args: argparse.Namespace, cfg: ModelConfig, step: int) -> S
             "one key/value head per query head); drop it"
         )
     try:
-        target = replace(cfg, **given)
+        target = grown_shape(cfg, given)  # a Llama's n_inner and n_kv_head follow the width unless given
         return Stage(
             name="cli",
             target=target,
@@ -202,10 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stage", help="stage name (default: the stage that starts from the checkpoint's shape)")
     f = p.add_argument_group("growth stage from flags")
     f.add_argument("--family", choices=("masked", "duplicate"), help="operator family (default: masked)")
+    follows = {
+        "n_inner": " (default: follows the width: GPT-2 4 x n_embd, a Llama's scaled by the new n_embd / the old)",
+        "n_kv_head": " (Llama checkpoints only; default: keeps the query heads per key/value head)",
+    }
     for k in _SHAPE_FLAGS:
-        f.add_argument(
-            f"--{k}", type=int, help=f"target {k}" + (" (Llama checkpoints only)" if k == "n_kv_head" else "")
-        )
+        f.add_argument(f"--{k}", type=int, help=f"target {k}" + follows.get(k, ""))
     f.add_argument("--option", action="append", metavar="KEY=VALUE", help="operator option (growth.ops.make_rules)")
     f.add_argument("--ramp_steps", type=int, help="masked family: mask ramp length in optimizer steps")
     f.add_argument("--moments", default="carry", help="Adam moments policy: carry | carry_old | reset")

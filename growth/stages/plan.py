@@ -25,7 +25,7 @@ the stage named, before any training starts.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -39,7 +39,7 @@ from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.rules import RuleSet
 from growlm.growth.ops.schedule_rule import CONSTANT_OP, ScheduleRule
 from growlm.growth.stages.trigger import SLOPE_THRESHOLDS
-from growlm.model.config import ModelConfig, config_from_dict, from_preset
+from growlm.model.config import ModelConfig, config_from_dict, from_preset, grown_shape
 
 TRIGGERS = ("step", "tokens", "slope")
 
@@ -124,9 +124,10 @@ def _resources(raw: Any, where: str) -> dict[str, Any] | None:
 def _config(base: ModelConfig | None, d: dict[str, Any], where: str) -> ModelConfig:
     """The shape a ``start`` or ``target`` mapping names: a preset with overrides (``{preset: llama-tiny, n_layer:
     4}``: the preset picks the family), else, for the start, every field (``arch: llama`` for a Llama, else GPT-2),
-    else the fields that change from ``base``, the previous stage's shape, whose family it keeps (a Llama target's
-    head_dim and n_inner stay as they were unless given, so ``{n_embd: 128, n_head: 8}`` adds heads of the same
-    head dim).
+    else the fields that change from ``base``, the previous stage's shape, whose family it keeps; the fields that
+    follow the width follow it unless given (``model.config.grown_shape``: a Llama's n_inner scales with n_embd, its
+    n_kv_head keeps the query heads per key/value head, so ``{n_embd: 128, n_head: 8}`` from d 64 / 4 heads / 2 kv
+    heads / F 128 adds heads of the same head dim, 4 kv heads and F 256).
 
     Raises:
         GrowthError: unknown fields, an invalid shape, or a target of another family than ``base`` (a growth keeps
@@ -145,7 +146,7 @@ def _config(base: ModelConfig | None, d: dict[str, Any], where: str) -> ModelCon
             unknown = set(d) - {f.name for f in fields(base)}
             if unknown:
                 raise ValueError(f"unknown {type(base).__name__} fields {sorted(unknown)}")
-            cfg = replace(base, **d)
+            cfg = grown_shape(base, d)  # the fields that follow the width follow it unless given
     except (ValueError, TypeError) as e:
         raise GrowthError(f"{where}: {e}") from e
     if base is not None and cfg.arch != base.arch:

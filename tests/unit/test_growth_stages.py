@@ -56,3 +56,31 @@ def test_slope_auto_takes_gpt2_constants_or_a_reference_run():
     ref = parse_stages(doc(stage(when={"slope": "auto", "reference": "runs/t/metrics.jsonl"}))).stages[0].when
     assert ref.kind == "slope" and ref.reference == "runs/t/metrics.jsonl" and ref.value != ref.value  # NaN
     assert ref.describe() == "slope auto (equal rate with runs/t/metrics.jsonl)" and gpt2.describe() == "slope -0.0575"
+
+
+def test_a_llama_width_growth_scales_what_follows_the_width_unless_given():
+    """A Llama target names what changes; n_inner follows the width, n_kv_head keeps the query heads per key/value
+    head, and head_dim stays when more heads are asked for (wider heads when only n_embd is), as GPT-2's n_inner
+    follows its width. Given fields are taken as they are. Both the plan and growlm-grow's flags read it so."""
+    from growlm.growth.offline.cli import parse_args, stage_from_flags
+    from growlm.growth.ops import make_rules
+    from growlm.model.config import from_preset, grown_shape
+
+    tiny = from_preset("llama-tiny")  # d 64, 4 heads of 16, 2 kv heads, F 128
+    shape = lambda c: (c.n_embd, c.n_head, c.n_kv_head, c.head_dim, c.n_inner)  # noqa: E731
+    assert shape(grown_shape(tiny, {"n_embd": 128, "n_head": 8})) == (128, 8, 4, 16, 256)
+    assert shape(grown_shape(tiny, {"n_embd": 128})) == (128, 4, 2, 32, 256)
+    assert shape(grown_shape(tiny, {"n_head": 8})) == (64, 8, 4, 16, 128)  # more heads: the attention widens
+    given = {"n_embd": 128, "n_head": 8, "n_kv_head": 2, "n_inner": 200}
+    assert shape(grown_shape(tiny, given)) == (128, 8, 2, 16, 200)
+    assert grown_shape(tiny, {"n_layer": 4}) == from_preset("llama-tiny", n_layer=4)
+    gpt = from_preset("tiny")
+    assert grown_shape(gpt, {"n_embd": 128}).ffn_dim == 512  # GPT-2: 4 x n_embd, as before
+
+    wider = {"name": "wider", "target": {"n_embd": 128, "n_head": 8}, "family": "masked", "when": {"step": 3}}
+    plan = parse_stages({"start": {"preset": "llama-tiny"}, "stages": [wider]})
+    target = plan.stages[0].target
+    assert shape(target) == (128, 8, 4, 16, 256)
+    make_rules(tiny, target, "masked")  # the operators take it (it used to need n_kv_head, then n_inner, given)
+    args = parse_args(["ck", "out", "--n_embd", "128", "--n_head", "8"])
+    assert stage_from_flags(args, tiny, 10).target == target
