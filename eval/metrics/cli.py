@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from growlm.data.tokenizer import Tokenizer
 from growlm.eval.metrics.cloze import ClozeItem, build_cloze, read_lambada, score_cloze
 from growlm.eval.metrics.errors import EvalInputError, check_token_ids
 from growlm.eval.metrics.load import LoadedModel, load
@@ -55,8 +56,15 @@ def check_windows(m: LoadedModel, context: int | None, stride: int | None) -> tu
     return context, stride
 
 
+def start_token(t: Tokenizer) -> int:
+    """The id a scored document starts from: the tokenizer's bos token where it puts one before each text (as the
+    model saw every document in pretraining: growlm-prepare starts each with it), else the end-of-text token."""
+    return t.bos_token_id if t.bos_token_id is not None else t.eot_token_id
+
+
 def perplexity_of(m: LoadedModel, docs: dict[str, str], context: int, stride: int, batch_size: int, progress: bool):
-    """Token and word perplexity of a set of documents, each scored alone from an end-of-text token."""
+    """Token and word perplexity of a set of documents, each scored alone from its start token (``start_token``:
+    the bos token where the tokenizer adds one, else end-of-text)."""
     ids = [m.tokenizer.encode(t) for t in docs.values()]
     if sum(len(x) for x in ids) < 1:
         raise EvalInputError("the eval text has no tokens")
@@ -67,7 +75,7 @@ def perplexity_of(m: LoadedModel, docs: dict[str, str], context: int, stride: in
         context,
         stride,
         batch_size,
-        bos_token_id=m.tokenizer.eot_token_id,
+        bos_token_id=start_token(m.tokenizer),
         progress=progress,
         vocab_size=m.config.vocab_size,
     )

@@ -149,9 +149,10 @@ def score_cloze(
     """Whole-word greedy accuracy and target NLL of ``items`` (see the module docstring).
 
     Each item is fed as ids(context) + ids(" " + target)[:-1], keeping the last ``context`` tokens (the context is
-    cut on the left when it is longer). Batches are right-padded; a causal model's logits at real positions do not
-    depend on padding after them. ``vocab_size``: the model's V; every id is checked against it before the first
-    forward call (without it, against the logits' width V, see ``checked_logits``).
+    cut on the left when it is longer), after the tokenizer's bos token where it puts one before each text
+    (``Tokenizer.bos_token_id``), which stays first. Batches are right-padded; a causal model's logits at real
+    positions do not depend on padding after them. ``vocab_size``: the model's V; every id is checked against it
+    before the first forward call (without it, against the logits' width V, see ``checked_logits``).
 
     Raises:
         EvalInputError: no items, a target longer than ``context`` tokens, or a token id outside the model's
@@ -160,12 +161,13 @@ def score_cloze(
     if not items:
         raise EvalInputError("no cloze items to score; the eval text is empty or too short")
     encoded, truncated = [], 0
+    head = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]  # where the tokenizer starts texts so
     for it in items:
         c, t = tokenizer.encode(it.context), tokenizer.encode(" " + it.target)
-        if len(t) >= context:
+        if len(t) + len(head) >= context:
             raise EvalInputError(f"target {it.target!r} has {len(t)} tokens, not fewer than context={context}")
-        seq = (c + t)[-(context + 1) :]
-        truncated += len(c) + len(t) > context + 1
+        seq = head + (c + t)[-(context + 1 - len(head)) :]
+        truncated += len(head) + len(c) + len(t) > context + 1
         encoded.append((seq, len(t)))
     if vocab_size is not None:
         check_token_ids([s for s, _ in encoded], vocab_size, tokenizer.name)

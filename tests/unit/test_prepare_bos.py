@@ -198,3 +198,35 @@ def test_a_tokenizer_config_that_is_not_json_is_named(tmp_path, capsys):
     assert line.startswith(f"{folder / 'tokenizer_config.json'} is not valid JSON (") and line.endswith(
         "); restore it, or remove it"
     ), line
+
+
+def test_growlm_eval_starts_documents_and_cloze_items_from_the_tokenizers_bos(tmp_path):
+    """Where the tokenizer puts a bos token before each text, growlm-eval scores every document and cloze item from
+    it (as the model saw its training documents), not from end-of-text; a tokenizer without one starts from
+    end-of-text as before."""
+    import torch
+
+    from growlm.eval.metrics.cli import perplexity_of, start_token
+    from growlm.eval.metrics.cloze import ClozeItem, score_cloze
+    from growlm.eval.metrics.load import LoadedModel
+    from growlm.model.config import from_preset
+
+    seen: list[torch.Tensor] = []
+
+    def logits(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x.clone())
+        return torch.zeros(*x.shape, 50_257)
+
+    with_bos, without = tok.from_hf_dir(write_bos_tokenizer(tmp_path / "bos")), tok.gpt2()  # GPT-2 adds no bos
+    assert (start_token(with_bos), start_token(without)) == (1, 50_256)
+    cfg = from_preset("llama-tiny", vocab_size=50_257)
+    for t, first in ((with_bos, 1), (without, 50_256)):
+        seen.clear()
+        m = LoadedModel(logits, cfg, t, "test", "transformers", torch.nn.Identity())
+        perplexity_of(m, {"a": DOCS[0], "b": DOCS[1]}, context=16, stride=16, batch_size=4, progress=False)
+        starts = [int(x[i, 0]) for x in seen for i in range(x.shape[0])]
+        assert starts[0] == first and starts.count(first) == 2  # each document's first window, from the start token
+        seen.clear()
+        item = ClozeItem(context=DOCS[0].strip() * 4, target="cried")
+        score_cloze(logits, [item], t, context=16)
+        assert (int(seen[0][0, 0]) == 1) == (t is with_bos)  # the bos stays first when the context is cut
