@@ -95,6 +95,9 @@ def default_llama_inner(n_embd: int) -> int:
     return 64 * math.ceil(8 * n_embd / 3 / 64)
 
 
+ROPE_TYPES = ("default", "linear", "llama3")  # the rotary scalings growlm's Llama computes (model.llama)
+
+
 @dataclass(frozen=True)
 class LlamaConfig:
     """Shape of a Llama-family model: pre-norm RMSNorm without biases, SwiGLU FFN, rotary positions and grouped-query
@@ -124,6 +127,14 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False  # lm_head shares embed_tokens' weight
     dropout: float = 0.0  # attention-probability dropout (attention_dropout); Llama has no other dropout
+    # rotary scaling (rope_scaling / rope_parameters): "default" (none), "linear" (every frequency / factor) or
+    # "llama3" (Llama 3.1's: long wavelengths / factor, short ones kept, a smooth blend between;
+    # model.llama.rope_inv_freq)
+    rope_type: str = "default"
+    rope_factor: float = 1.0  # factor
+    rope_low_freq_factor: float = 1.0  # low_freq_factor (llama3)
+    rope_high_freq_factor: float = 4.0  # high_freq_factor (llama3)
+    rope_original_positions: int = 8192  # original_max_position_embeddings (llama3): the context pretrained at
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_embd", "n_head", "n_kv_head", "n_positions", "vocab_size"):
@@ -160,6 +171,21 @@ class LlamaConfig:
             raise ValueError(f"rope_theta={self.rope_theta} and rms_norm_eps={self.rms_norm_eps} must be positive")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(
+                f"rope_type={self.rope_type!r}: growlm computes {', '.join(map(repr, ROPE_TYPES))} rotary embeddings"
+            )
+        for name in ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name}={value!r} must be a positive number")
+        if self.rope_type == "llama3" and not self.rope_high_freq_factor > self.rope_low_freq_factor:
+            raise ValueError(
+                f"rope_high_freq_factor={self.rope_high_freq_factor} must exceed rope_low_freq_factor="
+                f"{self.rope_low_freq_factor} (llama3 rotary scaling blends between them)"
+            )
+        if not isinstance(self.rope_original_positions, int) or self.rope_original_positions <= 0:
+            raise ValueError(f"rope_original_positions={self.rope_original_positions!r} must be a positive integer")
 
     @property
     def ffn_dim(self) -> int:
@@ -200,6 +226,7 @@ class LlamaConfig:
             f"llama L={c.n_layer} d={c.n_embd} H={c.n_head} K={c.n_kv_head} Q={c.head_dim} F={c.ffn_dim} "
             f"P={c.n_positions} V={c.vocab_size} {'tied' if c.tie_word_embeddings else 'untied'} "
             f"theta={_short(c.rope_theta)} eps={_short(c.rms_norm_eps)}"
+            + ("" if c.rope_type == "default" else f" rope={c.rope_type}x{c.rope_factor:g}")
         )
 
 
@@ -273,6 +300,20 @@ PRESETS: dict[str, ModelConfig] = {
     ),
     "tinyllama-1.1b": LlamaConfig(
         n_layer=22, n_embd=2048, n_head=32, n_kv_head=4, n_inner=5632, n_positions=2048, vocab_size=32000,
+    ),
+    # Meta's Llama 3.1 / 3.2 releases (their config.json files): 128,256-token vocabulary, rope_theta 500,000,
+    # "llama3" rotary scaling from an 8,192-token pretraining context to 131,072 positions
+    "llama-3.2-1b": LlamaConfig(
+        n_layer=16, n_embd=2048, n_head=32, n_kv_head=8, n_inner=8192, head_dim=64, n_positions=131072,
+        vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True, rope_type="llama3", rope_factor=32.0,
+    ),
+    "llama-3.2-3b": LlamaConfig(
+        n_layer=28, n_embd=3072, n_head=24, n_kv_head=8, n_inner=8192, head_dim=128, n_positions=131072,
+        vocab_size=128256, rope_theta=500000.0, tie_word_embeddings=True, rope_type="llama3", rope_factor=32.0,
+    ),
+    "llama-3.1-8b": LlamaConfig(
+        n_layer=32, n_embd=4096, n_head=32, n_kv_head=8, n_inner=14336, head_dim=128, n_positions=131072,
+        vocab_size=128256, rope_theta=500000.0, rope_type="llama3", rope_factor=8.0,
     ),
 }  # fmt: skip
 

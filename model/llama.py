@@ -59,13 +59,35 @@ class RMSNorm(nn.Module):
         return y if mask is None else y * mask.to(y.dtype)
 
 
+def rope_inv_freq(cfg: LlamaConfig, device: torch.device | None = None) -> Tensor:
+    """The rotary frequencies (Q/2,) in fp32: theta_i = rope_theta^(-2i/Q) (Su et al. 2021, arXiv 2104.09864,
+    eq. 15), scaled as ``cfg.rope_type`` says:
+
+    - "linear": theta_i / factor (position interpolation; Chen et al. 2023, arXiv 2306.15595, eq. 4);
+    - "llama3" (Meta's Llama 3.1 release; Grattafiori et al. 2024, arXiv 2407.21783): with wavelength
+      lambda_i = 2 pi / theta_i, original context C (rope_original_positions), factors s (rope_factor), l and h
+      (rope_low_freq_factor, rope_high_freq_factor): theta_i / s where lambda_i > C / l (long wavelengths), theta_i
+      where lambda_i < C / h (short ones), and between them (1 - a) theta_i / s + a theta_i with
+      a = (C / lambda_i - l) / (h - l).
+    """
+    q = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, q, 2, device=device, dtype=torch.int64).float() / q))
+    if cfg.rope_type == "linear":
+        return inv / cfg.rope_factor
+    if cfg.rope_type == "llama3":
+        c, s, lo, hi = cfg.rope_original_positions, cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+        wavelen = 2 * math.pi / inv
+        a = ((c / wavelen - lo) / (hi - lo)).clamp(0.0, 1.0)  # 0 past C / l, 1 below C / h
+        return (1 - a) * inv / s + a * inv
+    return inv
+
+
 def rotary_cos_sin(cfg: LlamaConfig, t: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """cos and sin (T, Q) of rotary position embeddings for positions 0..T-1 (Su et al. 2021, arXiv 2104.09864,
-    eq. 34): frequency theta_i = rope_theta^(-2i/Q) for i < Q/2, angle p * theta_i, each repeated for both halves
-    of the head (transformers' rotate-half layout). Computed in fp32 every call (no buffer a precision cast could
-    round), then cast to ``dtype``."""
-    q = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, q, 2, device=device, dtype=torch.int64).float() / q))
+    eq. 34): angle p * theta_i for the frequencies of ``rope_inv_freq`` (the config's rotary scaling applied), each
+    repeated for both halves of the head (transformers' rotate-half layout). Computed in fp32 every call (no buffer
+    a precision cast could round), then cast to ``dtype``."""
+    inv_freq = rope_inv_freq(cfg, device)
     angles = torch.arange(t, device=device, dtype=torch.int64).float()[:, None] * inv_freq[None, :]  # (T, Q/2)
     emb = torch.cat((angles, angles), dim=-1)  # (T, Q)
     return emb.cos().to(dtype), emb.sin().to(dtype)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from growlm.model.config import LlamaConfig
+from growlm.model.config import ROPE_TYPES, LlamaConfig
 from growlm.model.llama import Llama
 
 if TYPE_CHECKING:
@@ -51,6 +51,7 @@ def to_hf_config(cfg: LlamaConfig, bos_token_id: int | None = None, eos_token_id
         max_position_embeddings=cfg.n_positions,
         rms_norm_eps=cfg.rms_norm_eps,
         rope_theta=cfg.rope_theta,
+        **({} if cfg.rope_type == "default" else {"rope_scaling": rope_scaling_of(cfg)}),
         tie_word_embeddings=cfg.tie_word_embeddings,
         attention_bias=False,
         mlp_bias=False,
@@ -61,11 +62,40 @@ def to_hf_config(cfg: LlamaConfig, bos_token_id: int | None = None, eos_token_id
     )
 
 
+def rope_scaling_of(cfg: LlamaConfig) -> dict[str, Any]:
+    """transformers' ``rope_scaling`` mapping of ``cfg``'s rotary scaling (``rope_type`` "linear" or "llama3")."""
+    out: dict[str, Any] = {"rope_type": cfg.rope_type, "factor": cfg.rope_factor}
+    if cfg.rope_type == "llama3":
+        out |= {"low_freq_factor": cfg.rope_low_freq_factor, "high_freq_factor": cfg.rope_high_freq_factor,
+                "original_max_position_embeddings": cfg.rope_original_positions}  # fmt: skip
+    return out
+
+
 def with_rope_theta(config_json: dict[str, Any], cfg: LlamaConfig) -> dict[str, Any]:
     """``config_json`` (the dict of a ``config.json`` that ``save_pretrained`` wrote for ``cfg``) with a top-level
-    ``rope_theta`` equal to ``cfg.rope_theta``, which transformers 4 reads, beside transformers 5's
-    ``rope_parameters`` (kept as written). A new dict; ``config_json`` is not changed."""
-    return {**config_json, "rope_theta": cfg.rope_theta}
+    ``rope_theta`` equal to ``cfg.rope_theta`` and, for a scaled rotary embedding, ``rope_scaling``, which
+    transformers 4 reads, beside transformers 5's ``rope_parameters`` (kept as written). A new dict; ``config_json``
+    is not changed."""
+    scaling = {} if cfg.rope_type == "default" else {"rope_scaling": rope_scaling_of(cfg)}
+    return {**config_json, "rope_theta": cfg.rope_theta, **scaling}
+
+
+def params_of(hf_cfg: Any, scaling: Any) -> dict[str, Any]:
+    """The rotary scaling's parameters of a transformers LlamaConfig of any version (``rope_parameters`` in 5,
+    ``rope_scaling`` in 4)."""
+    return {**(scaling or {}), **(getattr(hf_cfg, "rope_parameters", None) or {})}
+
+
+def _rope_fields(kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    """LlamaConfig's rope_* fields for transformers' rotary ``kind`` and its parameters."""
+    if kind == "default":
+        return {}
+    out: dict[str, Any] = {"rope_type": kind, "rope_factor": float(params.get("factor", 1.0))}
+    if kind == "llama3":
+        out |= {"rope_low_freq_factor": float(params.get("low_freq_factor", 1.0)),
+                "rope_high_freq_factor": float(params.get("high_freq_factor", 4.0)),
+                "rope_original_positions": int(params.get("original_max_position_embeddings", 8192))}  # fmt: skip
+    return out
 
 
 def from_hf_config(hf_cfg: HFLlamaConfig) -> LlamaConfig:
@@ -73,8 +103,8 @@ def from_hf_config(hf_cfg: HFLlamaConfig) -> LlamaConfig:
 
     Raises:
         ValueError: the config uses a feature growlm's Llama does not implement (another activation, biases in
-            attention or MLP, scaled rotary embeddings such as Llama 3.1's "llama3" type, tensor-parallel
-            pretraining_tp > 1), or its shape is invalid.
+            attention or MLP, a rotary scaling other than "linear" and "llama3" (Llama 3.1's), such as "yarn" or
+            "dynamic", tensor-parallel pretraining_tp > 1), or its shape is invalid.
     """
     theta, kind, scaling = _rope(hf_cfg)
     unsupported = []
@@ -82,8 +112,10 @@ def from_hf_config(hf_cfg: HFLlamaConfig) -> LlamaConfig:
         unsupported.append(f"hidden_act={hf_cfg.hidden_act!r} (need 'silu')")
     if getattr(hf_cfg, "attention_bias", False) or getattr(hf_cfg, "mlp_bias", False):
         unsupported.append("attention_bias / mlp_bias (growlm's Llama has no biases)")
-    if kind != "default":
-        unsupported.append(f"rope type {kind!r} ({scaling or hf_cfg.rope_parameters}; growlm has plain RoPE only)")
+    if kind not in ROPE_TYPES:
+        unsupported.append(
+            f"rope type {kind!r} ({scaling or hf_cfg.rope_parameters}; growlm computes {', '.join(ROPE_TYPES)})"
+        )
     if (getattr(hf_cfg, "pretraining_tp", 1) or 1) > 1:
         unsupported.append(f"pretraining_tp={hf_cfg.pretraining_tp}")
     if unsupported:
@@ -98,6 +130,7 @@ def from_hf_config(hf_cfg: HFLlamaConfig) -> LlamaConfig:
         n_positions=hf_cfg.max_position_embeddings,
         vocab_size=hf_cfg.vocab_size,
         rope_theta=theta,
+        **_rope_fields(kind, params_of(hf_cfg, scaling)),
         rms_norm_eps=float(hf_cfg.rms_norm_eps),
         tie_word_embeddings=bool(getattr(hf_cfg, "tie_word_embeddings", False)),
         dropout=float(getattr(hf_cfg, "attention_dropout", 0.0) or 0.0),

@@ -73,8 +73,9 @@ SWEEP: dict[str, list[str]] = {
         "unit/test_foreign_models_and_quoting.py::test_growlm_eval_names_a_mistral_folder",
         "unit/test_foreign_models_and_quoting.py::test_init_from_names_a_mistral_folder",
     ],
-    "a Llama folder growlm cannot run exactly (rope scaling such as Llama 3.1's 'llama3', biases, another activation "
-    "or class), missing or damaged safetensors or shards, weights or a tokenizer that do not fit its config.json": [
+    "a Llama folder growlm cannot run exactly (rope scaling other than linear and llama3, such as 'yarn', biases, "
+    "another activation or class), missing or damaged safetensors or shards, weights or a tokenizer that do not fit "
+    "its config.json": [
         "unit/test_llama_init_from_unit.py::test_llama_variants_growlm_does_not_run_are_refused",
         "unit/test_llama_init_from_unit.py::test_missing_or_damaged_safetensors_are_refused",
         "unit/test_llama_init_from_unit.py::test_damaged_shards_are_refused",

@@ -356,7 +356,8 @@ def test_growlm_grow_help_shows_one_true_default_per_flag(capsys):
     assert "the token folder the checkpoint was trained on) --overwrite" in text
     assert "instead of OUT (default: no export)" in text
     assert "(default: carry)" in text and "re-warm over this many steps (default: 0)" in text
-    assert text.count("(default:") == 8  # export_hf, stage, family, moments, fresh_exp_avg_sq, schedule, ...
+    assert "target n_inner (default: follows the width" in text and "default: keeps the query heads per" in text
+    assert text.count("(default:") == 9  # export_hf, stage, family, n_inner, moments, fresh_exp_avg_sq, schedule, ...
 
 
 @pytest.mark.bad_input

@@ -61,10 +61,9 @@ def refused(capsys, folder: Path, *needles: str) -> str:
 def test_growlm_eval_refuses_what_it_cannot_score_exactly(capsys, tmp_path):
     folder = make_llama_folder(tmp_path / "llama", max_shard_size="40KB")
     cfg = json.loads((folder / "config.json").read_text())
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}  # fmt: skip
+    scaling = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8}
     (folder / "config.json").write_text(json.dumps(cfg | {"rope_scaling": scaling}))
-    refused(capsys, folder, "rope type 'llama3'", "growlm has plain RoPE only")
+    refused(capsys, folder, "rope type 'yarn'", "growlm computes default, linear, llama3")
     (folder / "config.json").write_text(json.dumps(cfg | {"mlp_bias": True}))
     refused(capsys, folder, "attention_bias / mlp_bias")
     (folder / "config.json").write_text(json.dumps(cfg))

@@ -91,12 +91,11 @@ def test_sharded_folder_maps_each_tensor_to_its_shard(tmp_path, untied):
 @pytest.mark.bad_input
 def test_llama_variants_growlm_does_not_run_are_refused(capsys, tmp_path, untied):
     d = copy(untied, tmp_path / "v")
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}  # fmt: skip
-    edit_config(d, rope_scaling=scaling)  # Llama 3.1 / 3.2
-    fails(capsys, d, "rope type 'llama3'", "growlm has plain RoPE only")
-    edit_config(d, rope_scaling=None, rope_parameters={"rope_type": "llama3", "rope_theta": 5e5, **scaling})
-    fails(capsys, d, "rope type 'llama3'")
+    scaling = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8}
+    edit_config(d, rope_scaling=scaling)  # a scaling growlm does not compute (Llama 3.1's "llama3" it does)
+    fails(capsys, d, "rope type 'yarn'", "growlm computes default, linear, llama3")
+    edit_config(d, rope_scaling=None, rope_parameters={"rope_type": "yarn", "rope_theta": 5e5, **scaling})
+    fails(capsys, d, "rope type 'yarn'")
     edit_config(d, rope_parameters={"rope_type": "default", "rope_theta": 1e4}, attention_bias=True)
     fails(capsys, d, "attention_bias / mlp_bias (growlm's Llama has no biases)")
     edit_config(d, attention_bias=False, hidden_act="gelu")

@@ -46,6 +46,55 @@ def test_logits_equal_transformers_on_its_random_weights(n_head, n_kv_head, head
         assert (back(idx).logits - theirs).abs().max().item() <= 1e-5
 
 
+ROPE_SCALINGS = [  # (rope_type, factor, low, high, original context): Llama 3.1 / 3.2's, and linear interpolation
+    ("llama3", 8.0, 1.0, 4.0, 16),
+    ("llama3", 32.0, 1.0, 4.0, 24),
+    ("linear", 4.0, 1.0, 4.0, 8192),
+]
+
+
+@pytest.mark.parametrize("kind,factor,low,high,original", ROPE_SCALINGS)
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_scaled_rotary_logits_equal_transformers_past_the_original_context(kind, factor, low, high, original, tied):
+    """Llama 3.1 / 3.2's "llama3" rotary scaling (and "linear"): logits equal transformers' LlamaForCausalLM within
+    1e-5 in fp32 at 96 positions, past the original context (16 / 24), both ways through the converters."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(1)
+    cfg = LlamaConfig(
+        n_layer=2, n_embd=64, n_head=8, n_kv_head=2, n_inner=96, n_positions=96, vocab_size=131, rope_theta=500000.0,
+        tie_word_embeddings=tied, rope_type=kind, rope_factor=factor, rope_low_freq_factor=low,
+        rope_high_freq_factor=high, rope_original_positions=original if kind == "llama3" else 8192,
+    )  # fmt: skip
+    hf = LlamaForCausalLM(to_hf_config(cfg)).eval()
+    assert hf.config.rope_parameters["rope_type"] == kind and hf.config.rope_parameters["factor"] == factor
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.add_((0.1 if "norm" in name else 0.05) * torch.randn_like(p))
+    ours = from_hf(hf).eval()
+    assert ours.config == cfg
+    idx = torch.randint(0, cfg.vocab_size, (2, 96))
+    with torch.no_grad():
+        theirs = hf(idx).logits
+        assert (ours(idx) - theirs).abs().max().item() <= 1e-5
+        assert (to_hf(ours)(idx).logits - theirs).abs().max().item() <= 1e-5
+    plain = Llama(replace(cfg, rope_type="default")).eval()
+    plain.load_state_dict(ours.state_dict())
+    with torch.no_grad():  # the scaling is not a no-op: plain RoPE gives other logits
+        assert (plain(idx) - theirs).abs().max().item() > 1e-3
+
+
+@pytest.mark.bad_input
+def test_a_rotary_scaling_growlm_does_not_compute_is_refused_at_the_config():
+    with pytest.raises(ValueError, match="rope_type='yarn': growlm computes 'default', 'linear', 'llama3'"):
+        LlamaConfig(rope_type="yarn")
+    with pytest.raises(ValueError, match="rope_high_freq_factor=1.0 must exceed rope_low_freq_factor=2.0"):
+        LlamaConfig(rope_type="llama3", rope_low_freq_factor=2.0, rope_high_freq_factor=1.0)
+    with pytest.raises(ValueError, match="rope_factor=0 must be a positive number"):
+        LlamaConfig(rope_type="linear", rope_factor=0)
+    assert "rope=llama3x32" in PRESETS["llama-3.2-1b"].shape_str()
+
+
 def test_names_shapes_and_tying_follow_transformers():
     cfg = LlamaConfig(n_layer=1, n_embd=32, n_head=4, n_kv_head=2, n_inner=48, n_positions=16, vocab_size=97)
     shapes = {k: tuple(v.shape) for k, v in Llama(cfg).named_parameters()}
@@ -68,13 +117,17 @@ def test_names_shapes_and_tying_follow_transformers():
     assert tied.lm_head.weight is tied.model.embed_tokens.weight
 
 
-@pytest.mark.parametrize("name", ["llama-tiny", "llama-cpu-small", "smollm-135m", "smollm-360m", "tinyllama-1.1b"])
+@pytest.mark.parametrize("name", ["llama-tiny", "llama-cpu-small", "smollm-135m", "smollm-360m", "tinyllama-1.1b",
+                                  "llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b"])  # fmt: skip
 def test_param_count_matches_the_module_and_published_sizes(name):
     cfg = PRESETS[name]
     with torch.device("meta"):
         model = build_model(cfg)
     assert param_count(cfg) == sum(p.numel() for p in model.parameters())
-    published = {"smollm-135m": 134_515_008, "smollm-360m": 361_821_120, "tinyllama-1.1b": 1_100_048_384}
+    published = {
+        "smollm-135m": 134_515_008, "smollm-360m": 361_821_120, "tinyllama-1.1b": 1_100_048_384,
+        "llama-3.2-1b": 1_235_814_400, "llama-3.2-3b": 3_212_749_824, "llama-3.1-8b": 8_030_261_248,
+    }  # fmt: skip
     if name in published:  # the released checkpoints' parameter counts
         assert param_count(cfg) == published[name]
 
@@ -120,10 +173,9 @@ def test_transformers_configs_growlm_cannot_compute_are_refused():
     base = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
     with pytest.raises(ValueError, match="attention_bias / mlp_bias"):
         from_hf_config(HF(**base, attention_bias=True))
-    with pytest.raises(ValueError, match="rope type 'llama3'"):
-        scaled = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
-                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
-        from_hf_config(HF(**base, rope_parameters=scaled))
+    with pytest.raises(ValueError, match="rope type 'yarn'"):
+        scaled = {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0, "original_max_position_embeddings": 8192}
+        from_hf_config(HF(**base, max_position_embeddings=65536, rope_parameters=scaled))
     with pytest.raises(ValueError, match="hidden_act='gelu'"):
         from_hf_config(HF(**base, hidden_act="gelu"))
 
