@@ -25,25 +25,33 @@ SHAPES = [
 
 @pytest.mark.parametrize("n_head,n_kv_head,head_dim,tied,theta", SHAPES)
 def test_logits_equal_transformers_on_its_random_weights(n_head, n_kv_head, head_dim, tied, theta):
-    from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
     cfg = LlamaConfig(
         n_layer=2, n_embd=64, n_head=n_head, n_kv_head=n_kv_head, n_inner=96, head_dim=head_dim, n_positions=48,
         vocab_size=131, rope_theta=theta, tie_word_embeddings=tied,
     )  # fmt: skip
-    hf = LlamaForCausalLM(to_hf_config(cfg)).eval()  # transformers' own init; we import it
-    with torch.no_grad():  # non-trivial norm gains and larger weights, so every term counts
+    same_logits_both_ways(cfg, batch=3)
+
+
+def same_logits_both_ways(cfg: LlamaConfig, batch: int) -> tuple:
+    """transformers' LlamaForCausalLM of ``cfg`` (its own init, then non-trivial norm gains and larger weights, so
+    every term counts) imported by ``from_hf`` gives logits within 1e-5 of it, and so does its ``to_hf`` export, on
+    ``batch`` sequences of n_positions tokens. Returns (transformers' model, ours, the ids, transformers' logits)."""
+    from transformers import LlamaForCausalLM
+
+    hf = LlamaForCausalLM(to_hf_config(cfg)).eval()
+    with torch.no_grad():
         for name, p in hf.named_parameters():
             p.add_((0.1 if "norm" in name else 0.05) * torch.randn_like(p))
     ours = from_hf(hf).eval()
     assert ours.config == cfg
-    idx = torch.randint(0, cfg.vocab_size, (3, 48))
+    idx = torch.randint(0, cfg.vocab_size, (batch, cfg.n_positions))
     with torch.no_grad():
         theirs = hf(idx).logits
         assert (ours(idx) - theirs).abs().max().item() <= 1e-5
-        back = to_hf(ours)
-        assert (back(idx).logits - theirs).abs().max().item() <= 1e-5
+        assert (to_hf(ours)(idx).logits - theirs).abs().max().item() <= 1e-5
+    return hf, ours, idx, theirs
 
 
 ROPE_SCALINGS = [  # (rope_type, factor, low, high, original context): Llama 3.1 / 3.2's, and linear interpolation
@@ -58,7 +66,6 @@ ROPE_SCALINGS = [  # (rope_type, factor, low, high, original context): Llama 3.1
 def test_scaled_rotary_logits_equal_transformers_past_the_original_context(kind, factor, low, high, original, tied):
     """Llama 3.1 / 3.2's "llama3" rotary scaling (and "linear"): logits equal transformers' LlamaForCausalLM within
     1e-5 in fp32 at 96 positions, past the original context (16 / 24), both ways through the converters."""
-    from transformers import LlamaForCausalLM
 
     torch.manual_seed(1)
     cfg = LlamaConfig(
@@ -66,18 +73,8 @@ def test_scaled_rotary_logits_equal_transformers_past_the_original_context(kind,
         tie_word_embeddings=tied, rope_type=kind, rope_factor=factor, rope_low_freq_factor=low,
         rope_high_freq_factor=high, rope_original_positions=original if kind == "llama3" else 8192,
     )  # fmt: skip
-    hf = LlamaForCausalLM(to_hf_config(cfg)).eval()
+    hf, ours, idx, theirs = same_logits_both_ways(cfg, batch=2)
     assert hf.config.rope_parameters["rope_type"] == kind and hf.config.rope_parameters["factor"] == factor
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            p.add_((0.1 if "norm" in name else 0.05) * torch.randn_like(p))
-    ours = from_hf(hf).eval()
-    assert ours.config == cfg
-    idx = torch.randint(0, cfg.vocab_size, (2, 96))
-    with torch.no_grad():
-        theirs = hf(idx).logits
-        assert (ours(idx) - theirs).abs().max().item() <= 1e-5
-        assert (to_hf(ours)(idx).logits - theirs).abs().max().item() <= 1e-5
     plain = Llama(replace(cfg, rope_type="default")).eval()
     plain.load_state_dict(ours.state_dict())
     with torch.no_grad():  # the scaling is not a no-op: plain RoPE gives other logits
