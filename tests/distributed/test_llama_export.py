@@ -140,3 +140,46 @@ def test_folder_init_from_grown_by_width_and_depth_then_exported_scores_as_growl
     b = cli.evaluate(load(hf_dir), [], context=64, stride=32, files=files, progress=False)["results"]["wikitext_file"]
     assert a["tokens"] == b["tokens"] > 300
     assert a["total_nll"] == pytest.approx(b["total_nll"], rel=1e-5)
+
+
+def test_a_llama3_folder_with_a_large_vocabulary_goes_through_init_from_growth_and_export(tmp_path):
+    """Llama 3.x's kind end to end: a transformers-written random LlamaForCausalLM with "llama3" rotary scaling
+    (original context 16 < 64 positions), a tied head and a 70,001-id tokenizer (uint32 token files, ids past 65,535)
+    -> growlm-prepare --tokenizer -> --init_from at 2-rank ZeRO-3 (LR 0) -> growlm-grow depth x2, width x2 and more
+    heads (duplicate: exact) -> --export_hf. The export is a LlamaForCausalLM with the same scaling whose
+    transformers loss equals the source folder's within 1e-4."""
+    from tokenizer_helpers import big_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from growlm.data.prepare import builtin_corpus_files
+    from growlm.data.text import read_text
+    from growlm.data.tokens import load_meta
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}  # fmt: skip
+    folder = make_llama_folder(tmp_path / "src", tied=True, tokenizer=False, vocab_size=70_001, rope_theta=5e5,
+                               rope_scaling=scaling)  # fmt: skip
+    train, _ = builtin_corpus_files()
+    big_tokenizer(folder / "tokenizer.json", [read_text(train[0])[:40_000]])
+    ckpts = train_from(tmp_path, folder, "zero3_fp32", 2, lr=0.0)
+    assert load_meta(tmp_path / "tokens")["dtype"] == "uint32"
+    grown = tmp_path / "grown"
+    grow = ["--family", "duplicate", "--n_layer", "4", "--n_embd", "128", "--n_head", "8"]  # K and F follow the width
+    assert grow_main([str(ckpts), str(grown), *grow]) == 0
+    hf_dir = tmp_path / "hf"
+    assert grow_main([str(grown), "--export_hf", str(hf_dir)]) == 0
+    config = json.loads((hf_dir / "config.json").read_text())
+    shape = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size")
+    assert [config[k] for k in shape] == [4, 128, 8, 4, 192] and config["architectures"] == ["LlamaForCausalLM"]
+    assert config["rope_scaling"]["rope_type"] == "llama3" and config["rope_scaling"]["factor"] == 8.0
+
+    ids = torch.tensor([tok.from_hf_dir(folder).encode(read_text(train[0])[:2000])[:64]] * 2)
+    assert int(ids.max()) > 65_535
+    losses = []
+    for path in (folder, hf_dir):
+        hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+        assert type(hf).__name__ == "LlamaForCausalLM"
+        assert hf.config.rope_parameters["rope_type"] == "llama3"
+        with torch.no_grad():
+            losses.append(float(hf(ids, labels=ids).loss))
+    assert losses[1] == pytest.approx(losses[0], abs=1e-4), losses
