@@ -55,7 +55,7 @@ from growlm.data.sources import (
 )
 from growlm.data.text import InputError, read_json_rows
 from growlm.data.tokens import DTYPE, FORMAT, SPLITS, TokenFolderWriter, cache_dir, load_meta, open_tokens, token_dtype
-from growlm.runtime.atomic import write_error, write_failed_message
+from growlm.runtime.atomic import failure_reason, write_error, write_failed_message
 from growlm.runtime.commands import HelpFormatter, add_version, interruptible
 from growlm.runtime.lock import queue_lock
 
@@ -253,7 +253,7 @@ def prepare_dataset(
             raise
         where = f" ({full.filename})" if full.filename else ""
         raise OSError(
-            f"no space left on device while writing {writer.out_dir}{where}; nothing was kept"
+            f"{failure_reason(full)} while writing {writer.out_dir}{where}; nothing was kept"
             f"{' and the old folder is unchanged' if overwrite and writer.out_dir.exists() else ''}: free space, "
             "or choose an --out on a disk with room, and run again"
         ) from None

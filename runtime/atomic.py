@@ -326,14 +326,21 @@ def write_error(err: BaseException, folder: str | os.PathLike) -> OSError | None
     return None
 
 
+def failure_reason(err: OSError) -> str:
+    """Why a write failed, as the start of a one-line message: "no space left on device", "disk quota exceeded",
+    else the error's own text (e.g. "Read-only file system")."""
+    if err.errno == errno.ENOSPC:
+        return "no space left on device"
+    if err.errno == errno.EDQUOT:
+        return "disk quota exceeded"
+    return err.strerror or str(err)
+
+
 def write_failed_message(err: OSError, what: str, target: str | os.PathLike, kept: str) -> str:
-    """The one line of a write that failed with ``err`` (``write_error``): why (no space left on device, disk quota
-    exceeded, read-only file system, ...), ``what`` was written into ``target``, what was ``kept`` (e.g. "nothing
-    was left there"), and the fix."""
+    """The one line of a write that failed with ``err`` (``write_error``): why (``failure_reason``), ``what`` was
+    written into ``target``, what was ``kept`` (e.g. "nothing was left there"), and the fix."""
     if err.errno in (errno.ENOSPC, errno.EDQUOT):
-        why = "no space left on device" if err.errno == errno.ENOSPC else "disk quota exceeded"
         fix = "free space there, or choose a folder on another disk, and run it again"
     else:
-        why = err.strerror or str(err)
         fix = "choose a folder you can write, and run it again"
-    return f"{why} while writing {what} {target}; {kept}: {fix}"
+    return f"{failure_reason(err)} while writing {what} {target}; {kept}: {fix}"

@@ -25,7 +25,6 @@ checks it with ``verify_shares`` after, each rank the files it loads.
 
 from __future__ import annotations
 
-import errno
 import os
 import pickle
 import random
@@ -44,6 +43,7 @@ from growlm.runtime.atomic import (
     TMP_PREFIX,
     atomic_path,
     commit_dir,
+    failure_reason,
     fix_mode,
     fresh_dir,
     unfinished,
@@ -582,10 +582,7 @@ def _commit(save_dir: Path, tmp_dir: Path, final: Path, known: dict[str, tuple[i
 
 def save_failed_message(e: OSError, final: Path) -> str:
     """The one-line message of a save that failed with ``e`` while writing the tag folder ``final``."""
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        why = "no space left on device" if e.errno == errno.ENOSPC else "disk quota exceeded"
-    else:
-        why = e.strerror or str(e)
+    why = failure_reason(e)
     earlier = (final.parent / LATEST).is_file()
     then = f"--resume {shlex.quote(str(final.parent))}" if earlier else "run again"
     return (

@@ -22,6 +22,8 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from growlm.runtime import collectives
@@ -96,20 +98,13 @@ def leave() -> None:
     stop()
 
 
-class doing:  # noqa: N801  (used as a context manager, named for how it reads: ``with peers.doing("a save"):``)
+@contextmanager
+def doing(what: str) -> Iterator[None]:
     """For the block, what the job does, as ``lost_rank_message`` names it when a peer is lost ("training" else); an
     error that leaves the block leaves it named."""
-
-    def __init__(self, what: str) -> None:
-        self.what, self.before = what, None
-
-    def __enter__(self) -> doing:
-        self.before, _STATE["doing"] = _STATE["doing"], self.what
-        return self
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        if exc_type is None:  # on an error the job stays "doing" it, so the line after the error names it
-            _STATE["doing"] = self.before
+    before, _STATE["doing"] = _STATE["doing"], what
+    yield
+    _STATE["doing"] = before  # not reached on an error: the line after it names what failed
 
 
 def current() -> str:

@@ -7,8 +7,10 @@ called by ``runtime.dist.select_accelerator``, which every process that uses Dee
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
+from collections.abc import Iterator
 
 # (category, message regex, who emits it and why it is harmless)
 KNOWN_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
@@ -54,3 +56,21 @@ def quiet_known_noise() -> None:
         logger = logging.getLogger("DeepSpeed")
         if not any(isinstance(f, _DropMessages) for f in logger.filters):
             logger.addFilter(_DropMessages(tuple(p for p, _ in KNOWN_LOG_LINES)))
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' warnings and progress bars off for the block (the rope-parameter check of a config growlm then
+    refuses in its own one line, save_pretrained's "Writing model shards" bar: growlm says what it wrote), both
+    restored after."""
+    from transformers.utils import logging as hf_logging  # lazy: heavy (about 2 s), only for a transformers folder
+
+    before, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
+        if bars:
+            hf_logging.enable_progress_bar()

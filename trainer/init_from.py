@@ -33,7 +33,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from growlm.data import tokenizer as tok
-from growlm.eval.metrics.load import HF_CLASSES, model_type_problem, quiet_transformers
+from growlm.eval.metrics.load import HF_CLASSES, model_type_problem
 from growlm.growth.live.engine import refresh_working_copies
 from growlm.growth.ops.rules import param_shapes
 from growlm.growth.stages.plan import StageList
@@ -42,6 +42,7 @@ from growlm.model import llama_hf
 from growlm.model.config import ModelConfig, from_preset
 from growlm.model.hf import safetensors_problem, tensors_differ
 from growlm.runtime import run_state
+from growlm.runtime.quiet import quiet_transformers
 from growlm.trainer.errors import UsageError
 from growlm.trainer.plan_checks import SHAPE_FLAGS, shape_flag, shape_of
 

@@ -16,9 +16,8 @@ with more tokens than the model's vocab_size is refused.
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from growlm.model import llama_hf
 from growlm.model.config import ModelConfig
 from growlm.model.hf import safetensors_problem
 from growlm.runtime.checkpoint import STATE_FILE, CheckpointError, OpenCheckpoint, open_checkpoint
+from growlm.runtime.quiet import quiet_transformers
 
 
 @dataclass
@@ -120,20 +120,6 @@ def model_type_problem(config: Any) -> str | None:
     if isinstance(archs, list) and archs and HF_CLASSES[kind] not in archs:
         return f"config.json says architectures {', '.join(map(str, archs))}, not {HF_CLASSES[kind]}; {fix}"
     return None
-
-
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """transformers' warnings off for the block (e.g. the rope-parameter check of a config growlm then refuses in
-    its own one line), its verbosity restored after."""
-    from transformers.utils import logging as hf_logging  # lazy: heavy (about 2 s), only for a transformers folder
-
-    before = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(before)
 
 
 WEIGHTS_FIX = "export the model again (growlm-grow CKPT --export_hf DIR) or copy the whole file again"

@@ -19,8 +19,6 @@ end-of-text id too (GPT-2 BPE and small-vocabulary data). The tokenizer files na
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,7 @@ from growlm.model import llama_hf
 from growlm.runtime import atomic
 from growlm.runtime.atomic import atomic_dir
 from growlm.runtime.checkpoint import CheckpointError
+from growlm.runtime.quiet import quiet_transformers
 
 HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}  # the transformers class of each family
 EXPORT_MARKER = "growlm_export.json"  # written into every export: what --overwrite may replace
@@ -129,20 +128,6 @@ def to_transformers(model: Any, eot_token_id: int, bos_token_id: int | None = No
     return hf
 
 
-@contextmanager
-def quiet_progress() -> Iterator[None]:
-    """transformers' progress bars off for the block (as they were after it)."""
-    from transformers.utils import logging as hf_logging  # lazy: transformers only for an export
-
-    was = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was:
-            hf_logging.enable_progress_bar()
-
-
 def _write(src: Source, out: Path, t: tok.Tokenizer, overwrite: bool) -> None:
     """Build the export of ``src`` with tokenizer ``t`` in a temporary folder and rename it to ``out``."""
     step = src.state.global_step
@@ -150,7 +135,7 @@ def _write(src: Source, out: Path, t: tok.Tokenizer, overwrite: bool) -> None:
         model = fp32_model(src)  # masks done ramping (checked above): a plain GPT-2 or Llama
         bos = t.special("bos_token")  # the token folder's record (a model folder's bos), else end-of-text
         hf = to_transformers(model, t.eot_token_id, None if bos is None else bos[1])
-        with quiet_progress():  # transformers' "Writing model shards" bar: growlm-grow says what it wrote itself
+        with quiet_transformers():  # transformers' "Writing model shards" bar: growlm-grow says what it wrote
             hf.save_pretrained(str(tmp), safe_serialization=True)
         if model.config.arch == "llama":  # transformers 4 reads the rotary base only from a top-level rope_theta
             cfg_json = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
