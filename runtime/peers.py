@@ -69,7 +69,7 @@ def start(rank: int, world_size: int) -> bool:
     """Start this rank's heartbeat thread (a daemon; ``stop`` ends it). Nothing for a world of one, or when
     MASTER_ADDR / MASTER_PORT are not set. Returns whether it started."""
     stop()
-    _STATE.update(rank=rank, world=world_size)
+    _STATE.update(rank=rank, world=world_size, doing="training")  # a new job: nothing left of an earlier one's
     if world_size < 2 or not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
         return False
     event = threading.Event()
@@ -105,11 +105,6 @@ def doing(what: str) -> Iterator[None]:
     before, _STATE["doing"] = _STATE["doing"], what
     yield
     _STATE["doing"] = before  # not reached on an error: the line after it names what failed
-
-
-def current() -> str:
-    """What the job does now (``doing``)."""
-    return _STATE["doing"]
 
 
 def running() -> bool:

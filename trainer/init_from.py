@@ -183,7 +183,8 @@ def map_tensors(path: Path, files: list[Path], cfg: ModelConfig, weight_map: dic
 
     Raises:
         UsageError: a file is not readable safetensors, a tensor is not where the index says, a parameter is
-            missing or has another shape, or the files hold tensors the model does not have.
+            missing or has another shape, the files hold tensors the model does not have, or a tied Llama's
+            ``lm_head.weight`` differs from its embedding (``check_tied_head``).
     """
     shapes, where = {}, {}
     for file in files:
@@ -215,28 +216,27 @@ def map_tensors(path: Path, files: list[Path], cfg: ModelConfig, weight_map: dic
             f"{names} does not hold the {FAMILY[cfg.arch]} of its config.json ({cfg.shape_str()}): missing "
             f"{missing[:3]}, wrong shapes {wrong[:3]}, unexpected {extra[:3]}",
         )
+    check_tied_head(path, cfg, keys, where)  # the headers just read: no file opened twice
     return keys, {k: where[k] for k in keys.values()}
 
 
-def check_tied_head(path: Path, cfg: ModelConfig, keys: dict[str, str], files: list[Path]) -> None:
+def check_tied_head(path: Path, cfg: ModelConfig, keys: dict[str, str], where: dict[str, Path]) -> None:
     """Refuse a Llama folder whose config.json ties the LM head to the token embedding (``tie_word_embeddings``)
     but whose weights hold an ``lm_head.weight`` with other values: growlm would drop that head, and transformers'
     versions differ in which of the two they use, so the model is not what the folder says. Compares the two
     tensors a block of rows at a time (``model.hf.tensors_differ``).
+
+    ``keys``: growlm parameter name -> tensor name; ``where``: every tensor's file, as ``map_tensors`` read them.
 
     Raises:
         UsageError: the two differ; names the folder and the fix.
     """
     if cfg.arch != "llama" or not cfg.tie_word_embeddings:
         return
-    named = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            named.update({k: file for k in f.keys()})  # noqa: SIM118 (not a dict)
     embed = next((k for n, k in keys.items() if n.endswith("embed_tokens.weight")), None)
-    if TIED_HEAD not in named or embed is None:
+    if TIED_HEAD not in where or embed is None:
         return
-    if tensors_differ((named[embed], embed), (named[TIED_HEAD], TIED_HEAD)):
+    if tensors_differ((where[embed], embed), (where[TIED_HEAD], TIED_HEAD)):
         raise _fail(
             path,
             f"config.json sets tie_word_embeddings: true, but {TIED_HEAD} differs from {embed}: the folder holds an "
@@ -287,7 +287,6 @@ def open_init_from(args: argparse.Namespace) -> InitFolder | None:
     check_flags(args, path, cfg)
     weights, files, weight_map = weight_files(path, cfg.arch)
     keys, where = map_tensors(path, files, cfg, weight_map)
-    check_tied_head(path, cfg, keys, files)
     try:
         tokenizer = tok.from_hf_dir(path)
     except tok.TokenizerError as e:
