@@ -12,6 +12,9 @@ from setuptools import setup
 # the Python packages under the repository root, each installed as growlm.<name>; tests/ and results are not
 SUBPACKAGES = [
     "model",
+    "model.gpt2",
+    "model.llama",
+    "model.qwen2",
     "data",
     "runtime",
     "growth",

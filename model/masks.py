@@ -1,6 +1,6 @@
 """Growth masks (Masked Structural Growth, Yao et al. 2023, arXiv 2305.02869): which units of a grown model (GPT-2
-or Llama) are new and the linear ramp that fades them in. The masked forward passes themselves are those of
-``model/gpt.py`` and ``model/llama.py`` (the masks are optional inputs of their blocks).
+or Llama) are new and the linear ramp that fades them in. The masked forward passes themselves are the families'
+(``model/<family>/model.py``; the masks are optional inputs of their blocks, ``model/layers.py``).
 
 A masked model multiplies every new unit by a value r in [0, 1]; old units by 1. At r = 0 it computes exactly the
 function of the model it was grown from (whatever the new weights are); at r = 1 it is a plain model of its family
@@ -29,8 +29,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from growlm.model.config import ModelConfig
-
 # The buffer names, in the order GPT passes them to its blocks: hidden (d,), qkv (H*Q,), ffn (F,), gate (L,).
 MASK_BUFFERS = ("growth_mask_hidden", "growth_mask_attn", "growth_mask_ffn", "growth_gate_layer")
 
@@ -42,7 +40,8 @@ class MaskSpec:
     The grown model's units keep the old ones in the leading positions: hidden dims [0, old_n_embd), FFN units
     [0, old_ffn_dim), and in the attention layout (head h, dim r) -> h * Q' + r for h < old_n_head, r < old_head_dim.
     ``new_layers`` lists the indices (in the grown model) of gated blocks. Llama keeps the head dim and places old
-    query heads by key/value group (``llama_head_index``); ``old_n_kv_head`` is set for Llama only.
+    query heads by key/value group (``model.llama.config.llama_head_index``); ``old_n_kv_head`` is set for the families
+    with key/value heads only (Llama, Qwen 2).
 
     Ramp (MSG, Yao et al. 2023, section 3): r(step) = clamp((step - start_step) / ramp_steps, 0, 1), where step
     counts optimizer steps taken.
@@ -55,7 +54,7 @@ class MaskSpec:
     new_layers: tuple[int, ...] = ()
     start_step: int = 0
     ramp_steps: int = 1
-    old_n_kv_head: int | None = None  # Llama: key/value heads before the growth (None: GPT-2)
+    old_n_kv_head: int | None = None  # key/value heads before the growth (None: GPT-2)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "new_layers", tuple(int(i) for i in self.new_layers))
@@ -70,8 +69,9 @@ class MaskSpec:
         """First step at which r = 1 (the masks are removed then)."""
         return self.start_step + self.ramp_steps
 
-    def check(self, cfg: ModelConfig) -> None:
-        """Check that this spec fits ``cfg`` (the grown model's config).
+    def check(self, cfg: Any) -> None:
+        """Check that this spec fits ``cfg`` (the grown model's config, of any family: its ``mask_problems`` says what
+        in the old attention shape does not fit).
 
         Raises:
             ValueError: an old size exceeds the grown one, or a new layer index is outside [0, n_layer).
@@ -85,15 +85,7 @@ class MaskSpec:
             problems.append(f"old_ffn_dim={self.old_ffn_dim} > ffn_dim={cfg.ffn_dim}")
         if any(not 0 <= i < cfg.n_layer for i in self.new_layers):
             problems.append(f"new_layers={self.new_layers} outside [0, {cfg.n_layer})")
-        if (self.old_n_kv_head is None) != (cfg.arch == "gpt2"):
-            problems.append(f"old_n_kv_head={self.old_n_kv_head} does not fit arch {cfg.arch!r}")
-        elif cfg.arch == "llama":
-            try:
-                llama_head_index(self.old_n_head, self.old_n_kv_head, cfg.n_head, cfg.n_kv_head)
-            except ValueError as e:
-                problems.append(str(e))
-            if self.old_head_dim != cfg.head_dim:
-                problems.append(f"old head_dim {self.old_head_dim} != {cfg.head_dim}")
+        problems += cfg.mask_problems(self.old_n_head, self.old_head_dim, self.old_n_kv_head)
         if problems:
             raise ValueError("mask spec does not fit the model config " + cfg.shape_str() + ": " + "; ".join(problems))
 
@@ -116,31 +108,6 @@ class MaskSpec:
         return cls(**d)
 
 
-def attn_index(n_head: int, head_dim: int, new_head_dim: int) -> Tensor:
-    """Positions (int64, (H*Q,)) of the old attention units in a layout with head dim Q' >= Q: h*Q + r -> h*Q' + r."""
-    return (torch.arange(n_head)[:, None] * new_head_dim + torch.arange(head_dim)[None, :]).flatten()
-
-
-def llama_head_index(n_head: int, n_kv_head: int, new_n_head: int, new_n_kv_head: int) -> Tensor:
-    """Positions (int64, (H,)) of a Llama model's old query heads among the grown model's H' heads, so that each
-    keeps its key/value head: old head h of group j = h // g, slot s = h % g (g = H / K) goes to j * g' + s
-    (g' = H' / K'); old key/value head j stays at j. Query head p reads key/value head p // g' (transformers'
-    ``repeat_kv``), so old head h still reads j, and every new key/value head serves only new query heads.
-
-    Raises:
-        ValueError: K' < K or g' < g (an old group would have to split).
-    """
-    g, g_new = n_head // n_kv_head, new_n_head // new_n_kv_head
-    if new_n_kv_head < n_kv_head or g_new < g:
-        raise ValueError(
-            f"heads {n_head} (kv {n_kv_head}, {g} per group) cannot grow to {new_n_head} (kv {new_n_kv_head}, "
-            f"{g_new} per group) keeping each query head's key/value head: need n_kv_head >= {n_kv_head} and "
-            f"n_head / n_kv_head >= {g}"
-        )
-    h = torch.arange(n_head)
-    return (h // g) * g_new + h % g
-
-
 def _new_units(n_new: int, old_index: Tensor) -> Tensor:
     """Bool (n_new,): True everywhere except at ``old_index`` (int64)."""
     is_new = torch.ones(n_new, dtype=torch.bool)
@@ -148,20 +115,17 @@ def _new_units(n_new: int, old_index: Tensor) -> Tensor:
     return is_new
 
 
-def new_unit_flags(spec: MaskSpec, cfg: ModelConfig) -> dict[str, Tensor]:
+def new_unit_flags(spec: MaskSpec, cfg: Any) -> dict[str, Tensor]:
     """For each mask buffer this growth needs (a subset of MASK_BUFFERS, in that order), a bool vector that is True
     on new units: growth_mask_hidden (d,), growth_mask_attn (H*Q,), growth_mask_ffn (F,), growth_gate_layer (L,),
-    with the sizes of ``cfg`` (the grown model)."""
+    with the sizes of ``cfg`` (the grown model; its family's ``old_attention_units`` places the old attention
+    units)."""
     flags = {}
     if cfg.n_embd != spec.old_n_embd:
         flags["growth_mask_hidden"] = _new_units(cfg.n_embd, torch.arange(spec.old_n_embd))
-    if cfg.arch == "llama" and cfg.n_head != spec.old_n_head:
-        heads = llama_head_index(spec.old_n_head, spec.old_n_kv_head, cfg.n_head, cfg.n_kv_head)
-        q = cfg.head_dim
-        units = (heads[:, None] * q + torch.arange(q)[None, :]).flatten()
-        flags["growth_mask_attn"] = _new_units(cfg.n_head * q, units)
-    elif cfg.arch == "gpt2" and (cfg.n_head, cfg.head_dim) != (spec.old_n_head, spec.old_head_dim):
-        flags["growth_mask_attn"] = _new_units(cfg.n_embd, attn_index(spec.old_n_head, spec.old_head_dim, cfg.head_dim))
+    old_attn = cfg.old_attention_units(spec.old_n_head, spec.old_head_dim, spec.old_n_kv_head)
+    if old_attn is not None:
+        flags["growth_mask_attn"] = _new_units(cfg.n_head * cfg.head_dim, old_attn)
     if cfg.ffn_dim != spec.old_ffn_dim:
         flags["growth_mask_ffn"] = _new_units(cfg.ffn_dim, torch.arange(spec.old_ffn_dim))
     if spec.new_layers:
@@ -182,7 +146,7 @@ class GrowthMaskedModel(nn.Module):
     ``self.growth_masks = None`` and defines ``mask_reference`` (the parameter whose device and dtype the masks
     take: the token embedding)."""
 
-    config: ModelConfig
+    config: Any  # the family's config
     growth_masks: MaskSpec | None
 
     @property

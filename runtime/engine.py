@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from growlm.model.config import ModelConfig
-from growlm.model.families import MODEL_CLASSES, build_model
 from growlm.model.masks import MaskSpec
+from growlm.model.registry import FAMILIES, build_model
 from growlm.runtime.dist import skip_shm_comm_op
 
 
@@ -80,7 +80,8 @@ def weights_uninitialised() -> Iterator[None]:
     replaced by the tied embedding right after) and of the embeddings; measured for the 208.7M-parameter GPT (24 x 768)
     on one rank: 0.41 s of normal_ and 0.44 s of kaiming_uniform_ out of an 8.5 s build, and the first touch of pages
     that the growth overwrites anyway."""
-    targets = [*MODEL_CLASSES.values(), torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm]
+    models = [c for f in FAMILIES.values() for c in f.model.__mro__ if "reset_parameters" in c.__dict__]
+    targets = [*dict.fromkeys(models), torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm]
     saved = [(cls, cls.__dict__["reset_parameters"]) for cls in targets]
     for cls, _ in saved:
         cls.reset_parameters = lambda self: None

@@ -9,7 +9,7 @@ from growlm.growth.ops.apply import OptimizerPolicy, apply_rules
 from growlm.growth.ops.rules import RuleSet
 from growlm.growth.ops.stores import DictStore, ModuleStore, ParamState
 from growlm.model.config import GPTConfig
-from growlm.model.gpt import GPT
+from growlm.model.gpt2.model import GPT
 
 
 def small_cfg(n_layer: int = 2, n_head: int = 2, head_dim: int = 4, n_inner: int | None = None) -> GPTConfig:

@@ -29,7 +29,7 @@ from growlm.growth.ops import make_rules  # noqa: E402
 from growlm.growth.ops.apply import OptimizerPolicy  # noqa: E402
 from growlm.growth.ops.schedule_rule import ScheduleRule  # noqa: E402
 from growlm.model.config import GPTConfig  # noqa: E402
-from growlm.model.gpt import GPT  # noqa: E402
+from growlm.model.gpt2.model import GPT  # noqa: E402
 from growlm.runtime.engine import build_engine, release_engine  # noqa: E402
 
 ds_path, mode, out_path = sys.argv[1:4]

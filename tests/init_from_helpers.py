@@ -9,8 +9,8 @@ import torch
 
 from growlm.data import tokenizer as tok
 from growlm.model.config import GPTConfig
-from growlm.model.gpt import GPT
-from growlm.model.hf import to_hf
+from growlm.model.gpt2.hf import to_hf
+from growlm.model.gpt2.model import GPT
 
 # the "tiny" preset's shape with a shorter context: GPT-2 BPE, so the built-in corpus fits its vocabulary
 TINY = GPTConfig(n_layer=2, n_embd=64, n_head=4, n_positions=64)

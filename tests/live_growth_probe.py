@@ -4,7 +4,7 @@ DeepSpeed, grow the live engine, and record what the new engine holds against wh
     python tests/live_growth_probe.py DS_CONFIG FAMILY OUT_JSON [--force-cpu-fp16]
 
 FAMILY: masked, duplicate or depth (GPT-2), or llama-masked, llama-duplicate, llama-duplicate-tied (Llama; the
-last with tied embeddings).
+last with tied embeddings), or the same with qwen2- (Qwen 2: the Llama shape with q/k/v biases).
 
 Rank 0 writes OUT_JSON with: loss on a fixed batch before/after growth; per parameter the largest difference
 between the new engine's gathered weight / exp_avg / exp_avg_sq and the plan's rule applied to the gathered old
@@ -34,6 +34,7 @@ from growlm.growth.ops import make_rules  # noqa: E402
 from growlm.growth.ops.apply import OptimizerPolicy, grow_param  # noqa: E402
 from growlm.growth.ops.schedule_rule import ScheduleRule, place_schedule  # noqa: E402
 from growlm.model.config import GPTConfig, LlamaConfig  # noqa: E402
+from growlm.model.qwen2.config import Qwen2Config  # noqa: E402
 from growlm.runtime.engine import build_engine  # noqa: E402
 from growlm.runtime.schedule import engine_schedule, start_schedule  # noqa: E402
 
@@ -46,12 +47,15 @@ ds_cfg = json.loads(Path(ds_path).read_text())
 ds_cfg["scheduler"]["params"].update(total_num_steps=40, warmup_num_steps=2)
 zero_stage = ds_cfg["zero_optimization"]["stage"]
 old_cfg = GPTConfig(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=97)
-if family.startswith("llama-"):  # the Llama family: GQA (2 query heads, 1 key/value head), head_dim 16
+llama_shaped = family.startswith(("llama-", "qwen2-"))
+if llama_shaped:  # the Llama family (or Qwen 2, with q/k/v biases): GQA (2 query heads, 1 key/value head), head_dim 16
     tied = family.endswith("-tied")
-    old_cfg = LlamaConfig(
-        n_layer=1, n_embd=32, n_head=2, n_kv_head=1, n_inner=64, n_positions=16, vocab_size=97,
-        tie_word_embeddings=tied,
+    cls = Qwen2Config if family.startswith("qwen2-") else LlamaConfig
+    old_cfg = cls(
+        n_layer=1, n_embd=32, n_head=2, n_kv_head=1, n_inner=64, n_positions=16, vocab_size=97, rope_theta=1e4,
+        rms_norm_eps=1e-5, tie_word_embeddings=tied,
     )  # fmt: skip
+    family = "llama-" + family.split("-", 1)[1]
 if family == "llama-masked":  # every dimension at once: width to no multiple, heads and key/value heads, FFN, depth
     new_cfg = replace(old_cfg, n_layer=2, n_embd=48, n_head=4, n_kv_head=2, n_inner=100)
     plan = make_rules(old_cfg, new_cfg, "masked", seed=3, ramp_steps=3)

@@ -37,26 +37,28 @@ def write_tokenizer(path: Path, n_positions: int = 64) -> None:
     (path / "tokenizer_config.json").write_text(json.dumps(cfg))
 
 
-def hf_config(tied: bool = False, n_head: int = 4, n_kv_head: int = 2, **over):
-    """A transformers LlamaConfig: L=2, d=64, H=4, K=2 (GQA), F=96, P=64, V=300 unless overridden."""
-    from transformers import LlamaConfig
+def hf_config(tied: bool = False, n_head: int = 4, n_kv_head: int = 2, family: str = "llama", **over):
+    """A transformers LlamaConfig (or Qwen2Config for ``family`` "qwen2": q/k/v biases): L=2, d=64, H=4, K=2 (GQA),
+    F=96, P=64, V=300 unless overridden."""
+    from transformers import LlamaConfig, Qwen2Config
 
     kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=n_head,
               num_key_value_heads=n_kv_head, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0,
               tie_word_embeddings=tied, bos_token_id=0, eos_token_id=1)  # fmt: skip
-    return LlamaConfig(**(kw | over))
+    return (Qwen2Config if family == "qwen2" else LlamaConfig)(**(kw | over))
 
 
 def make_llama_folder(
     path: Path, tied: bool = False, seed: int = 3, tokenizer: bool = True, max_shard_size: str | None = None, **over
 ) -> Path:
-    """Write ``LlamaForCausalLM(hf_config(tied, **over))`` (seeded by ``seed``, norms perturbed so none is all ones)
-    with ``save_pretrained`` (safetensors; sharded when ``max_shard_size`` is given) and, if ``tokenizer``, the BPE
-    tokenizer files."""
-    from transformers import LlamaForCausalLM
+    """Write ``LlamaForCausalLM(hf_config(tied, **over))`` (``Qwen2ForCausalLM`` with ``family="qwen2"``; seeded by
+    ``seed``, norms and biases perturbed so none is all ones or zeros) with ``save_pretrained`` (safetensors; sharded
+    when ``max_shard_size`` is given) and, if ``tokenizer``, the BPE tokenizer files."""
+    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(hf_config(tied, **over))
+    model_cls = Qwen2ForCausalLM if over.get("family") == "qwen2" else LlamaForCausalLM
+    model = model_cls(hf_config(tied, **over))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 1:

@@ -83,7 +83,7 @@ def _preload() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel  # noqa: F401  (HF export, --init_from, references)
 
     import growlm.growth.live.engine  # noqa: F401
-    import growlm.model.hf  # noqa: F401
+    import growlm.model.gpt2.hf  # noqa: F401
     import growlm.trainer.cli  # noqa: F401
 
     deepspeed.ops.__compatible_ops__  # noqa: B018  (computed on first access and kept in the module)

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from growlm import DS_CONFIG_DIR
 from growlm.data.prepare import default_data_dir, load_meta, open_tokens
 from growlm.growth.stages.plan import StageList
 from growlm.model.config import PRESETS, ModelConfig, from_preset
+from growlm.model.registry import FAMILIES, family
 from growlm.runtime import checkpoint
 from growlm.runtime.ds_config import DSConfigError, check_ds_config_meaning, check_ds_top_level_keys
 from growlm.runtime.engine import precision_of
@@ -147,9 +148,15 @@ def load_ds_config(path: str, max_steps: int) -> dict[str, Any]:
     return cfg
 
 
+def family_fields(cfg: ModelConfig) -> set[str]:
+    """The fields of ``cfg``'s config class (the shape flags its family takes)."""
+    return {f.name for f in fields(cfg)}
+
+
 def check_family_flags(args: argparse.Namespace, base: ModelConfig, what: str) -> None:
-    """Refuse Llama-only shape flags (``LLAMA_FLAGS``: --n_kv_head, --head_dim, --rope_theta, --rms_norm_eps,
-    --tie_word_embeddings / --untie_word_embeddings) for a model of the GPT-2 family.
+    """Refuse shape flags that ``base``'s family does not have (``LLAMA_FLAGS``: --n_kv_head, --head_dim,
+    --rope_theta, --rms_norm_eps, --tie_word_embeddings / --untie_word_embeddings are fields of the Llama-shaped
+    families only, Llama and Qwen 2), e.g. for a model of the GPT-2 family.
 
     Args:
         args: the parsed command line.
@@ -157,17 +164,17 @@ def check_family_flags(args: argparse.Namespace, base: ModelConfig, what: str) -
         what: names ``base`` in the message, e.g. "preset 'cpu-small'".
 
     Raises:
-        UsageError: one line naming the flags and the Llama presets to use instead.
+        UsageError: one line naming the flags and the presets of the families that have them.
     """
-    if base.arch == "llama":
-        return
-    given = [k for k in LLAMA_FLAGS if getattr(args, k, None) is not None]
+    have = family_fields(base)
+    given = [k for k in LLAMA_FLAGS if getattr(args, k, None) is not None and k not in have]
     if given:
         flags = ", ".join(shape_flag(k, getattr(args, k)) for k in given)
-        llama = [name for name, c in PRESETS.items() if c.arch == "llama"]
+        others = [f for f in FAMILIES.values() if set(given) <= {x.name for x in fields(f.config)}]
+        presets = [name for f in others for name in f.presets]
         raise UsageError(
-            f"{flags}: Llama-only flag(s), but {what} is a GPT-2 model; drop them, or choose a Llama preset "
-            f"({', '.join(llama)})"
+            f"{flags}: flag(s) of Llama-shaped models only ({', '.join(f.name for f in others)}), but {what} is a "
+            f"{family(base).name} model; drop them, or choose a preset of those families ({', '.join(presets)})"
         )
 
 
@@ -186,8 +193,8 @@ def model_config_from_args(args: argparse.Namespace, resume_state: RunState | No
         base, what = PRESETS.get(name), f"preset {name!r}"
     if base is not None:  # an unknown preset is refused by from_preset below
         check_family_flags(args, base, what)
-    llama = base is not None and base.arch == "llama"
-    flags = SHAPE_FLAGS if llama else tuple(k for k in SHAPE_FLAGS if k not in LLAMA_FLAGS)
+    have = family_fields(base) if base is not None else set()
+    flags = tuple(k for k in SHAPE_FLAGS if k in have or k not in LLAMA_FLAGS)
     overrides = {k: getattr(args, k) for k in (*flags, "dropout")}
     try:
         if resume_state is None:

@@ -1,9 +1,10 @@
-"""``train.py --init_from DIR``: start a fresh run from a ``transformers`` folder of either family growlm builds: a
-GPT-2 (``GPT2LMHeadModel``; a ``growlm-grow --export_hf`` export or any GPT-2 saved with ``save_pretrained``) or a
-Llama (``LlamaForCausalLM`` with plain RoPE, no biases, SiLU: SmolLM and TinyLlama shapes, docs/models.md).
+"""``train.py --init_from DIR``: start a fresh run from a ``transformers`` folder of a family growlm builds
+(model.registry): a GPT-2 (``GPT2LMHeadModel``; a ``growlm-grow --export_hf`` export or any GPT-2 saved with
+``save_pretrained``), a Llama (``LlamaForCausalLM``: SmolLM, TinyLlama, Llama 3.x shapes) or a Qwen 2 / 2.5
+(``Qwen2ForCausalLM``); docs/models.md.
 
-What is taken from the folder: the model shape (``config.json``: its ``model_type`` picks the family, "gpt2" through
-model.hf.from_hf_config, "llama" through model.llama_hf.from_hf_config; any other type is refused), the weights
+What is taken from the folder: the model shape (``config.json``: its ``model_type`` picks the family, whose adapter
+``model/<family>/hf.py`` converts it; any other type is refused), the weights
 (``model.safetensors``, or the shards a ``model.safetensors.index.json`` lists; a ``pytorch_model.bin`` is a pickle,
 which growlm never unpickles from a foreign folder) and, when present, the tokenizer (``tokenizer.json``), which must
 encode text as the training data's tokenizer does. What is not: optimizer state (Adam starts at step 0, the LR
@@ -33,14 +34,14 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from growlm.data import tokenizer as tok
-from growlm.eval.metrics.load import HF_CLASSES, model_type_problem
+from growlm.eval.metrics.load import model_type_problem
 from growlm.growth.live.engine import refresh_working_copies
 from growlm.growth.ops.rules import param_shapes
 from growlm.growth.stages.plan import StageList
-from growlm.model import hf as gpt2_hf
-from growlm.model import llama_hf
 from growlm.model.config import ModelConfig, from_preset
-from growlm.model.hf import safetensors_problem, tensors_differ
+from growlm.model.registry import family as model_family
+from growlm.model.registry import family_of_model_type
+from growlm.model.weight_files import safetensors_problem, tensors_differ
 from growlm.runtime import run_state
 from growlm.runtime.quiet import quiet_transformers
 from growlm.trainer.errors import UsageError
@@ -52,7 +53,6 @@ PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 # buffers some transformers versions save: GPT-2's causal masks, Llama's rotary inverse frequencies
 UNUSED_TENSORS = (".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq")
 TIED_HEAD = "lm_head.weight"  # tied to the token embedding: GPT-2 always, Llama when tie_word_embeddings
-FAMILY = {"gpt2": "GPT-2", "llama": "Llama"}
 TOKENIZER_PROBE = "Hello world, it's 2024!\n\tÜnïcödé — “quotes” <|endoftext|> 12345 growlm"
 
 
@@ -92,20 +92,24 @@ def _fail(path: Path, problem: str) -> UsageError:
 
 
 def read_config(path: Path) -> ModelConfig:
-    """The model shape of the ``config.json`` in ``path``: a GPTConfig for ``model_type`` "gpt2", a LlamaConfig for
-    "llama".
+    """The model shape of the ``config.json`` in ``path``, read by the adapter of the family its ``model_type``
+    names (model.registry): a GPTConfig for "gpt2", a LlamaConfig for "llama", a Qwen2Config for "qwen2".
 
     Raises:
         UsageError: no such folder, no config.json, not JSON, another model_type or architecture
             (eval.metrics.load.model_type_problem), or a variant growlm's model does not implement (GPT-2: another
-            activation, untied head; Llama: rope scaling such as Llama 3.1's "llama3", biases, another activation).
+            activation, untied head; Llama: a rope scaling other than "linear" and "llama3", biases, another
+            activation; Qwen 2: sliding-window attention).
     """
     if not path.is_dir():
-        raise _fail(path, "no such folder; give a transformers GPT-2 or Llama folder (config.json + model.safetensors)")
+        raise _fail(
+            path, "no such folder; give a transformers GPT-2, Llama or Qwen 2 folder (config.json + model.safetensors)"
+        )
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise _fail(
-            path, "has no config.json; give a transformers GPT-2 or Llama folder (e.g. growlm-grow CKPT --export_hf)"
+            path,
+            "has no config.json; give a transformers GPT-2, Llama or Qwen 2 folder (e.g. growlm-grow CKPT --export_hf)",
         )
     try:
         d = json.loads(cfg_file.read_text(encoding="utf-8"))
@@ -115,19 +119,15 @@ def read_config(path: Path) -> ModelConfig:
     if problem is not None:
         raise _fail(path, problem)
     try:
-        import transformers  # lazy: heavy (about 2 s), only for a transformers folder
-
         with quiet_transformers():
-            if d["model_type"] == "gpt2":
-                return gpt2_hf.from_hf_config(transformers.GPT2Config.from_dict(d))
-            return llama_hf.from_hf_config(transformers.LlamaConfig.from_dict(d))
+            return family_of_model_type(d["model_type"]).hf.config_from_dict(d)
     except (TypeError, ValueError, KeyError) as e:
         raise _fail(path, f"config.json: {e}") from None
 
 
-def weight_files(path: Path, family: str) -> tuple[Path, list[Path], dict[str, str] | None]:
+def weight_files(path: Path, arch: str) -> tuple[Path, list[Path], dict[str, str] | None]:
     """The folder's safetensors files: (what names them: model.safetensors or the index, the files, the index's
-    tensor name -> file name map or None). Each file is checked whole (``model.hf.safetensors_problem``).
+    tensor name -> file name map or None). Each file is checked whole (``model.weight_files.safetensors_problem``).
 
     Raises:
         UsageError: weights only as a pickle (pytorch_model.bin) or none at all; an index that is not JSON or has no
@@ -155,7 +155,7 @@ def weight_files(path: Path, family: str) -> tuple[Path, list[Path], dict[str, s
         files, named_by = [path / WEIGHTS_FILE], path / WEIGHTS_FILE
     else:
         pickles = [n for n in PICKLE_WEIGHTS if (path / n).is_file()]
-        cls = HF_CLASSES[family]
+        cls = model_family(arch).hf_class
         why = (
             f"holds its weights only as {pickles[0]}, a pickle, which growlm does not load from a foreign folder "
             f"(it can run code); convert it to {WEIGHTS_FILE} where you trust it: "
@@ -207,13 +207,13 @@ def map_tensors(path: Path, files: list[Path], cfg: ModelConfig, weight_map: dic
             wrong.append(f"{key} {shapes[key]} (config.json says {shape})")
         else:
             keys[name] = key
-    used, tied = set(keys.values()), getattr(cfg, "tie_word_embeddings", True)
+    used, tied = set(keys.values()), cfg.tied_head
     extra = [k for k in shapes if k not in used and not (tied and k == TIED_HEAD) and not k.endswith(UNUSED_TENSORS)]
     if missing or wrong or extra:
         names = WEIGHTS_FILE if weight_map is None else "the shards of " + WEIGHTS_INDEX
         raise _fail(
             path,
-            f"{names} does not hold the {FAMILY[cfg.arch]} of its config.json ({cfg.shape_str()}): missing "
+            f"{names} does not hold the {model_family(cfg).name} of its config.json ({cfg.shape_str()}): missing "
             f"{missing[:3]}, wrong shapes {wrong[:3]}, unexpected {extra[:3]}",
         )
     check_tied_head(path, cfg, keys, where)  # the headers just read: no file opened twice
@@ -221,19 +221,19 @@ def map_tensors(path: Path, files: list[Path], cfg: ModelConfig, weight_map: dic
 
 
 def check_tied_head(path: Path, cfg: ModelConfig, keys: dict[str, str], where: dict[str, Path]) -> None:
-    """Refuse a Llama folder whose config.json ties the LM head to the token embedding (``tie_word_embeddings``)
+    """Refuse a folder whose config.json ties the LM head to the token embedding (``tie_word_embeddings``)
     but whose weights hold an ``lm_head.weight`` with other values: growlm would drop that head, and transformers'
     versions differ in which of the two they use, so the model is not what the folder says. Compares the two
-    tensors a block of rows at a time (``model.hf.tensors_differ``).
+    tensors a block of rows at a time (``model.weight_files.tensors_differ``).
 
     ``keys``: growlm parameter name -> tensor name; ``where``: every tensor's file, as ``map_tensors`` read them.
 
     Raises:
         UsageError: the two differ; names the folder and the fix.
     """
-    if cfg.arch != "llama" or not cfg.tie_word_embeddings:
+    if not cfg.tied_head:
         return
-    embed = next((k for n, k in keys.items() if n.endswith("embed_tokens.weight")), None)
+    embed = keys.get(cfg.embedding_name)
     if TIED_HEAD not in where or embed is None:
         return
     if tensors_differ((where[embed], embed), (where[TIED_HEAD], TIED_HEAD)):

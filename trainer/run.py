@@ -20,8 +20,7 @@ import torch
 from growlm.data.prepare import ensure_builtin_prepared, load_meta, open_tokens
 from growlm.data.sampler import ResumableSampler, TokenWindows
 from growlm.model.config import param_count
-from growlm.model.gpt import attention_kernel
-from growlm.model.llama import flash_takes_gqa
+from growlm.model.layers import attention_kernel, flash_takes_gqa
 from growlm.runtime import checkpoint, collectives, stop
 from growlm.runtime.crash_points import hold_point
 from growlm.runtime.dist import DistInfo, init_distributed, launch_rank, select_accelerator

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from growlm.model.config import ModelConfig, config_from_dict
-from growlm.model.families import build_model
+from growlm.model.registry import build_model
 from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import end_plain_group, keep_freed_memory, start_plain_group
 

@@ -60,7 +60,7 @@ from growlm.eval.bench import throughput as bench
 from growlm.eval.bench.peak import format_mfu
 from growlm.growth.offline.cli import main as grow_main
 from growlm.model.config import ModelConfig, from_preset, param_count
-from growlm.model.gpt import attention_kernel
+from growlm.model.layers import attention_kernel
 from growlm.runtime import launch
 from growlm.runtime.atomic import write_json, write_text
 from growlm.runtime.commands import HelpFormatter, add_version

@@ -36,11 +36,11 @@ from growlm.eval.metrics.dynamics import (
     width_divergence,
 )
 from growlm.growth.ops import make_rules
-from growlm.growth.ops.masked import DEFAULT_RAMP_FRAC
+from growlm.growth.ops.common import DEFAULT_RAMP_FRAC
 from growlm.growth.ops.rules import RuleSet
 from growlm.growth.ops.single_process import make_optimizer
 from growlm.model.config import GPTConfig
-from growlm.model.gpt import GPT
+from growlm.model.gpt2.model import GPT
 from growlm.runtime.commands import HelpFormatter, add_version
 
 HP = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}

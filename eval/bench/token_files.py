@@ -30,7 +30,7 @@ from growlm.data.sampler import ResumableSampler, TokenWindows
 from growlm.data.text import read_text
 from growlm.data.tokens import load_meta, open_tokens
 from growlm.model.config import GPTConfig
-from growlm.model.gpt import GPT
+from growlm.model.gpt2.model import GPT
 from growlm.runtime.machine import device_description
 
 EOT = "<|endoftext|>"

@@ -26,7 +26,7 @@ from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.ops.single_process import from_modules, grow_state, make_optimizer, to_modules
-from growlm.model.gpt import GPT
+from growlm.model.gpt2.model import GPT
 from growlm.runtime.machine import device_description
 from growlm.runtime.schedule import FIRST_ITERATION, ScheduleState
 

@@ -40,9 +40,9 @@ from growlm.growth.ops.apply import OptimizerPolicy, apply_rules
 from growlm.growth.ops.rules import RuleSet
 from growlm.growth.ops.single_process import make_optimizer
 from growlm.growth.ops.stores import ModuleStore
-from growlm.model.families import build_model
-from growlm.model.gpt import GPT
+from growlm.model.gpt2.model import GPT
 from growlm.model.masks import GrowthMaskedModel
+from growlm.model.registry import build_model
 
 
 class TokenBatches:
@@ -221,7 +221,7 @@ def ramp_loss_bump(model: GPT, batch: Tensor, values: tuple[float, ...] = (1.0,)
     """
     spec = model.growth_masks
     if spec is None:
-        raise ValueError("the model has no growth masks; grow it with the masked family (growth.ops.masked)")
+        raise ValueError("the model has no growth masks; grow it with the masked family (growth.ops.make_rules)")
     probe = copy.deepcopy(model).eval()
 
     def loss_at(r: float) -> float:

@@ -30,10 +30,9 @@ from growlm.data import tokenizer as tok
 from growlm.data.tokenizer import Tokenizer, TokenizerError
 from growlm.eval.metrics.errors import EvalInputError
 from growlm.growth.offline.weights import fp32_model
-from growlm.model import hf as gpt2_hf
-from growlm.model import llama_hf
 from growlm.model.config import ModelConfig
-from growlm.model.hf import safetensors_problem
+from growlm.model.registry import FAMILIES, family_of_model_type
+from growlm.model.weight_files import safetensors_problem
 from growlm.runtime.checkpoint import STATE_FILE, CheckpointError, OpenCheckpoint, open_checkpoint
 from growlm.runtime.quiet import quiet_transformers
 
@@ -102,23 +101,24 @@ def load_deepspeed(path: str | Path, tokenizer: str | None = None) -> LoadedMode
     return LoadedModel(model, cfg, t, str(ckpt.tag_dir), "deepspeed", model)
 
 
-HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}  # model_type -> the transformers class read
-
-
 def model_type_problem(config: Any) -> str | None:
     """What is wrong with a transformers ``config.json`` (its parsed value) for growlm, as the problem and the fix of
-    a one-line refusal, or None when it describes a family growlm reads: ``model_type`` "gpt2" (GPT2LMHeadModel) or
-    "llama" (LlamaForCausalLM), with that class among its ``architectures`` when it lists any. E.g. "config.json says
-    model_type 'mistral'; growlm reads GPT-2 and Llama folders (...)"."""
-    fix = "growlm reads GPT-2 and Llama folders (model_type 'gpt2', GPT2LMHeadModel; 'llama', LlamaForCausalLM)"
+    a one-line refusal, or None when it describes a family growlm reads (model.registry: ``model_type`` "gpt2",
+    GPT2LMHeadModel; "llama", LlamaForCausalLM; "qwen2", Qwen2ForCausalLM), with that class among its
+    ``architectures`` when it lists any. E.g. "config.json says model_type 'mistral'; growlm reads GPT-2, Llama and
+    Qwen 2 folders (...)"."""
+    names = [f.name for f in FAMILIES.values()]
+    types = "; ".join(f"{f.model_type!r}, {f.hf_class}" for f in FAMILIES.values())
+    fix = f"growlm reads {', '.join(names[:-1])} and {names[-1]} folders (model_type {types})"
     if not isinstance(config, dict):
         return f"config.json is not a JSON object; {fix}"
     kind = config.get("model_type")
-    if kind not in HF_CLASSES:
+    fam = family_of_model_type(kind) if isinstance(kind, str) else None
+    if fam is None:
         return f"config.json says {f'model_type {kind!r}' if kind else 'no model_type'}; {fix}"
     archs = config.get("architectures")
-    if isinstance(archs, list) and archs and HF_CLASSES[kind] not in archs:
-        return f"config.json says architectures {', '.join(map(str, archs))}, not {HF_CLASSES[kind]}; {fix}"
+    if isinstance(archs, list) and archs and fam.hf_class not in archs:
+        return f"config.json says architectures {', '.join(map(str, archs))}, not {fam.hf_class}; {fix}"
     return None
 
 
@@ -128,7 +128,7 @@ WEIGHTS_INDEX = "model.safetensors.index.json"
 
 def _check_weight_files(path: Path) -> None:
     """Refuse a truncated or damaged model.safetensors, or shard of a model.safetensors.index.json, naming it and
-    what is wrong (model.hf.safetensors_problem); files that are absent are left to the loader's message."""
+    what is wrong (model.weight_files.safetensors_problem); files that are absent are left to the loader's message."""
     files = [path / "model.safetensors"]
     try:
         files += [path / n for n in sorted(set(json.loads((path / WEIGHTS_INDEX).read_text())["weight_map"].values()))]
@@ -167,23 +167,21 @@ def load_transformers(path: str | Path, tokenizer: str | None = None) -> LoadedM
     problem = model_type_problem(d)
     if problem is not None:
         raise EvalInputError(f"{path}: {problem}")
-    kind = d["model_type"]
-    convert = llama_hf.from_hf_config if kind == "llama" else gpt2_hf.from_hf_config
-    config_cls = transformers.LlamaConfig if kind == "llama" else transformers.GPT2Config
+    fam = family_of_model_type(d["model_type"])
     try:
         with quiet_transformers():
-            cfg = convert(config_cls.from_dict(d))  # before the weights: an unsupported variant is refused unread
+            cfg = fam.hf.config_from_dict(d)  # before the weights: an unsupported variant is refused unread
     except (TypeError, ValueError, KeyError) as e:
         raise EvalInputError(f"{path}: {e}") from None
     _check_weight_files(path)
-    model_cls = getattr(transformers, HF_CLASSES[kind])
+    model_cls = getattr(transformers, fam.hf_class)
     try:
         # safetensors only: a pytorch_model.bin is a pickle, which growlm never unpickles from a foreign folder
         hf = model_cls.from_pretrained(str(path), use_safetensors=True, dtype=torch.float32).float().eval()
     except SafetensorError as e:
         raise EvalInputError(f"{path}: a weights file is not readable safetensors ({e}); {WEIGHTS_FIX}") from None
     except (OSError, ValueError) as e:
-        raise EvalInputError(f"{path}: cannot load it as a transformers {HF_CLASSES[kind]} folder ({e})") from e
+        raise EvalInputError(f"{path}: cannot load it as a transformers {fam.hf_class} folder ({e})") from e
     t = choose_tokenizer(tokenizer, lambda: tok.from_hf_dir(path), cfg, str(path))
     return LoadedModel(lambda x: hf(x).logits, cfg, t, str(path), "transformers", hf)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from growlm.growth.ops.preparation import same_shape
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.stages.plan import Stage, StageList, Trigger, load_stages
 from growlm.model.config import ModelConfig, grown_shape
+from growlm.model.registry import family
 from growlm.runtime.atomic import write_error, write_failed_message
 from growlm.runtime.checkpoint import CheckpointError
 from growlm.runtime.commands import HelpFormatter, add_version, interruptible
@@ -98,10 +100,10 @@ def stage_from_flags(args: argparse.Namespace, cfg: ModelConfig, step: int) -> S
             options[key] = json.loads(value)
         except json.JSONDecodeError:
             options[key] = value
-    if "n_kv_head" in given and cfg.arch != "llama":
+    if "n_kv_head" in given and "n_kv_head" not in {f.name for f in fields(cfg)}:
         raise GrowthError(
-            f"--n_kv_head sets a Llama's key/value heads, and the checkpoint's model is a GPT-2 ({cfg.shape_str()}, "
-            "one key/value head per query head); drop it"
+            f"--n_kv_head sets a Llama-shaped model's key/value heads, and the checkpoint's model is a "
+            f"{family(cfg).name} ({cfg.shape_str()}, one key/value head per query head); drop it"
         )
     try:
         target = grown_shape(cfg, given)  # a Llama's n_inner and n_kv_head follow the width unless given

@@ -1,16 +1,16 @@
 """Export a growlm checkpoint to a self-sufficient transformers folder (``growlm-grow CKPT --export_hf DIR``) of its
 family: ``config.json`` + ``generation_config.json`` + ``model.safetensors``, which
-``transformers.GPT2LMHeadModel.from_pretrained(DIR)`` (GPT-2) or ``LlamaForCausalLM.from_pretrained(DIR)`` (Llama,
-tied or untied head; ``AutoModelForCausalLM`` picks either) loads, and the model's own tokenizer (``tokenizer.json``
-+ ``tokenizer_config.json`` + ``special_tokens_map.json``, ``transformers.AutoTokenizer.from_pretrained(DIR)``), so
-``growlm-eval DIR`` scores it as it scores the checkpoint.
+``transformers.GPT2LMHeadModel.from_pretrained(DIR)`` (GPT-2), ``LlamaForCausalLM.from_pretrained(DIR)`` (Llama, tied
+or untied head) or ``Qwen2ForCausalLM.from_pretrained(DIR)`` (Qwen 2; ``AutoModelForCausalLM`` picks each) loads,
+and the model's own tokenizer (``tokenizer.json`` + ``tokenizer_config.json`` + ``special_tokens_map.json``,
+``transformers.AutoTokenizer.from_pretrained(DIR)``), so ``growlm-eval DIR`` scores it as it scores the checkpoint.
 
 The tokenizer is the one of the token folder the run trained on (the checkpoint's RunState ``data``, whose
 meta.json says GPT-2 BPE or names a trained tokenizer.json), or the ``--tokenizer`` given; when the checkpoint cannot
 say (no folder recorded, the folder gone or rebuilt), the export is refused with a message naming ``--tokenizer``.
 
 The weights are the fp32 masters of any ZeRO stage 1-3 checkpoint at any world size (growth.offline.weights, the one
-checkpoint-weights reader); the transformers naming and layout are model.hf's (GPT-2) and model.llama_hf's (Llama). The
+checkpoint-weights reader); the transformers naming and layout are the family adapter's (model/<family>/hf.py). The
 tokenizer's end-of-text id is written as the config's (and generation config's) eos_token_id; its bos_token_id is the
 bos token the token folder records (growlm-prepare --tokenizer of a model folder, e.g. TinyLlama's ``<s>``), else the
 end-of-text id too (GPT-2 BPE and small-vocabulary data). The tokenizer files name the same bos/eos/unk tokens.
@@ -25,14 +25,12 @@ from typing import Any
 from growlm.data import tokenizer as tok
 from growlm.growth.offline.pipeline import Source, check_output, check_overlap, one_writer
 from growlm.growth.offline.weights import fp32_model
-from growlm.model import hf as gpt2_hf
-from growlm.model import llama_hf
+from growlm.model.registry import family
 from growlm.runtime import atomic
 from growlm.runtime.atomic import atomic_dir
 from growlm.runtime.checkpoint import CheckpointError
 from growlm.runtime.quiet import quiet_transformers
 
-HF_CLASSES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}  # the transformers class of each family
 EXPORT_MARKER = "growlm_export.json"  # written into every export: what --overwrite may replace
 EXPORT_FORMAT = "growlm-hf-export-v1"
 EXPORT_FILES = frozenset(
@@ -97,7 +95,7 @@ def export_hf(
     if masks is not None and masks.value(step) < 1.0:
         raise CheckpointError(
             f"{src.tag_dir} still has growth masks ramping (value {masks.value(step):.3f} at step {step}, 1 at step "
-            f"{masks.end_step()}); a masked model is not a transformers {HF_CLASSES[src.config.arch]}: export a "
+            f"{masks.end_step()}); a masked model is not a transformers {family(src.config).hf_class}: export a "
             f"checkpoint from step >= {masks.end_step()}"
         )
     t = model_tokenizer(src, tokenizer)  # before any work: an unknown tokenizer is refused at once
@@ -107,25 +105,21 @@ def export_hf(
         _write(src, out, t, overwrite)
     log(
         f"growlm-grow: exported {src.tag_dir} ({src.config.shape_str()}) to {out} (transformers "
-        f"{HF_CLASSES[src.config.arch]}, tokenizer {t.name})"
+        f"{family(src.config).hf_class}, tokenizer {t.name})"
     )
     return out
 
 
 def to_transformers(model: Any, eot_token_id: int, bos_token_id: int | None = None) -> Any:
-    """The transformers model of ``model``'s family holding its fp32 weights: ``GPT2LMHeadModel`` (model.hf.to_hf)
-    or ``LlamaForCausalLM`` (model.llama_hf.to_hf), with ``eot_token_id`` as eos token id and ``bos_token_id`` (None:
-    ``eot_token_id``) as bos token id, in its config and generation config.
+    """The transformers model of ``model``'s family holding its fp32 weights (its adapter's ``to_hf``:
+    ``GPT2LMHeadModel``, ``LlamaForCausalLM``, ``Qwen2ForCausalLM``), with ``eot_token_id`` as eos token id and
+    ``bos_token_id`` (None: ``eot_token_id``) as bos token id, in its config and generation config.
 
     Raises:
         ValueError: the model still carries growth masks.
     """
     bos = eot_token_id if bos_token_id is None else bos_token_id
-    if model.config.arch == "llama":
-        return llama_hf.to_hf(model, bos_token_id=bos, eos_token_id=eot_token_id)
-    hf = gpt2_hf.to_hf(model, eot_token_id)
-    hf.config.bos_token_id = hf.generation_config.bos_token_id = bos
-    return hf
+    return family(model.config).hf.to_hf(model, bos_token_id=bos, eos_token_id=eot_token_id)
 
 
 def _write(src: Source, out: Path, t: tok.Tokenizer, overwrite: bool) -> None:
@@ -137,9 +131,10 @@ def _write(src: Source, out: Path, t: tok.Tokenizer, overwrite: bool) -> None:
         hf = to_transformers(model, t.eot_token_id, None if bos is None else bos[1])
         with quiet_transformers():  # transformers' "Writing model shards" bar: growlm-grow says what it wrote
             hf.save_pretrained(str(tmp), safe_serialization=True)
-        if model.config.arch == "llama":  # transformers 4 reads the rotary base only from a top-level rope_theta
-            cfg_json = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
-            atomic.write_json(tmp / "config.json", llama_hf.with_rope_theta(cfg_json, model.config), overwrite=True)
+        written = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
+        fixed = family(model.config).hf.config_json(written, model.config)  # e.g. transformers 4's rope_theta
+        if fixed != written:
+            atomic.write_json(tmp / "config.json", fixed, overwrite=True)
         t.save_hf(tmp, model_max_length=src.config.n_positions)
         marker = {"format": EXPORT_FORMAT, "source": src.tag_dir.name, "step": step, "shape": src.config.shape_str(),
                   "tokenizer": t.name}  # fmt: skip

@@ -48,7 +48,6 @@ from growlm.growth.ops.preparation import GrowthPrep, prepare_growth, same_shape
 from growlm.growth.ops.rules import param_shapes
 from growlm.growth.stages.plan import Stage
 from growlm.model.config import ModelConfig, largest_param_numel, param_count
-from growlm.model.families import embedding_name
 from growlm.model.masks import MaskSpec, mask_values, new_unit_flags
 from growlm.runtime import atomic, checkpoint, memory
 from growlm.runtime.atomic import atomic_dir
@@ -236,7 +235,7 @@ def check_fits_machine(src: Source, target: ModelConfig, out: Path) -> None:
             f"and Adam moments, old and grown), and this machine has {have / memory.GIB:,.1f} GiB free: choose a "
             "smaller target, or free memory"
         )
-    tied = target.vocab_size * target.n_embd if src.zero_stage != 3 and is_tied(target) else 0
+    tied = target.vocab_size * target.n_embd if src.zero_stage != 3 and target.tied_head else 0
     msg = memory.disk_shortfall(
         memory.universal_checkpoint_bytes(param_count(target), tied),
         out,
@@ -329,21 +328,15 @@ def growth_record(src: Source, stage: Stage, prep: GrowthPrep, first_lr: float |
     }
 
 
-def is_tied(cfg: ModelConfig) -> bool:
-    """Whether the LM head shares the token embedding's weight: always for GPT-2, by ``tie_word_embeddings`` for a
-    Llama (an untied Llama's ``lm_head.weight`` is a parameter of its own, grown and written as any other)."""
-    return cfg.arch == "gpt2" or bool(getattr(cfg, "tie_word_embeddings", False))
-
-
 def tied_aliases(src: Source) -> dict[str, str]:
     """alias -> parameter of the tied weights (``lm_head.weight`` -> the token embedding,
-    ``model.families.embedding_name``) that get a weights-only folder, as ds_to_universal writes them: ZeRO-1/2 and
+    the config's ``embedding_name``) that get a weights-only folder, as ds_to_universal writes them: ZeRO-1/2 and
     a tied head only."""
-    if src.zero_stage == 3 or not is_tied(src.config):
+    if src.zero_stage == 3 or not src.config.tied_head:
         return {}
     if src.universal:
         has = (src.tag_dir / "zero" / "lm_head.weight").is_dir()
-        return {"lm_head.weight": embedding_name(src.config)} if has else {}
+        return {"lm_head.weight": src.config.embedding_name} if has else {}
     shared = checkpoint.safe_load(model_states_files(src.tag_dir)[0], "model states", mmap=True).get("shared_params")
     return dict(shared or {})
 

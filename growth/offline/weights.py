@@ -16,8 +16,8 @@ from torch import Tensor
 from growlm.growth.offline.shards import ZeroShardStore
 from growlm.growth.offline.universal import UniversalStore
 from growlm.growth.ops.rules import param_shapes
-from growlm.model.families import build_model
 from growlm.model.masks import GrowthMaskedModel
+from growlm.model.registry import build_model
 from growlm.runtime.checkpoint import STATE_FILE, CheckpointError, OpenCheckpoint, safe_load
 
 MODULE_STATES = "mp_rank_00_model_states.pt"  # DeepSpeed's module state file of model-parallel rank 0
@@ -26,7 +26,7 @@ MODULE_STATES = "mp_rank_00_model_states.pt"  # DeepSpeed's module state file of
 def fp32_weights(ckpt: OpenCheckpoint) -> dict[str, Tensor]:
     """name -> fp32 tensor of every parameter of the checkpoint's model (``growth.ops.rules.param_shapes``: GPT-2's
     HF names with Conv1D weights (in, out), or Llama's ``LlamaForCausalLM`` names with Linear weights (out, in); a
-    tied head shares the token embedding (``model.families.embedding_name``) and is not listed, an untied Llama's
+    tied head shares the token embedding (the config's ``embedding_name``) and is not listed, an untied Llama's
     ``lm_head.weight`` is).
 
     Raises:

@@ -1,6 +1,12 @@
-"""Exact growth operators for the Llama family (model/llama.py; DESIGN.md, "Llama growth"): the duplication family
-(width x k, heads at fixed n_embd, FFN, depth) and the masked family (MSG), as RuleSets over transformers'
-``LlamaForCausalLM`` names. Torch only.
+"""Exact growth operators of the Llama-shaped families (model/llama, and model/qwen2, whose q/k/v biases every
+operator here carries; DESIGN.md, "Llama growth"): the duplication family (width x k, heads at fixed n_embd, FFN,
+depth) and the masked family (MSG), as RuleSets over transformers' ``LlamaForCausalLM`` / ``Qwen2ForCausalLM``
+names, and ``make_rules``, the families' chain. Torch only.
+
+Biases (``qkv_bias``): a q/k/v bias is the output-row vector of its projection, so it follows the projection's rows
+in every operator (width: tiled as the row blocks; heads: gathered with the rows; masked: placed with them, new
+entries N(0, bias_std)); depth copies it, FFN growth leaves it. Its Adam moments follow the same rules as the rows'
+(width: the vectors' gradient / k; heads: a new head's exp_avg 0 and its source's exp_avg_sq).
 
 Layout: every matrix is an ``nn.Linear`` weight (out, in), so GPT-2's Conv1D (in, out) map f becomes
 W -> f(W^T)^T: width's kron(P, W) becomes kron(P^T, W). head_dim Q never changes (it sets the rotary frequencies);
@@ -17,9 +23,20 @@ import torch
 from torch import Tensor
 
 from growlm.growth.errors import GrowthError
-from growlm.growth.ops.common import LLAMA_BLOCK_PARAMS, check_no_shrink, layer_map
-from growlm.growth.ops.depth import block_copy_rule
-from growlm.growth.ops.masked import NEW_LAYER_INITS, _embed, _ramp
+from growlm.growth.ops.common import (
+    NEW_LAYER_INITS,
+    SYMMETRIES,
+    ZERO_ENTRY_UPDATE,
+    block_copy_rule,
+    check_no_shrink,
+    embed_at,
+    layer_map,
+    moment_patterns,
+    ramp_options,
+    replica_map,
+    width_pattern,
+)
+from growlm.growth.ops.common import zero_sum_noise as conv_zero_sum_noise
 from growlm.growth.ops.rules import (
     Map,
     Rule,
@@ -32,16 +49,40 @@ from growlm.growth.ops.rules import (
     repeat_last,
     seeded_normal,
 )
-from growlm.growth.ops.width import SYMMETRIES, ZERO_ENTRY_UPDATE, moment_patterns, replica_map, width_pattern
-from growlm.growth.ops.width import zero_sum_noise as conv_zero_sum_noise
-from growlm.model.config import LlamaConfig
-from growlm.model.masks import MaskSpec, llama_head_index
+from growlm.model.llama.config import LlamaConfig, llama_head_index
+from growlm.model.masks import MaskSpec
 
 EMBED = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
 HEAD = "lm_head.weight"
 NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight")
-MATRICES = tuple(s for s in LLAMA_BLOCK_PARAMS if s not in NORMS)
+QKV_BIASES = ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")  # with qkv_bias only
+# a Llama block's parameters (model.layers.{i}.<suffix>), in named_parameters order, without the q/k/v biases
+BLOCK_PARAMS = (
+    "input_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+)
+
+
+def block_params(cfg: LlamaConfig) -> tuple[str, ...]:
+    """The parameter suffixes of one block of ``cfg``: ``BLOCK_PARAMS``, with ``QKV_BIASES`` after their weights
+    when the config has ``qkv_bias``."""
+    out = []
+    for s in BLOCK_PARAMS:
+        out.append(s)
+        bias = s.removesuffix(".weight") + ".bias"
+        if cfg.qkv_bias and bias in QKV_BIASES:
+            out.append(bias)
+    return tuple(out)
+
+
 ZEROED_IN_EXACT = ("self_attn.o_proj.weight", "mlp.down_proj.weight")  # a block's two residual output projections
 
 
@@ -93,7 +134,7 @@ def llama_width_growth(
 ) -> RuleSet:
     """Width x k of a Llama: n_embd d -> k d, n_head H -> k H, n_kv_head K -> k K, n_inner F -> k F, head_dim Q kept.
     Exact in eval mode (staged training's width operator, Shen et al. 2022, arXiv 2203.06211, section 3.2, with
-    GPT-2's patterns: ops.width.width_pattern).
+    GPT-2's patterns: ops.common.width_pattern).
 
     Shapes ((out, in)): embed_tokens (V, d) -> (V, k d) = [E, ..., E]; every block matrix W (q/k/v/o, gate/up/down)
     -> kron(P^T, W), i.e. (n, m) -> (k n, k m), output copy j in row block j: copy j of the query heads holds heads
@@ -136,7 +177,8 @@ def llama_width_growth(
         )
 
     def tiled(scale: float = 1.0, m_scale: float = 1.0 / k, v_scale: float = 1.0 / k**2) -> Rule:
-        """[x, ..., x] along the last axis (d): RMSNorm gains (d,), embedding and lm_head (V, d)."""
+        """[x, ..., x] along the last axis: RMSNorm gains (d,), embedding and lm_head (V, d), q/k/v biases (n,) (as
+        the row blocks of kron(P^T, W): output copy j holds rows j n .. (j + 1) n - 1)."""
 
         def place(x: Tensor) -> Tensor:
             return leading_block((1,) * (x.dim() - 1) + (k,))(x)
@@ -148,9 +190,9 @@ def llama_width_growth(
 
     rules: dict[str, Rule] = {EMBED: tiled()}
     for i in range(old.n_layer):
-        for s in LLAMA_BLOCK_PARAMS:
+        for s in block_params(old):
             name = block_name(i, s)
-            rules[name] = tiled() if s in NORMS else matrix(name)
+            rules[name] = tiled() if s in NORMS or s in QKV_BIASES else matrix(name)
     if old.tie_word_embeddings:
         rules[FINAL_NORM] = tiled(scale=1.0 / k, m_scale=1.0, v_scale=float(k**2))
     else:
@@ -318,6 +360,20 @@ def llama_heads_growth(
                 exp_avg_sq=rows(kv_rows),
                 place=placed(0, torch.arange(old.n_kv_head * q), nkv),
             )
+        if old.qkv_bias:  # a bias follows its rows (copied, no noise: the rows' noise breaks the symmetry)
+            rules[block_name(i, "self_attn.q_proj.bias")] = Rule(
+                weight=rows(q_rows),
+                exp_avg=rows_new_zero(q_rows, new_units),
+                exp_avg_sq=rows(q_rows),
+                place=placed(0, old_q_pos, nq),
+            )
+            for s in ("self_attn.k_proj.bias", "self_attn.v_proj.bias"):
+                rules[block_name(i, s)] = Rule(
+                    weight=rows(kv_rows),
+                    exp_avg=rows_new_zero(kv_rows, new_kv_units),
+                    exp_avg_sq=rows(kv_rows),
+                    place=placed(0, torch.arange(old.n_kv_head * q), nkv),
+                )
         rules[block_name(i, "self_attn.o_proj.weight")] = Rule(
             weight=o_map(None),
             exp_avg=o_map(None),
@@ -341,7 +397,7 @@ def llama_ffn_growth(
     old: LlamaConfig, n_inner: int, *, symmetry: str = "none", noise_std: float = 0.3, seed: int = 0
 ) -> RuleSet:
     """SwiGLU width F -> F' (any F' > F) by Net2Net replication (Chen et al. 2016, arXiv 1511.05641, section 3.1,
-    eq. 2). Exact: unit j copies old unit g(j) (``ops.width.replica_map``), h_j = silu(gate_g(j) x) up_g(j) x equals
+    eq. 2). Exact: unit j copies old unit g(j) (``ops.common.replica_map``), h_j = silu(gate_g(j) x) up_g(j) x equals
     the old unit's, and down_proj's column j is the old column g(j) divided by its replica count n(g(j)).
 
     Shapes ((out, in)): gate_proj and up_proj (F, d) -> (F', d) (rows copied), down_proj (d, F) -> (d, F').
@@ -426,7 +482,7 @@ def llama_depth_growth(old: LlamaConfig, n_layer: int, *, order: str = "interlea
     (ops.common.layer_map: 'interleave' L0 L0' L1 L1' ..., 'stack' = G_stack, Du et al. 2024, arXiv 2405.15319).
 
     exact=True zeroes the copies' o_proj and down_proj, so every new block is x + 0 + 0 (function unchanged);
-    their exp_avg is 0 and exp_avg_sq the source's / ZERO_ENTRY_UPDATE^2 (``ops.depth.zero_entry_v``), the other
+    their exp_avg is 0 and exp_avg_sq the source's / ZERO_ENTRY_UPDATE^2 (``ops.common.zero_entry_v``), the other
     copied tensors copy their Adam state, as GPT-2's depth_growth. exact=False is the plain copy (G_stack-style):
     **not** function-preserving.
 
@@ -438,7 +494,7 @@ def llama_depth_growth(old: LlamaConfig, n_layer: int, *, order: str = "interlea
     new = replace(old, n_layer=n_layer)
     rules: dict[str, Rule] = {}
     for i, (src, is_copy) in enumerate(layer_map(old.n_layer, n_layer, order)):
-        for s in LLAMA_BLOCK_PARAMS:
+        for s in block_params(old):
             name, source = block_name(i, s), block_name(src, s)
             rules[name] = block_copy_rule(name, source, is_copy, zeroed=is_copy and exact and s in ZEROED_IN_EXACT)
     rules.update(_same_names(old, rules))
@@ -518,11 +574,15 @@ def llama_duplicate_growth(old: LlamaConfig, new: LlamaConfig, **options: Any) -
 
 
 def _masked_axes(suffix: str) -> tuple[str | None, ...]:
-    """Per axis of a parameter: h hidden, q query-head units, kv key/value units, f FFN, None unchanged."""
+    """Per axis of a parameter: h hidden, q query-head units, kv key/value units, f FFN, None unchanged (an RMSNorm
+    gain is (h,))."""
     return {
         EMBED: (None, "h"),
         HEAD: (None, "h"),
         "self_attn.q_proj.weight": ("q", "h"),
+        "self_attn.q_proj.bias": ("q",),
+        "self_attn.k_proj.bias": ("kv",),
+        "self_attn.v_proj.bias": ("kv",),
         "self_attn.k_proj.weight": ("kv", "h"),
         "self_attn.v_proj.weight": ("kv", "h"),
         "self_attn.o_proj.weight": ("h", "q"),
@@ -547,7 +607,7 @@ class _MaskedCtx:
 def _masked_rule(ctx: _MaskedCtx, new_name: str, old_name: str, suffix: str, is_new_block: bool) -> Rule:
     """The Rule of grown parameter ``new_name`` (from ``old_name``; ``suffix`` names its kind)."""
     kinds = _masked_axes(suffix)
-    is_gain = len(kinds) == 1
+    is_gain = suffix.endswith("norm.weight")
 
     def new_shape(x: Tensor) -> tuple[int, ...]:
         return tuple(x.shape[ax] if kd is None else ctx.sizes[kd] for ax, kd in enumerate(kinds))
@@ -555,7 +615,8 @@ def _masked_rule(ctx: _MaskedCtx, new_name: str, old_name: str, suffix: str, is_
     def fill(x: Tensor) -> Tensor:
         if is_gain:
             return 1.0 + seeded_normal(new_shape(x), ctx.bias_std, new_name, ctx.seed, x)
-        return seeded_normal(new_shape(x), ctx.init_std, new_name, ctx.seed, x)
+        std = ctx.bias_std if suffix.endswith(".bias") else ctx.init_std
+        return seeded_normal(new_shape(x), std, new_name, ctx.seed, x)
 
     def zero_fill(x: Tensor) -> Tensor:
         return x.new_zeros(new_shape(x))
@@ -563,7 +624,7 @@ def _masked_rule(ctx: _MaskedCtx, new_name: str, old_name: str, suffix: str, is_
     def at_old(base: Map) -> Map:
         def f(x: Tensor) -> Tensor:
             index = tuple(torch.arange(x.shape[ax]) if kd is None else ctx.index[kd] for ax, kd in enumerate(kinds))
-            return _embed(index, None, base)(x)
+            return embed_at(index, None, base)(x)
 
         return f
 
@@ -595,16 +656,17 @@ def llama_masked_growth(
     start_step: int = 0,
 ) -> RuleSet:
     """MSG (Yao et al. 2023, arXiv 2305.02869, sections 3-4) for a Llama: any of n_layer, n_embd, n_head, n_kv_head,
-    n_inner larger or equal, head_dim kept; exact whatever the new weights are, through the masks of model/llama.py.
+    n_inner larger or equal, head_dim kept; exact whatever the new weights are, through the model's masks.
 
     Old entries sit at the leading positions: hidden dims [0, d), FFN units [0, F), key/value heads [0, K), query
     heads at ``llama_head_index`` (each keeps its key/value head; new key/value heads serve new query heads only).
     Shapes ((out, in)): embed_tokens and lm_head (V, d) -> (V, d'); q_proj (H Q, d) -> (H' Q, d'); k_proj, v_proj
     (K Q, d) -> (K' Q, d'); o_proj (d, H Q) -> (d', H' Q); gate/up (F, d) -> (F', d'); down (d, F) -> (d', F').
-    New entries N(0, init_std), new RMSNorm gains 1 + N(0, bias_std) (Llama has no biases), seeded by parameter name
-    and ``seed``. New blocks: gated copies (``new_layers='copy'``, placed by ``layer_order``) or fresh random blocks.
-    Adam: old entries carried unscaled at their positions, new entries and new blocks zero. Ramp options as
-    ops.masked.masked_growth. The plan's ``masks`` (``MaskSpec(..., old_n_kv_head=K)``) go on the grown model.
+    New entries N(0, init_std), new RMSNorm gains 1 + N(0, bias_std), new q/k/v bias entries N(0, bias_std), seeded
+    by parameter name and ``seed``. New blocks: gated copies (``new_layers='copy'``, placed by ``layer_order``) or
+    fresh random blocks. Adam: old entries carried unscaled at their positions, new entries and new blocks zero.
+    Ramp options as ops.gpt2.masked_growth. The plan's ``masks`` (``MaskSpec(..., old_n_kv_head=K)``) go on the
+    grown model.
 
     Raises:
         GrowthError: another family; a dimension shrinks or a kept field (head_dim, rope_theta, rms_norm_eps,
@@ -618,7 +680,7 @@ def llama_masked_growth(
     if all(getattr(old, f) == getattr(new, f) for f in shape):
         raise GrowthError(f"nothing grows: target {new.shape_str()} equals the current shape; change the target")
     head_sources(old, new.n_head, new.n_kv_head)  # refuses a split group, naming the fix
-    ramp_steps, ramp_frac = _ramp(ramp_steps, ramp_frac)
+    ramp_steps, ramp_frac = ramp_options(ramp_steps, ramp_frac)
     lmap = layer_map(old.n_layer, new.n_layer, layer_order)
     q = old.head_dim
     heads = llama_head_index(old.n_head, old.n_kv_head, new.n_head, new.n_kv_head)
@@ -637,7 +699,7 @@ def llama_masked_growth(
     )
     rules: dict[str, Rule] = {EMBED: _masked_rule(ctx, EMBED, EMBED, EMBED, False)}
     for i, (src, is_copy) in enumerate(lmap):
-        for s in LLAMA_BLOCK_PARAMS:
+        for s in block_params(old):
             rules[block_name(i, s)] = _masked_rule(ctx, block_name(i, s), block_name(src, s), s, is_copy)
     rules[FINAL_NORM] = _masked_rule(ctx, FINAL_NORM, FINAL_NORM, FINAL_NORM, False)
     if not old.tie_word_embeddings:
@@ -653,3 +715,15 @@ def llama_masked_growth(
         old_n_kv_head=old.n_kv_head,
     )
     return RuleSet(old=old, new=new, rules=rules, family="masked", exact=True, masks=spec, ramp_frac=ramp_frac)
+
+
+def make_rules(old: LlamaConfig, new: LlamaConfig, family: str, **options: Any) -> RuleSet:
+    """The growth plan from ``old`` to ``new`` of a Llama-shaped model (``growth.ops.make_rules`` checked the family
+    and options): 'masked' is ``llama_masked_growth``, 'duplicate' ``llama_duplicate_growth``.
+
+    Raises:
+        GrowthError: a target the family cannot reach (see each operator).
+    """
+    if family == "masked":
+        return llama_masked_growth(old, new, **options)
+    return llama_duplicate_growth(old, new, **options)

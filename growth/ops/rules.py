@@ -17,8 +17,8 @@ from torch import Tensor
 
 from growlm.growth.errors import GrowthError
 from growlm.model.config import ModelConfig
-from growlm.model.families import build_model, embedding_name
 from growlm.model.masks import MaskSpec
+from growlm.model.registry import build_model
 
 Map = Callable[[Tensor], Tensor]
 
@@ -152,9 +152,7 @@ def tied_aliases(cfg: ModelConfig) -> dict[str, str]:
     """alias -> parameter of a tied LM head: ``{"lm_head.weight": <the embedding's name>}`` when the head shares the
     token embedding (GPT-2 always; Llama with ``tie_word_embeddings``), else {} (an untied Llama head is a parameter
     of its own, listed by ``param_shapes``)."""
-    if cfg.arch == "llama" and not cfg.tie_word_embeddings:
-        return {}
-    return {"lm_head.weight": embedding_name(cfg)}
+    return {"lm_head.weight": cfg.embedding_name} if cfg.tied_head else {}
 
 
 def compose(first: RuleSet, second: RuleSet) -> RuleSet:

@@ -6,7 +6,7 @@ class is imported lazily from deepspeed (it selects an accelerator at import).
 
 Param groups follow growlm's training loop (``runtime.engine.param_groups``): 2-D weights (matrices, embeddings, an
 untied Llama lm_head) with weight decay, everything else (biases, LayerNorm and RMSNorm gains) without. Both model
-families (GPT-2 and Llama, ``model.families.build_model``).
+families (GPT-2 and Llama, ``model.registry.build_model``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from growlm.growth.ops.rules import RuleSet, check_rules, param_shapes
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.ops.stores import DictStore, ModuleStore, ParamState
 from growlm.model.config import ModelConfig
-from growlm.model.families import build_model
 from growlm.model.masks import GrowthMaskedModel, MaskSpec
+from growlm.model.registry import build_model
 from growlm.runtime.engine import param_groups  # the engine's AdamW groups, so both train alike
 from growlm.runtime.schedule import REWARM_FLOOR_ATTR, ScheduleState
 

@@ -15,7 +15,7 @@ from growlm.eval.metrics.cloze import build_cloze, score_cloze
 from growlm.eval.metrics.errors import EvalInputError
 from growlm.eval.metrics.load import load, load_deepspeed, load_transformers
 from growlm.eval.metrics.perplexity import word_count
-from growlm.model.hf import to_hf
+from growlm.model.gpt2.hf import to_hf
 
 TEXT = (
     "It was a bright cold day in April, and the clocks were striking thirteen. Winston Smith, his chin nuzzled "

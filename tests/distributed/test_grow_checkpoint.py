@@ -17,13 +17,12 @@ from growlm.data.prepare import open_tokens
 from growlm.data.sampler import TokenWindows
 from growlm.growth.offline.cli import main as grow_main
 from growlm.growth.offline.cli import parse_args, stage_from_flags
-from growlm.growth.offline.pipeline import is_tied, open_source
+from growlm.growth.offline.pipeline import open_source
 from growlm.growth.offline.universal import UniversalStore, convert
 from growlm.growth.offline.weights import fp32_model
 from growlm.growth.ops.apply import grow_param
 from growlm.growth.ops.rules import param_shapes
 from growlm.model.config import param_count
-from growlm.model.families import embedding_name
 from growlm.model.masks import GrowthMaskedModel
 from growlm.runtime import checkpoint
 from growlm.runtime.atomic import current_umask
@@ -156,7 +155,7 @@ def test_grow_offline_keeps_loss_and_applies_adam_rule(tmp_path, sources, small_
         for a, b in zip(want, got, strict=True):
             assert torch.equal(a, b), name
     if not flat:  # the Adam step is carried
-        embedding = embedding_name(plan.new)  # transformer.wte.weight or model.embed_tokens.weight
+        embedding = plan.new.embedding_name  # transformer.wte.weight or model.embed_tokens.weight
         assert torch.equal(
             torch.load(new_tag / f"zero/{embedding}/step.pt"),
             torch.tensor(3.0).reshape(torch.load(old_tag / f"zero/{embedding}/step.pt").shape),
@@ -168,7 +167,7 @@ def test_grow_offline_keeps_loss_and_applies_adam_rule(tmp_path, sources, small_
     # the disk figure growlm-grow checks before writing (runtime.memory.universal_checkpoint_bytes) is this output's
     # size less what it leaves out, a few KiB per file (pickle framing, metadata, RNG and manifest files): 4-7% here
     size = sum(p.stat().st_size for p in (tmp_path / "new").rglob("*") if p.is_file())
-    tied = not flat and is_tied(plan.new)  # ZeRO-1/2 write a tied head's alias (an untied head is a parameter)
+    tied = not flat and plan.new.tied_head  # ZeRO-1/2 write a tied head's alias (an untied head is a parameter)
     figure = universal_checkpoint_bytes(param_count(plan.new), plan.new.vocab_size * plan.new.n_embd if tied else 0)
     assert figure <= size <= 1.1 * figure + 2**20, (figure, size)
     print(f"{template}: output {size:,} bytes, figure {figure:,}")

@@ -39,6 +39,10 @@ SCENARIOS = [
     ("zero3_fp32", "llama-masked"),
     ("zero0_bf16", "llama-masked"),  # the Llama in bf16, at ZeRO-0 and ZeRO-3
     ("zero3_bf16", "llama-duplicate"),
+    # Qwen 2 (the Llama shape with q/k/v biases) at every ZeRO stage, both operator families
+    ("zero1_fp32", "qwen2-duplicate-tied"),
+    ("zero2_fp32", "qwen2-masked"),
+    ("zero3_fp32", "qwen2-duplicate"),
 ]
 
 

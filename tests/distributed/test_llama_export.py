@@ -142,11 +142,13 @@ def test_folder_init_from_grown_by_width_and_depth_then_exported_scores_as_growl
     assert a["total_nll"] == pytest.approx(b["total_nll"], rel=1e-5)
 
 
-def test_a_llama3_folder_with_a_large_vocabulary_goes_through_init_from_growth_and_export(tmp_path):
-    """Llama 3.x's kind end to end: a transformers-written random LlamaForCausalLM with "llama3" rotary scaling
-    (original context 16 < 64 positions), a tied head and a 70,001-id tokenizer (uint32 token files, ids past 65,535)
-    -> growlm-prepare --tokenizer -> --init_from at 2-rank ZeRO-3 (LR 0) -> growlm-grow depth x2, width x2 and more
-    heads (duplicate: exact) -> --export_hf. The export is a LlamaForCausalLM with the same scaling whose
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_a_large_vocabulary_folder_goes_through_init_from_growth_and_export(tmp_path, family):
+    """Today's models end to end: a transformers-written random LlamaForCausalLM with "llama3" rotary scaling
+    (original context 16 < 64 positions; Llama 3.x's kind), or a Qwen2ForCausalLM (q/k/v biases, rope_theta 1e6), each
+    GQA with a tied head and a 70,001-id tokenizer (uint32 token files, ids past 65,535) -> growlm-prepare
+    --tokenizer -> --init_from at 2-rank ZeRO-3 (LR 0) -> growlm-grow depth x2, width x2 and more heads (duplicate:
+    exact) -> --export_hf. The export loads as the source's class, with the same rotary embedding, and its
     transformers loss equals the source folder's within 1e-4."""
     from tokenizer_helpers import big_tokenizer
     from transformers import AutoModelForCausalLM
@@ -157,8 +159,9 @@ def test_a_llama3_folder_with_a_large_vocabulary_goes_through_init_from_growth_a
 
     scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 16}  # fmt: skip
-    folder = make_llama_folder(tmp_path / "src", tied=True, tokenizer=False, vocab_size=70_001, rope_theta=5e5,
-                               rope_scaling=scaling)  # fmt: skip
+    kind = {"llama": dict(rope_theta=5e5, rope_scaling=scaling), "qwen2": dict(rope_theta=1e6, family="qwen2")}[family]
+    folder = make_llama_folder(tmp_path / "src", tied=True, tokenizer=False, vocab_size=70_001, **kind)
+    cls = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[family]
     train, _ = builtin_corpus_files()
     big_tokenizer(folder / "tokenizer.json", [read_text(train[0])[:40_000]])
     ckpts = train_from(tmp_path, folder, "zero3_fp32", 2, lr=0.0)
@@ -170,16 +173,24 @@ def test_a_llama3_folder_with_a_large_vocabulary_goes_through_init_from_growth_a
     assert grow_main([str(grown), "--export_hf", str(hf_dir)]) == 0
     config = json.loads((hf_dir / "config.json").read_text())
     shape = ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size")
-    assert [config[k] for k in shape] == [4, 128, 8, 4, 192] and config["architectures"] == ["LlamaForCausalLM"]
-    assert config["rope_scaling"]["rope_type"] == "llama3" and config["rope_scaling"]["factor"] == 8.0
+    assert [config[k] for k in shape] == [4, 128, 8, 4, 192] and config["architectures"] == [cls]
+    if family == "llama":
+        assert config["rope_scaling"]["rope_type"] == "llama3" and config["rope_scaling"]["factor"] == 8.0
+    assert config["rope_theta"] == kind["rope_theta"]
 
     ids = torch.tensor([tok.from_hf_dir(folder).encode(read_text(train[0])[:2000])[:64]] * 2)
     assert int(ids.max()) > 65_535
     losses = []
     for path in (folder, hf_dir):
         hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
-        assert type(hf).__name__ == "LlamaForCausalLM"
-        assert hf.config.rope_parameters["rope_type"] == "llama3"
+        assert type(hf).__name__ == cls
+        assert hf.config.rope_parameters["rope_type"] == ("llama3" if family == "llama" else "default")
+        if family == "qwen2":
+            assert hf.model.layers[-1].self_attn.q_proj.bias.abs().max() > 0
         with torch.no_grad():
             losses.append(float(hf(ids, labels=ids).loss))
     assert losses[1] == pytest.approx(losses[0], abs=1e-4), losses
+    ours, exported = load(grown), load(hf_dir)  # growlm-eval's readings of the grown checkpoint and of its export
+    assert ours.config.arch == exported.config.arch == family and ours.kind == "deepspeed"
+    with torch.no_grad():
+        assert float((ours.logits_fn(ids) - exported.logits_fn(ids)).abs().max()) < 1e-4

@@ -15,7 +15,7 @@ import torch
 from dist_utils import read_metrics, run_ranks, saved_adam_steps, tiny_ds_config
 
 from growlm.model.config import GPTConfig
-from growlm.model.gpt import GPT
+from growlm.model.gpt2.model import GPT
 from growlm.runtime.schedule import FIRST_ITERATION, warmup_cosine_ratio
 
 SMALL = ["--preset", "cpu-small", "--n_layer", "2", "--n_embd", "64", "--n_head", "2", "--seq_len", "64"]

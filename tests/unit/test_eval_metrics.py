@@ -16,8 +16,8 @@ from growlm.eval.metrics.cloze import ClozeItem, build_cloze, read_lambada, scor
 from growlm.eval.metrics.errors import EvalInputError
 from growlm.eval.metrics.perplexity import document_nll, word_count, word_perplexity
 from growlm.model.config import GPTConfig
-from growlm.model.gpt import GPT
-from growlm.model.hf import to_hf
+from growlm.model.gpt2.hf import to_hf
+from growlm.model.gpt2.model import GPT
 
 
 def tiny_pair(n_positions: int = 16, vocab: int = 97):

@@ -11,7 +11,7 @@ import pytest
 from growlm.eval.experiments import scaling
 from growlm.growth.stages.trigger import SLOPE_THRESHOLDS, first_trigger_index, loglog_slope
 from growlm.model.config import GPTConfig, flops_per_token
-from growlm.model.gpt import GPT
+from growlm.model.gpt2.model import GPT
 
 
 def power_law(c, floor=2.0, c_c=1e9, alpha=0.3):

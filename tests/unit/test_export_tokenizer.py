@@ -17,7 +17,7 @@ from growlm.eval.metrics.cloze import ClozeItem, score_cloze
 from growlm.eval.metrics.errors import EvalInputError
 from growlm.eval.metrics.perplexity import document_nll, token_nll
 from growlm.model.config import GPTConfig
-from growlm.model.gpt import GPT
+from growlm.model.gpt2.model import GPT
 
 SMALL_V = 320
 MISMATCH = "tokenizer/model mismatch"

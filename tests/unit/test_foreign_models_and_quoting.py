@@ -18,8 +18,8 @@ from growlm.runtime.checkpoint import LATEST, save_failed_message
 MISTRAL = {"model_type": "mistral", "architectures": ["MistralForCausalLM"], "hidden_size": 64,
            "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512}  # fmt: skip
 NOT_READ = (
-    "config.json says model_type 'mistral'; growlm reads GPT-2 and Llama folders (model_type 'gpt2', "
-    "GPT2LMHeadModel; 'llama', LlamaForCausalLM)"
+    "config.json says model_type 'mistral'; growlm reads GPT-2, Llama and Qwen 2 folders (model_type "
+    "'gpt2', GPT2LMHeadModel; 'llama', LlamaForCausalLM; 'qwen2', Qwen2ForCausalLM)"
 )
 
 

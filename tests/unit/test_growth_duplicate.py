@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import apply_rules
+from growlm.growth.ops.common import ZERO_ENTRY_UPDATE, replica_map
 from growlm.growth.ops.single_process import make_optimizer
 from growlm.growth.ops.stores import ModuleStore
-from growlm.growth.ops.width import ZERO_ENTRY_UPDATE, replica_map
-from growlm.model.gpt import GPT
+from growlm.model.gpt2.model import GPT
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True)
 HP = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-14, "weight_decay": 0.1}  # eps: see the Adam-step test

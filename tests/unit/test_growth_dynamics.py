@@ -24,7 +24,7 @@ from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.ops.single_process import make_optimizer
 from growlm.growth.ops.stores import ModuleStore
 from growlm.growth.stages.plan import parse_stages
-from growlm.model.gpt import GPT
+from growlm.model.gpt2.model import GPT
 from growlm.runtime.schedule import ScheduleState
 
 HP = {"lr": 1e-3, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}  # ds_configs' AdamW

@@ -1,7 +1,9 @@
-"""Llama growth operators (growth.ops.llama): every duplication operator and its masked counterpart keeps the
-logits (eval, fp32) of a trained GQA model, tied and untied; the Adam moments follow each operator's rule element by
-element and match the grown model's real gradients; symmetry noise stays exact; refusals say what to change."""
+"""Growth operators of the Llama-shaped families (growth.ops.llama), each test run for Llama and for Qwen 2 (q/k/v
+biases, which every operator carries): every duplication operator and its masked counterpart keeps the logits (eval,
+fp32) of a trained GQA model, tied and untied; the Adam moments follow each operator's rule element by element and
+match the grown model's real gradients; symmetry noise stays exact; refusals say what to change."""
 
+import sys
 from functools import lru_cache
 
 import pytest
@@ -10,24 +12,38 @@ import torch
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy, apply_rules, fresh_entries
+from growlm.growth.ops.common import ZERO_ENTRY_UPDATE, replica_map
 from growlm.growth.ops.llama import head_sources
 from growlm.growth.ops.rules import check_rules, param_shapes, tied_aliases
 from growlm.growth.ops.single_process import TrainingState, from_modules, grow_state, make_optimizer, to_modules
 from growlm.growth.ops.stores import ModuleStore
-from growlm.growth.ops.width import ZERO_ENTRY_UPDATE, replica_map
 from growlm.model.config import GPTConfig, LlamaConfig
-from growlm.model.llama import Llama
-from growlm.model.masks import llama_head_index
+from growlm.model.llama.config import llama_head_index
+from growlm.model.llama.model import Llama
+from growlm.model.qwen2.config import Qwen2Config
+from growlm.model.registry import build_model
+from growlm.model.registry import family as family_of
 
 HP = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
 Z2 = ZERO_ENTRY_UPDATE**2
 EXACT = dict(rtol=1e-6, atol=0.0)  # rules that only copy or scale: equal to rounding
+CLS: type[LlamaConfig] = LlamaConfig  # the family under test (the ``family`` fixture sets it)
+QKV_BIASES = ("q_proj.bias", "k_proj.bias", "v_proj.bias")
+
+
+@pytest.fixture(autouse=True, params=[LlamaConfig, Qwen2Config], ids=["llama", "qwen2"])
+def family(request, monkeypatch):
+    """Every test once per Llama-shaped family: Llama, and Qwen 2 (q/k/v biases)."""
+    monkeypatch.setattr(sys.modules[__name__], "CLS", request.param)
+    return request.param
 
 
 def cfg(**kw) -> LlamaConfig:
-    """L=2, d=32, H=4, K=2 (2 query heads per key/value head), Q=8, F=48, 16 positions, vocab 97."""
-    base = dict(n_layer=2, n_embd=32, n_head=4, n_kv_head=2, head_dim=8, n_inner=48, n_positions=16, vocab_size=97)
-    return LlamaConfig(**(base | kw))
+    """L=2, d=32, H=4, K=2 (2 query heads per key/value head), Q=8, F=48, 16 positions, vocab 97, of the family
+    under test."""
+    base = dict(n_layer=2, n_embd=32, n_head=4, n_kv_head=2, head_dim=8, n_inner=48, n_positions=16, vocab_size=97,
+                tie_word_embeddings=False)  # fmt: skip
+    return CLS(**(base | kw))
 
 
 def tokens(c: LlamaConfig, seed: int = 1, t: int = 12) -> torch.Tensor:
@@ -36,9 +52,9 @@ def tokens(c: LlamaConfig, seed: int = 1, t: int = 12) -> torch.Tensor:
 
 
 def random_llama(c: LlamaConfig, dtype: torch.dtype = torch.float32) -> Llama:
-    """Llama(c) with its RMSNorm gains moved off 1 (so no gain is trivially 1)."""
+    """Llama(c) with its RMSNorm gains moved off 1 and its biases (Qwen 2) off 0 (so none is trivial)."""
     torch.manual_seed(0)
-    model = Llama(c).to(dtype)
+    model = build_model(c).to(dtype)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 1:
@@ -46,9 +62,13 @@ def random_llama(c: LlamaConfig, dtype: torch.dtype = torch.float32) -> Llama:
     return model
 
 
-@lru_cache(maxsize=4)
 def trained(tie: bool) -> TrainingState:
     """The state of cfg(tie) after two AdamW steps (non-zero moments everywhere). grow_state leaves it untouched."""
+    return _trained(tie, CLS)
+
+
+@lru_cache(maxsize=4)
+def _trained(tie: bool, cls: type) -> TrainingState:
     model = random_llama(cfg(tie_word_embeddings=tie)).train()
     opt = make_optimizer(model, HP)
     for seed in range(2):
@@ -195,6 +215,8 @@ def test_width_moments_by_rule(tie):
             _check_kron(state, grown, f"model.layers.{i}.mlp.{s}.weight")
         for s in ("input_layernorm", "post_attention_layernorm"):
             _check_tiled(state, grown, f"model.layers.{i}.{s}.weight", 1.0, 0.5, 0.25)
+        for s in QKV_BIASES if old.qkv_bias else ():  # a bias as its row blocks: [b, b], m/2, v/4
+            _check_tiled(state, grown, f"model.layers.{i}.self_attn.{s}", 1.0, 0.5, 0.25)
     _check_tiled(state, grown, "model.embed_tokens.weight", 1.0, 0.5, 0.25)
     if tie:
         _check_tiled(state, grown, "model.norm.weight", 0.5, 1.0, 4.0)
@@ -293,12 +315,18 @@ def test_heads_moments_by_rule(n_head, n_kv_head):
             torch.testing.assert_close(new_o.exp_avg[:, new_rows], z * old_o.exp_avg[:, rows], **EXACT)
             v_scale = 1 / Z2 if is_new[p] else 1.0
             torch.testing.assert_close(new_o.exp_avg_sq[:, new_rows], v_scale * old_o.exp_avg_sq[:, rows], **EXACT)
+            if state.config.qkv_bias:  # the bias follows its rows
+                old_b, new_b = state.params[pre + "q_proj.bias"], grown.params[pre + "q_proj.bias"]
+                torch.testing.assert_close(new_b.weight[new_rows], old_b.weight[rows], **EXACT)
+                torch.testing.assert_close(new_b.exp_avg[new_rows], z * old_b.exp_avg[rows], **EXACT)
+                torch.testing.assert_close(new_b.exp_avg_sq[new_rows], old_b.exp_avg_sq[rows], **EXACT)
         kept = (torch.arange(n_kv_head) < 2).double()[:, None, None]  # old key/value heads keep their exp_avg
-        for s in ("k_proj.weight", "v_proj.weight"):
+        biases = ("k_proj.bias", "v_proj.bias") if state.config.qkv_bias else ()
+        for s in ("k_proj.weight", "v_proj.weight", *biases):
             new, old = grown.params[pre + s], state.params[pre + s]
             for t_new, t_old, scale in zip(new, old, (1.0, kept, 1.0), strict=True):
                 want = (t_old.view(2, q, -1)[kv_src] * scale).reshape(n_kv_head * q, -1)
-                torch.testing.assert_close(t_new, want.to(t_old.dtype), **EXACT)
+                torch.testing.assert_close(t_new, want.to(t_old.dtype).reshape(t_new.shape), **EXACT)
 
 
 def test_masked_moments_old_carried_new_zero():
@@ -321,6 +349,9 @@ def test_masked_moments_old_carried_new_zero():
         "input_layernorm.weight": (torch.arange(32),),
         "post_attention_layernorm.weight": (torch.arange(32),),
     }
+    if state.config.qkv_bias:
+        places |= {"self_attn.q_proj.bias": (q_units,), "self_attn.k_proj.bias": (torch.arange(16),),
+                   "self_attn.v_proj.bias": (torch.arange(16),)}  # fmt: skip
     names = {f"model.layers.{i}.{s}": (f"model.layers.{i}.{s}", ix) for i in range(2) for s, ix in places.items()}
     names |= {n: (n, (torch.arange(97), torch.arange(32))) for n in ("model.embed_tokens.weight", "lm_head.weight")}
     names["model.norm.weight"] = ("model.norm.weight", (torch.arange(32),))
@@ -332,8 +363,8 @@ def test_masked_moments_old_carried_new_zero():
         for t_new, t_old in zip(new, old, strict=True):
             torch.testing.assert_close(t_new[sel], t_old, rtol=0, atol=0)
         assert new.exp_avg[~is_old].abs().max() == 0 and new.exp_avg_sq[~is_old].abs().max() == 0, name
-        if new.weight.dim() == 1:
-            assert (new.weight[~is_old] == 1.0).all(), name
+        if new.weight.dim() == 1:  # new gains 1, new bias entries 0 (bias_std 0)
+            assert (new.weight[~is_old] == (0.0 if name.endswith("bias") else 1.0)).all(), name
         elif (~is_old).any():
             assert new.weight[~is_old].abs().max() > 0, name
     for name, new in grown.params.items():  # the gated copy of block 0 (stack order)
@@ -365,7 +396,7 @@ def test_moment_rule_matches_real_gradients(tie, target):
     old = cfg(tie_word_embeddings=tie)
     small = random_llama(old, torch.float64)
     plan = make_rules(old, cfg(tie_word_embeddings=tie, **target), "duplicate")
-    big = Llama(plan.new).double()
+    big = build_model(plan.new).double()
     apply_rules(plan, ModuleStore(small), ModuleStore(big))
     x = tokens(old, t=13)
     loss64(small, x).backward()
@@ -383,9 +414,10 @@ def test_moment_rule_matches_real_gradients(tie, target):
             g, n = replica_map(old.ffn_dim, plan.new.ffn_dim)
             s = s / n[g][None, :]
         checked = torch.ones_like(g_new, dtype=torch.bool)
-        if is_new_head is not None and name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+        if is_new_head is not None and "_proj." in name and name.split(".")[-2] in ("q_proj", "k_proj", "v_proj"):
             new_rows = is_new_head if "q_proj" in name else torch.arange(plan.new.n_kv_head) >= old.n_kv_head
-            checked = ~new_rows.repeat_interleave(old.head_dim)[:, None].expand_as(g_new)
+            rows = new_rows.repeat_interleave(old.head_dim)
+            checked = ~(rows[:, None].expand_as(g_new) if g_new.dim() == 2 else rows)
             assert g_new[~checked].abs().max().item() == 0.0, name
             assert rule.exp_avg(g_old)[~checked].abs().max().item() == 0.0, name
         scale = g_new.abs().max().item()  # RMSNorm's statistics are fp32 even in a float64 model
@@ -527,7 +559,13 @@ def test_heads_noise_only_on_new_heads_rows(n_head, n_kv_head):
     for name, p in grown.params.items():
         ref = plain.params[name]
         assert torch.equal(p.exp_avg, ref.exp_avg) and torch.equal(p.exp_avg_sq, ref.exp_avg_sq), name
-        fresh = new_q if "q_proj" in name else new_kv if name.endswith(("k_proj.weight", "v_proj.weight")) else None
+        fresh = (
+            new_q
+            if name.endswith("q_proj.weight")
+            else new_kv
+            if name.endswith(("k_proj.weight", "v_proj.weight"))
+            else None
+        )
         if fresh is None or not fresh.any():
             assert torch.equal(p.weight, ref.weight), name
             continue
@@ -546,7 +584,7 @@ def test_masked_ramp_ends_in_a_plain_llama():
     assert mid.growth_masks is not None and mid.growth_mask_attn.min().item() == pytest.approx(0.5)
     grown.adam_step += 2
     done, _, _ = to_modules(grown)
-    assert done.growth_masks is None and isinstance(done, Llama)
+    assert done.growth_masks is None and type(done) is family_of(done.config).model
 
 
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
@@ -556,11 +594,11 @@ def test_shapes_groups_and_aliases(tie):
     c = cfg(tie_word_embeddings=tie)
     shapes = param_shapes(c)
     assert shapes["model.layers.0.self_attn.k_proj.weight"] == (16, 32) and ("lm_head.weight" in shapes) != tie
-    model = Llama(c)
+    model = build_model(c)
     groups = make_optimizer(model, HP).param_groups
     no_decay = {id(p) for p in groups[1]["params"]}
     for name, p in model.named_parameters():
-        assert (id(p) in no_decay) == name.endswith("norm.weight"), name
+        assert (id(p) in no_decay) == name.endswith(("norm.weight", "bias")), name
     assert groups[1]["weight_decay"] == 0.0 and groups[0]["weight_decay"] == HP["weight_decay"]
     assert tied_aliases(c) == ({"lm_head.weight": "model.embed_tokens.weight"} if tie else {})
     assert tied_aliases(GPTConfig(n_layer=1, n_embd=8, n_head=2)) == {"lm_head.weight": "transformer.wte.weight"}
@@ -658,7 +696,7 @@ def test_one_adam_step_moves_width_copies_like_the_small_model(tie):
         (1e4 * loss64(small, tokens(old, t=13, seed=10 + seed))).backward()
         opt_s.step()
     plan = make_rules(old, cfg(tie_word_embeddings=tie, n_embd=64, n_head=8, n_kv_head=4, n_inner=96), "duplicate")
-    big = Llama(plan.new).double().train()
+    big = build_model(plan.new).double().train()
     opt_b = make_optimizer(big, hp)
     apply_rules(plan, ModuleStore(small, opt_s), ModuleStore(big, opt_b, step=3))
     x = tokens(old, t=13, seed=99)

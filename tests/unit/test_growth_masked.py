@@ -12,7 +12,7 @@ from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.single_process import TrainingState, grow_state, to_modules
 from growlm.growth.ops.stores import ParamState
 from growlm.model.config import GPTConfig
-from growlm.model.hf import to_hf
+from growlm.model.gpt2.hf import to_hf
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True)
 

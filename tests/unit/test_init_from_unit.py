@@ -66,8 +66,8 @@ def test_non_gpt2_config(capsys, tmp_path, hf_dir):
     )
     line = fails(capsys, ["--init_from", str(d)])
     assert line == (
-        f"growlm-train: error: --init_from {d}: config.json says model_type 'mistral'; growlm reads GPT-2 and Llama "
-        "folders (model_type 'gpt2', GPT2LMHeadModel; 'llama', LlamaForCausalLM)"
+        f"growlm-train: error: --init_from {d}: config.json says model_type 'mistral'; growlm reads GPT-2, Llama and "
+        "Qwen 2 folders (model_type 'gpt2', GPT2LMHeadModel; 'llama', LlamaForCausalLM; 'qwen2', Qwen2ForCausalLM)"
     )
     (d / "config.json").write_text(json.dumps({**cfg, "activation_function": "relu"}))  # a GPT-2 growlm cannot run
     fails(capsys, ["--init_from", str(d)], "activation_function='relu'")

@@ -12,7 +12,7 @@ from growlm.growth.ops.apply import OptimizerPolicy, grow_param
 from growlm.growth.ops.rules import Rule, identity, zeros
 from growlm.growth.ops.stores import ParamState
 from growlm.model.config import GPTConfig
-from growlm.model.gpt import GPT
+from growlm.model.gpt2.model import GPT
 from growlm.runtime.engine import weights_uninitialised
 
 OLD = GPTConfig(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=97)

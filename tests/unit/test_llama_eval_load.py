@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from growlm.eval.metrics import cli as eval_cli
 from growlm.eval.metrics.load import load
 from growlm.model.config import LlamaConfig
-from growlm.model.families import build_model
+from growlm.model.registry import build_model
 
 
 def growlm_logits(folder: Path, cfg: LlamaConfig, ids: torch.Tensor) -> torch.Tensor:

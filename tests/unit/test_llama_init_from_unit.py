@@ -103,7 +103,7 @@ def test_llama_variants_growlm_does_not_run_are_refused(capsys, tmp_path, untied
     edit_config(d, hidden_act="silu", architectures=["LlamaForSequenceClassification"])
     fails(capsys, d, "architectures LlamaForSequenceClassification, not LlamaForCausalLM")
     edit_config(d, architectures=["LlamaForCausalLM"], model_type="mistral")
-    fails(capsys, d, "config.json says model_type 'mistral'; growlm reads GPT-2 and Llama folders")
+    fails(capsys, d, "config.json says model_type 'mistral'; growlm reads GPT-2, Llama and Qwen 2 folders")
 
 
 @pytest.mark.bad_input

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from growlm.model.config import PRESETS, LlamaConfig, config_from_dict, flops_per_token, from_preset, param_count
-from growlm.model.families import build_model
-from growlm.model.llama import Llama, RMSNorm, grouped_kv
-from growlm.model.llama_hf import from_hf, from_hf_config, to_hf, to_hf_config
+from growlm.model.layers import RMSNorm, grouped_kv
+from growlm.model.llama.hf import from_hf, from_hf_config, to_hf, to_hf_config
+from growlm.model.llama.model import Llama
+from growlm.model.registry import build_model
 
 SHAPES = [
     # (n_head, n_kv_head, head_dim, tied, rope_theta): GQA 4:1, multi-query, multi-head, head_dim set apart from d / H
@@ -222,8 +223,8 @@ def test_expanded_key_value_heads_give_the_attention_of_native_gqa():
 
 
 def test_gqa_is_left_to_sdpa_only_where_its_flash_kernel_runs(monkeypatch):
-    from growlm.model import llama
-    from growlm.model.gpt import attention_kernel
+    from growlm.model import layers as llama
+    from growlm.model.layers import attention_kernel
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     assert llama.flash_takes_gqa(cpu, torch.float32, 64)  # the CPU's fused kernel takes the flag

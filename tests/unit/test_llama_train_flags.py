@@ -52,11 +52,14 @@ def test_a_llama_preset_with_overrides_builds_a_llama_config():
 @pytest.mark.parametrize(
     "argv, needles",
     [
-        (["--preset", "tiny", "--n_kv_head", "2"], ["--n_kv_head: Llama-only", "preset 'tiny' is a GPT-2 model"]),
-        (["--head_dim", "16"], ["--head_dim: Llama-only", "preset 'cpu-small'", "llama-tiny"]),
+        (
+            ["--preset", "tiny", "--n_kv_head", "2"],
+            ["--n_kv_head: flag(s) of Llama-shaped models only (Llama, Qwen 2)", "preset 'tiny' is a GPT-2 model"],
+        ),
+        (["--head_dim", "16"], ["--head_dim: flag(s) of Llama-shaped", "preset 'cpu-small'", "llama-tiny"]),
         (["--preset", "gpt2", "--rope_theta", "1e4", "--rms_norm_eps", "1e-6"], ["--rope_theta, --rms_norm_eps"]),
-        (["--preset", "tiny", "--tie_word_embeddings"], ["--tie_word_embeddings: Llama-only"]),
-        (["--preset", "tiny", "--untie_word_embeddings"], ["--untie_word_embeddings: Llama-only"]),
+        (["--preset", "tiny", "--tie_word_embeddings"], ["--tie_word_embeddings: flag(s) of Llama-shaped"]),
+        (["--preset", "tiny", "--untie_word_embeddings"], ["--untie_word_embeddings: flag(s) of Llama-shaped"]),
     ],
 )
 def test_llama_flags_are_refused_for_a_gpt2_model(capsys, argv, needles):
@@ -76,7 +79,7 @@ def test_llama_flags_are_refused_for_a_gpt2_model(capsys, argv, needles):
 def test_a_growth_plan_refuses_shape_flags_before_the_family_check(capsys, argv, dropped):
     line = fails(capsys, ["--growth_plan", str(REPO / "growth/plans/llama_cpu_small.yaml"), *argv])
     assert line.endswith(f"--growth_plan sets the starting shape (its 'start'); drop {dropped}"), line
-    assert "Llama-only" not in line and "GPT-2" not in line
+    assert "Llama-shaped" not in line and "GPT-2" not in line
 
 
 @pytest.mark.bad_input
@@ -102,7 +105,11 @@ def test_llama_flags_are_refused_on_a_gpt2_checkpoint_and_kept_on_a_llama_one():
                         zero_stage=1, seed=1234)  # fmt: skip
 
     args = train.parse_args(["--n_kv_head", "2"])
-    with pytest.raises(UsageError, match="--n_kv_head: Llama-only flag\\(s\\), but the checkpoint's model is a GPT-2"):
+    with pytest.raises(
+        UsageError,
+        match="--n_kv_head: flag\\(s\\) of Llama-shaped models only \\(Llama, Qwen 2\\), but the checkpoint.s model is "
+        "a GPT-2",
+    ):
         model_config_from_args(args, state(GPTConfig(n_layer=2, n_embd=64, n_head=4)))
     llama = LlamaConfig(n_layer=2, n_embd=64, n_head=4, n_kv_head=2, n_inner=128, n_positions=32, vocab_size=99)
     assert model_config_from_args(args, state(llama)) == llama  # equal values: the checkpoint's shape
@@ -116,7 +123,10 @@ def test_growlm_grow_takes_n_kv_head_for_a_llama_checkpoint_only():
     stage = grow_cli.stage_from_flags(grow_cli.parse_args(argv), llama, step=3)
     assert (stage.target.n_head, stage.target.n_kv_head, stage.target.head_dim) == (8, 4, 16)
     gpt = GPTConfig(n_layer=2, n_embd=64, n_head=4, n_positions=32, vocab_size=99)
-    with pytest.raises(GrowthError, match="^--n_kv_head sets a Llama's key/value heads, and the checkpoint's model"):
+    with pytest.raises(
+        GrowthError,
+        match="^--n_kv_head sets a Llama-shaped model's key/value heads, and the checkpoint's model is a GPT-2",
+    ):
         grow_cli.stage_from_flags(grow_cli.parse_args(argv), gpt, step=3)
 
 

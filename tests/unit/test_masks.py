@@ -5,8 +5,8 @@ import torch
 from growth_helpers import grown_model, random_model, small_cfg, tokens
 
 from growlm.growth.ops import make_rules
-from growlm.model.gpt import GPT, LayerNorm
-from growlm.model.hf import to_hf
+from growlm.model.gpt2.hf import to_hf
+from growlm.model.gpt2.model import GPT, LayerNorm
 from growlm.model.masks import MaskSpec
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from growlm.model.config import PRESETS, GPTConfig, flops_per_token, from_preset, param_count
-from growlm.model.gpt import GPT
-from growlm.model.hf import from_hf, to_hf, to_hf_config
+from growlm.model.gpt2.hf import from_hf, to_hf, to_hf_config
+from growlm.model.gpt2.model import GPT
 
 
 @pytest.mark.parametrize("n_inner", [None, 48])
@@ -166,7 +166,7 @@ def test_activation_checkpointing_keeps_less_for_backward():
 
 
 def test_attention_kernel_is_the_fused_one_on_a_cpu():
-    from growlm.model.gpt import attention_kernel
+    from growlm.model.layers import attention_kernel
 
     for dtype in (torch.float32, torch.bfloat16):  # PyTorch's CPU flash kernel takes both, any head size
         assert attention_kernel(16, dtype, "cpu") == attention_kernel(64, dtype, "cpu") == "flash"

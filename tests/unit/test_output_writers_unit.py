@@ -27,7 +27,7 @@ from growlm.eval.experiments import cli as experiment
 from growlm.eval.experiments import protocol, runner
 from growlm.eval.experiments.protocol import RunSpec
 from growlm.eval.metrics import cli as eval_cli
-from growlm.model.hf import safetensors_problem
+from growlm.model.weight_files import safetensors_problem
 from growlm.runtime.lock import LockHeldError, output_lock, output_lock_path, queue_lock
 
 HOLDER = rf"pid {os.getpid()} on host {re.escape(socket.gethostname())} since \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d \(\S+\)"

@@ -10,8 +10,8 @@ import torch
 
 from growlm.eval.metrics.perplexity import sliding_windows, token_nll
 from growlm.model.config import GPTConfig
-from growlm.model.gpt import GPT
-from growlm.model.hf import to_hf
+from growlm.model.gpt2.hf import to_hf
+from growlm.model.gpt2.model import GPT
 
 
 @pytest.mark.parametrize("n, context, stride", [(2, 8, 8), (9, 8, 8), (17, 8, 8), (100, 8, 3), (5, 8, 1), (33, 8, 4)])

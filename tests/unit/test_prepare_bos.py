@@ -137,7 +137,7 @@ def test_gpt2_family_export_takes_the_recorded_bos_id():
     family; GPT-2 data (no record) keeps the end-of-text id as both."""
     from growlm.growth.offline.export import to_transformers
     from growlm.model.config import GPTConfig
-    from growlm.model.gpt import GPT
+    from growlm.model.gpt2.model import GPT
 
     model = GPT(GPTConfig(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=64, dropout=0.0))
     hf = to_transformers(model, 2, 1)

@@ -1,4 +1,5 @@
-"""Conversion between growlm's Llama and ``transformers.LlamaForCausalLM`` (both directions).
+"""Conversion between growlm's Llama and ``transformers.LlamaForCausalLM`` (both directions), and the parts of it
+that every Llama-shaped family shares (Qwen 2's adapter, model/qwen2/hf.py, calls them with its own classes).
 
 Both use the same parameter names and the same ``nn.Linear`` (out, in) layout, so conversion is a name filter
 (transformers lists a tied ``lm_head.weight`` beside ``model.embed_tokens.weight``). This module imports
@@ -7,7 +8,7 @@ Both use the same parameter names and the same ``nn.Linear`` (out, in) layout, s
 The rotary base moved in transformers 5: it lives only in ``rope_parameters["rope_theta"]`` (``to_hf_config`` passes
 ``rope_theta=``, which transformers 5 moves there; its ``save_pretrained`` writes a top-level ``"rope_theta": null``),
 while transformers 4 reads only the top-level ``rope_theta`` and ignores ``rope_parameters`` (a missing one is 10000).
-Both are read here (``_rope``), and a written ``config.json`` gets both (``with_rope_theta``), so every version loads
+Both are read here (``_rope``), and a written ``config.json`` gets both (``config_json``), so every version loads
 the same model. A ``head_dim`` other than ``n_embd // n_head`` needs transformers >= 4.45, the first release whose
 Llama reads ``config.head_dim`` (earlier ones use ``hidden_size // num_attention_heads``).
 """
@@ -18,12 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from growlm.model.config import ROPE_TYPES, LlamaConfig
-from growlm.model.llama import Llama
+from growlm.model.llama.config import ROPE_TYPES, LlamaConfig
+from growlm.model.llama.model import Llama
 
 if TYPE_CHECKING:
     from transformers import LlamaConfig as HFLlamaConfig
     from transformers import LlamaForCausalLM
+
+HF_CLASS = "LlamaForCausalLM"  # the transformers class of the family (model.registry)
 
 
 def _rope(hf_cfg: Any) -> tuple[float, str, Any]:
@@ -35,11 +38,10 @@ def _rope(hf_cfg: Any) -> tuple[float, str, Any]:
     return float(10000.0 if theta is None else theta), kind, scaling
 
 
-def to_hf_config(cfg: LlamaConfig, bos_token_id: int | None = None, eos_token_id: int | None = None) -> HFLlamaConfig:
-    """The ``transformers.LlamaConfig`` describing the same model (token ids: the tokenizer's, or none)."""
-    from transformers import LlamaConfig as HFLlamaConfig  # lazy: heavy (about 2 s), only for transformers' Llama
-
-    return HFLlamaConfig(
+def hf_config_kwargs(cfg: LlamaConfig, bos_token_id: int | None, eos_token_id: int | None) -> dict[str, Any]:
+    """The keyword arguments of a transformers config (``LlamaConfig``, ``Qwen2Config``) describing ``cfg``'s shape,
+    rotary embedding, tie and token ids; what differs between families (biases) is the caller's."""
+    return dict(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.n_embd,
         intermediate_size=cfg.ffn_dim,
@@ -53,13 +55,18 @@ def to_hf_config(cfg: LlamaConfig, bos_token_id: int | None = None, eos_token_id
         rope_theta=cfg.rope_theta,
         **({} if cfg.rope_type == "default" else {"rope_scaling": rope_scaling_of(cfg)}),
         tie_word_embeddings=cfg.tie_word_embeddings,
-        attention_bias=False,
-        mlp_bias=False,
         attention_dropout=cfg.dropout,
         bos_token_id=bos_token_id,
         eos_token_id=eos_token_id,
         pad_token_id=None,
     )
+
+
+def to_hf_config(cfg: LlamaConfig, bos_token_id: int | None = None, eos_token_id: int | None = None) -> HFLlamaConfig:
+    """The ``transformers.LlamaConfig`` describing the same model (token ids: the tokenizer's, or none)."""
+    from transformers import LlamaConfig as HFLlamaConfig  # lazy: heavy (about 2 s), only for transformers' Llama
+
+    return HFLlamaConfig(**hf_config_kwargs(cfg, bos_token_id, eos_token_id), attention_bias=False, mlp_bias=False)
 
 
 def rope_scaling_of(cfg: LlamaConfig) -> dict[str, Any]:
@@ -71,13 +78,13 @@ def rope_scaling_of(cfg: LlamaConfig) -> dict[str, Any]:
     return out
 
 
-def with_rope_theta(config_json: dict[str, Any], cfg: LlamaConfig) -> dict[str, Any]:
-    """``config_json`` (the dict of a ``config.json`` that ``save_pretrained`` wrote for ``cfg``) with a top-level
+def config_json(written: dict[str, Any], cfg: LlamaConfig) -> dict[str, Any]:
+    """``written`` (the dict of a ``config.json`` that ``save_pretrained`` wrote for ``cfg``) with a top-level
     ``rope_theta`` equal to ``cfg.rope_theta`` and, for a scaled rotary embedding, ``rope_scaling``, which
-    transformers 4 reads, beside transformers 5's ``rope_parameters`` (kept as written). A new dict; ``config_json``
+    transformers 4 reads, beside transformers 5's ``rope_parameters`` (kept as written). A new dict; ``written``
     is not changed."""
     scaling = {} if cfg.rope_type == "default" else {"rope_scaling": rope_scaling_of(cfg)}
-    return {**config_json, "rope_theta": cfg.rope_theta, **scaling}
+    return {**written, "rope_theta": cfg.rope_theta, **scaling}
 
 
 def params_of(hf_cfg: Any, scaling: Any) -> dict[str, Any]:
@@ -98,20 +105,18 @@ def _rope_fields(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def from_hf_config(hf_cfg: HFLlamaConfig) -> LlamaConfig:
-    """The LlamaConfig of a ``transformers.LlamaConfig``.
+def config_from_hf(hf_cfg: Any, cls: type, problems: list[str]) -> Any:
+    """The growlm config of class ``cls`` (LlamaConfig or a subclass) of a transformers config of a Llama-shaped
+    family, after the refusals every such family shares (another activation, a rotary scaling other than "linear"
+    and "llama3", tensor-parallel pretraining_tp > 1) and the caller's own ``problems``.
 
     Raises:
-        ValueError: the config uses a feature growlm's Llama does not implement (another activation, biases in
-            attention or MLP, a rotary scaling other than "linear" and "llama3" (Llama 3.1's), such as "yarn" or
-            "dynamic", tensor-parallel pretraining_tp > 1), or its shape is invalid.
+        ValueError: any problem, in one message, or an invalid shape.
     """
     theta, kind, scaling = _rope(hf_cfg)
-    unsupported = []
+    unsupported = list(problems)
     if getattr(hf_cfg, "hidden_act", "silu") != "silu":
         unsupported.append(f"hidden_act={hf_cfg.hidden_act!r} (need 'silu')")
-    if getattr(hf_cfg, "attention_bias", False) or getattr(hf_cfg, "mlp_bias", False):
-        unsupported.append("attention_bias / mlp_bias (growlm's Llama has no biases)")
     if kind not in ROPE_TYPES:
         unsupported.append(
             f"rope type {kind!r} ({scaling or hf_cfg.rope_parameters}; growlm computes {', '.join(ROPE_TYPES)})"
@@ -119,8 +124,8 @@ def from_hf_config(hf_cfg: HFLlamaConfig) -> LlamaConfig:
     if (getattr(hf_cfg, "pretraining_tp", 1) or 1) > 1:
         unsupported.append(f"pretraining_tp={hf_cfg.pretraining_tp}")
     if unsupported:
-        raise ValueError("cannot convert this LlamaConfig: " + "; ".join(unsupported))
-    return LlamaConfig(
+        raise ValueError(f"cannot convert this {type(hf_cfg).__name__}: " + "; ".join(unsupported))
+    return cls(
         n_layer=hf_cfg.num_hidden_layers,
         n_embd=hf_cfg.hidden_size,
         n_head=hf_cfg.num_attention_heads,
@@ -137,6 +142,29 @@ def from_hf_config(hf_cfg: HFLlamaConfig) -> LlamaConfig:
     )
 
 
+def from_hf_config(hf_cfg: HFLlamaConfig) -> LlamaConfig:
+    """The LlamaConfig of a ``transformers.LlamaConfig``.
+
+    Raises:
+        ValueError: the config uses a feature growlm's Llama does not implement (another activation, biases in
+            attention or MLP, a rotary scaling other than "linear" and "llama3" (Llama 3.1's), such as "yarn" or
+            "dynamic", tensor-parallel pretraining_tp > 1), or its shape is invalid.
+    """
+    biased = getattr(hf_cfg, "attention_bias", False) or getattr(hf_cfg, "mlp_bias", False)
+    return config_from_hf(hf_cfg, LlamaConfig, ["attention_bias / mlp_bias (growlm's Llama has no biases)"] * biased)
+
+
+def config_from_dict(d: dict[str, Any]) -> LlamaConfig:
+    """The LlamaConfig of a ``config.json``'s dict (``model_type`` "llama").
+
+    Raises:
+        ValueError: see ``from_hf_config``.
+    """
+    import transformers  # lazy: heavy (about 2 s), only for a transformers folder
+
+    return from_hf_config(transformers.LlamaConfig.from_dict(d))
+
+
 def to_hf(model: Llama, bos_token_id: int | None = None, eos_token_id: int | None = None) -> LlamaForCausalLM:
     """A ``LlamaForCausalLM`` holding copies of ``model``'s weights (fp32), in eval mode.
 
@@ -145,17 +173,27 @@ def to_hf(model: Llama, bos_token_id: int | None = None, eos_token_id: int | Non
     """
     from transformers import LlamaForCausalLM  # lazy: heavy (about 2 s), only for transformers' Llama
 
+    return copy_to_hf(model, LlamaForCausalLM(to_hf_config(model.config, bos_token_id, eos_token_id)))
+
+
+def copy_to_hf(model: Llama, hf: Any) -> Any:
+    """``hf`` (a transformers model of ``model``'s family and shape) holding copies of ``model``'s weights (fp32),
+    in eval mode.
+
+    Raises:
+        ValueError: the model still carries growth masks (finish the ramp first), or the names do not match.
+    """
     if model.growth_masks is not None:
         raise ValueError("model still has growth masks; let the mask ramp finish (masks at 1 are removed) first")
-    hf = LlamaForCausalLM(to_hf_config(model.config, bos_token_id, eos_token_id))
+    tied = model.config.tie_word_embeddings
     ours = {k: v.detach().float() for k, v in model.state_dict().items()}
-    if model.config.tie_word_embeddings:
+    if tied:
         ours.pop("lm_head.weight", None)
     missing, unexpected = hf.load_state_dict(ours, strict=False)
-    missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
+    missing = [k for k in missing if not (k == "lm_head.weight" and tied)]
     if missing or unexpected:
         raise ValueError(f"state dict mismatch converting to transformers: missing {missing}, unexpected {unexpected}")
-    if model.config.tie_word_embeddings:
+    if tied:
         hf.tie_weights()
     return hf.eval()
 
@@ -166,16 +204,24 @@ def from_hf(hf_model: LlamaForCausalLM) -> Llama:
     Raises:
         ValueError: the config is not convertible (``from_hf_config``) or parameters are missing.
     """
-    cfg = from_hf_config(hf_model.config)
-    model = Llama(cfg)
+    return copy_from_hf(hf_model, Llama(from_hf_config(hf_model.config)))
+
+
+def copy_from_hf(hf_model: Any, model: Llama) -> Llama:
+    """``model`` (a growlm model of ``hf_model``'s family and shape) holding copies of its weights (fp32).
+
+    Raises:
+        ValueError: parameters are missing or unexpected.
+    """
+    tied = model.config.tie_word_embeddings
     theirs = {
         k: v.detach().float()
         for k, v in hf_model.state_dict().items()
-        if not k.endswith("rotary_emb.inv_freq") and not (cfg.tie_word_embeddings and k == "lm_head.weight")
+        if not k.endswith("rotary_emb.inv_freq") and not (tied and k == "lm_head.weight")
     }
     with torch.no_grad():
         missing, unexpected = model.load_state_dict(theirs, strict=False)
-    missing = [k for k in missing if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+    missing = [k for k in missing if not (k == "lm_head.weight" and tied)]
     if missing or unexpected:
         raise ValueError(
             f"state dict mismatch converting from transformers: missing {missing}, unexpected {unexpected}"

@@ -12,7 +12,7 @@ pass is exactly the plain GPT-2 one:
 
     hidden_mask (d,)    multiplies the embedding output, every sublayer output and every LayerNorm output;
                         LayerNorm statistics become mask-weighted (``LayerNorm``)
-    qkv_mask    (H*Q,)  multiplies q, k and v (new heads and new dims of old heads)
+    attn_mask   (H*Q,)  multiplies q, k and v (new heads and new dims of old heads)
     ffn_mask    (F,)    multiplies the FFN pre-activation (GELU(0) = 0, so a masked unit adds nothing)
     gate        ()      a block's gate g on both residual branches: x <- x + g * f(x)
 
@@ -21,16 +21,13 @@ Masks are keyword arguments on purpose: DeepSpeed ZeRO-3's module hooks see posi
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.checkpoint import checkpoint
 
-from growlm.model.config import GPTConfig
-from growlm.model.masks import GrowthMaskedModel, MaskSpec
+from growlm.model.gpt2.config import GPTConfig
+from growlm.model.layers import CausalLM, residual_branch, residual_init
+from growlm.model.masks import MaskSpec
 
 
 class Conv1D(nn.Module):
@@ -80,46 +77,16 @@ class Attention(nn.Module):
         self.c_proj = Conv1D(cfg.n_embd, cfg.n_embd)
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: Tensor, qkv_mask: Tensor | None = None) -> Tensor:
-        """(B, T, d) -> (B, T, d); ``qkv_mask`` (H*Q,) multiplies q, k and v when given."""
+    def forward(self, x: Tensor, attn_mask: Tensor | None = None) -> Tensor:
+        """(B, T, d) -> (B, T, d); ``attn_mask`` (H*Q,) multiplies q, k and v when given."""
         b, t, d = x.shape  # (B, T, d)
         q, k, v = self.c_attn(x).split(d, dim=-1)  # each (B, T, d)
-        if qkv_mask is not None:
-            q, k, v = q * qkv_mask, k * qkv_mask, v * qkv_mask
+        if attn_mask is not None:
+            q, k, v = q * attn_mask, k * attn_mask, v * attn_mask
         q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in (q, k, v))  # (B, H, T, Q)
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
         y = y.transpose(1, 2).reshape(b, t, d)  # (B, T, d)
         return self.resid_dropout(self.c_proj(y))
-
-
-def attention_kernel(
-    head_dim: int, dtype: torch.dtype, device: torch.device | str, n_rep: int = 1, enable_gqa: bool = False
-) -> str:
-    """The SDPA kernel PyTorch picks for growlm's causal attention (no attention mask, no dropout) at this head size
-    Q, dtype and device: "flash", "efficient" (memory-efficient), or "math" (the unfused reference, which keeps the
-    (T, T) score matrix). Probed in the dispatcher's order (flash, efficient, math; cuDNN comes after math) with one
-    call per kernel allowed alone: queries (1, n_rep, 8, Q) and one key/value head shared with ``enable_gqa`` when
-    it is set (a Llama with n_rep = H / K query heads per key/value head that passes the flag; model.llama), else
-    keys and values of the queries' shape.
-
-    On CUDA in bf16/fp16 with Q <= 256 it is "flash" (FlashAttention-2, Dao 2023, arXiv 2307.08691); "math" there
-    means a head size or dtype the fused kernels refuse, and attention memory then grows as T^2.
-    """
-    q = torch.zeros(1, n_rep, 8, head_dim, dtype=dtype, device=device)
-    kv = q[:, :1] if enable_gqa else q
-    order = (
-        ("flash", SDPBackend.FLASH_ATTENTION),
-        ("efficient", SDPBackend.EFFICIENT_ATTENTION),
-        ("math", SDPBackend.MATH),
-    )
-    for name, backend in order:
-        try:
-            with sdpa_kernel(backend):
-                F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=enable_gqa)
-            return name
-        except RuntimeError:
-            continue
-    return "none"
 
 
 class MLP(nn.Module):
@@ -139,13 +106,6 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(F.gelu(h, approximate="tanh")))
 
 
-def _residual_branch(y: Tensor, hidden_mask: Tensor | None, gate: Tensor | None) -> Tensor:
-    """A sublayer output (B, T, d) as added to the residual stream: times hidden_mask (d,), then gate ()."""
-    if hidden_mask is not None:
-        y = y * hidden_mask
-    return y if gate is None else gate * y
-
-
 class Block(nn.Module):
     """Pre-LN transformer block: x + attn(ln_1(x)), then + mlp(ln_2(x)); growth masks optional (module docstring)."""
 
@@ -161,16 +121,16 @@ class Block(nn.Module):
         x: Tensor,
         *,
         hidden_mask: Tensor | None = None,
-        qkv_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
         ffn_mask: Tensor | None = None,
         gate: Tensor | None = None,
     ) -> Tensor:
         """(B, T, d) -> (B, T, d). Masks: hidden (d,), qkv (H*Q,), ffn (F,), gate () scalar; None leaves one out."""
-        x = x + _residual_branch(self.attn(self.ln_1(x, mask=hidden_mask), qkv_mask=qkv_mask), hidden_mask, gate)
-        return x + _residual_branch(self.mlp(self.ln_2(x, mask=hidden_mask), ffn_mask=ffn_mask), hidden_mask, gate)
+        x = x + residual_branch(self.attn(self.ln_1(x, mask=hidden_mask), attn_mask=attn_mask), hidden_mask, gate)
+        return x + residual_branch(self.mlp(self.ln_2(x, mask=hidden_mask), ffn_mask=ffn_mask), hidden_mask, gate)
 
 
-class GPT(GrowthMaskedModel):
+class GPT(CausalLM):
     """GPT-2 language model (pre-LN, learned positions, tied LM head).
 
     Parameter names equal ``GPT2LMHeadModel``'s: ``transformer.wte.weight`` (V, d), ``transformer.wpe.weight``
@@ -186,11 +146,7 @@ class GPT(GrowthMaskedModel):
     ``growth_mask_hidden`` (d,), ``growth_mask_attn`` (H*Q,), ``growth_mask_ffn`` (F,) and ``growth_gate_layer``
     (L,) are passed to the blocks as their optional mask inputs; without masks the forward pass is the plain GPT-2 one.
 
-    Activation checkpointing (``activation_checkpointing=True``, or the attribute of the same name): while training
-    with gradients enabled, each block's activations are not kept for backward but recomputed from its input
-    (``torch.utils.checkpoint``, non-reentrant, RNG state preserved: the same losses and gradients as without it),
-    so activation memory is one (B, T, d) tensor per block instead of every intermediate of every block, for about
-    one extra forward pass of the blocks (Chen et al. 2016, arXiv 1604.06174).
+    Activation checkpointing: ``model.layers.CausalLM``.
 
     Raises:
         ValueError: ``masks`` does not fit ``cfg`` (see ``MaskSpec.check``).
@@ -223,59 +179,20 @@ class GPT(GrowthMaskedModel):
         """The token embedding (V, d): the masks take its device and dtype."""
         return self.transformer.wte.weight
 
-    @torch.no_grad()
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """``transformer.h``."""
+        return self.transformer.h
+
     def reset_parameters(self) -> None:
         """GPT-2 initialisation of every parameter (see the class docstring)."""
-        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                p.normal_(0.0, residual_std)
-            elif name.endswith(".weight") and p.dim() == 2:
-                p.normal_(0.0, 0.02)
-            elif name.endswith(".weight"):  # LayerNorm gain
-                p.fill_(1.0)
-            else:  # biases
-                p.zero_()
+        residual_init(self, self.config.n_layer, ("c_proj.weight",))
 
-    def hidden_states(self, idx: Tensor) -> Tensor:
-        """The final hidden states after ln_f, (B, T, d) in the parameters' dtype, for token ids idx (B, T) int64.
-
-        Raises:
-            ValueError: T exceeds n_positions.
-        """
-        t = idx.shape[1]
-        if t > self.config.n_positions:
-            raise ValueError(f"sequence length {t} exceeds n_positions={self.config.n_positions}")
+    def embed(self, idx: Tensor) -> Tensor:
+        """drop(wte(idx) + wpe(positions)): (B, T) -> (B, T, d)."""
         tr = self.transformer
-        hidden, qkv, ffn, gate = self.mask_inputs()
-        pos = torch.arange(t, device=idx.device)
-        x = tr.drop(tr.wte(idx) + tr.wpe(pos))  # (B, T, d)
-        if hidden is not None:
-            x = x * hidden
-        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
-        for i, block in enumerate(tr.h):
-            g = None if gate is None else gate[i]
-            if recompute:
-                x = checkpoint(block, x, use_reentrant=False, hidden_mask=hidden, qkv_mask=qkv, ffn_mask=ffn, gate=g)
-            else:
-                x = block(x, hidden_mask=hidden, qkv_mask=qkv, ffn_mask=ffn, gate=g)
-        return tr.ln_f(x, mask=hidden)
+        return tr.drop(tr.wte(idx) + tr.wpe(torch.arange(idx.shape[1], device=idx.device)))
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None) -> Tensor:
-        """Next-token logits, or the loss against ``targets``.
-
-        Args:
-            idx: token ids (B, T), int64, T <= n_positions.
-            targets: optional next-token ids (B, T), int64; -100 marks positions to ignore.
-
-        Returns:
-            logits (B, T, V) in the parameters' dtype when ``targets`` is None, else the mean cross-entropy over
-            the non-ignored positions as a scalar fp32 tensor (nats per token).
-
-        Raises:
-            ValueError: T exceeds n_positions.
-        """
-        logits = self.lm_head(self.hidden_states(idx))  # (B, T, V)
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+    def final_norm(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        """``transformer.ln_f`` (LayerNorm), mask-weighted when ``mask`` is given."""
+        return self.transformer.ln_f(x, mask=mask)
