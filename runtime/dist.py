@@ -25,6 +25,7 @@ import torch.distributed.nn  # noqa: F401, E402  (isort: keep this after torch)
 
 from growlm.runtime import collectives, peers, stop
 from growlm.runtime.launch import free_port
+from growlm.runtime.memory import ranks_on_this_node
 from growlm.runtime.processes import watch_launchers
 from growlm.runtime.quiet import quiet_known_noise
 
@@ -194,14 +195,13 @@ def keep_freed_memory() -> bool:
 
 def rank_threads() -> int:
     """This rank's share of the node's cores for torch's CPU threads: the cores this process may run on
-    (``os.sched_getaffinity``, else ``os.cpu_count``) divided by the ranks on this node (LOCAL_WORLD_SIZE, else
-    WORLD_SIZE), at least 1."""
+    (``os.sched_getaffinity``, else ``os.cpu_count``) divided by the ranks on this node
+    (``runtime.memory.ranks_on_this_node``), at least 1."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not Linux
         cores = os.cpu_count() or 1
-    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-    return max(1, cores // max(1, ranks_here))
+    return max(1, cores // ranks_on_this_node())
 
 
 def init_distributed(timeout_s: float = 300.0) -> DistInfo:

@@ -127,9 +127,17 @@ def placed_bytes(
     return params_grads + working_set + (0 if offloaded else optimizer), optimizer if offloaded else 0.0
 
 
+# the launchers' names for the ranks on this node, in the order read: torchrun (and growlm's own launcher),
+# DeepSpeed's launcher (deepspeed/launcher/launch.py sets LOCAL_SIZE, not LOCAL_WORLD_SIZE), Open MPI's mpirun;
+# WORLD_SIZE last (one node)
+NODE_RANK_VARIABLES = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "WORLD_SIZE")
+
+
 def ranks_on_this_node() -> int:
-    """How many ranks share this node's memory (LOCAL_WORLD_SIZE, else WORLD_SIZE, else 1)."""
-    for key in ("LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+    """How many ranks share this node (its memory and its cores): the first of ``NODE_RANK_VARIABLES`` that holds a
+    positive integer, else 1. The one reader of these variables (host memory per rank here, torch threads per rank in
+    ``runtime.dist.rank_threads``): on 4 nodes x 8 GPUs under DeepSpeed's launcher it is 8, not the world size 32."""
+    for key in NODE_RANK_VARIABLES:
         try:
             return max(1, int(os.environ[key]))
         except (KeyError, ValueError):

@@ -313,6 +313,22 @@ def test_deepspeed_builds_no_shm_comm_op_once_growlm_skips_it(monkeypatch):
     assert build_shm_op() is None
 
 
+@pytest.mark.parametrize("variable", ["LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"])
+def test_a_multi_node_launch_counts_the_ranks_of_this_node(monkeypatch, variable):
+    """4 nodes x 8 GPUs (WORLD_SIZE 32) under torchrun, DeepSpeed's launcher (LOCAL_SIZE) or mpirun: 8 ranks share
+    the node, so each gets 1/8 of its cores and of its host memory, not 1/32."""
+    from growlm.runtime import dist, memory
+
+    for key in memory.NODE_RANK_VARIABLES:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "32")
+    monkeypatch.setenv(variable, "8")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(96)))
+    assert memory.ranks_on_this_node() == 8 and dist.rank_threads() == 12
+    total = memory.psutil.virtual_memory().total
+    assert memory.rank_memory_bytes(torch.device("cpu"), free=False) == total // 8
+
+
 def test_each_rank_gets_its_share_of_the_nodes_cores_on_any_accelerator(monkeypatch):
     from growlm.runtime import dist
 
