@@ -70,26 +70,55 @@ def optimizer_for_device(ds_cfg: dict, device_type: str) -> dict:
     return {**ds_cfg, "optimizer": {**opt, "params": {**params, "fused": True}}}
 
 
+_uninitialised_depth = 0  # > 0 inside weights_uninitialised: build_engine then builds in place (_built_in_place)
+
+
 @contextlib.contextmanager
 def weights_uninitialised() -> Iterator[None]:
     """Build modules without drawing their initial weights: ``GPT.reset_parameters``, ``Llama.reset_parameters`` and the
     ``reset_parameters`` of ``torch.nn.Linear``, ``Embedding`` and ``LayerNorm`` do nothing inside this block (restored
-    on exit), so a parameter holds whatever ``torch.empty`` gave it. Only for a module whose every parameter is written
+    on exit), so a parameter holds whatever ``torch.empty`` gave it, and ``build_engine`` builds the module directly on
+    the rank's device in its training dtype (``_built_in_place``). Only for a module whose every parameter is written
     right after (a live growth writes every parameter of the grown model, growth.ops.rules.check_rules): it saves the
     random draws of N(0, 0.02) over every weight and torch's own throwaway init of lm_head (a (V, d) kaiming_uniform_
     replaced by the tied embedding right after) and of the embeddings; measured for the 208.7M-parameter GPT (24 x 768)
     on one rank: 0.41 s of normal_ and 0.44 s of kaiming_uniform_ out of an 8.5 s build, and the first touch of pages
     that the growth overwrites anyway."""
+    global _uninitialised_depth
     models = [c for f in FAMILIES.values() for c in f.model.__mro__ if "reset_parameters" in c.__dict__]
     targets = [*dict.fromkeys(models), torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm]
     saved = [(cls, cls.__dict__["reset_parameters"]) for cls in targets]
     for cls, _ in saved:
         cls.reset_parameters = lambda self: None
+    _uninitialised_depth += 1
     try:
         yield
     finally:
+        _uninitialised_depth -= 1
         for cls, fn in saved:
             cls.reset_parameters = fn
+
+
+TRAINING_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@contextlib.contextmanager
+def _built_in_place(device: str, dtype: torch.dtype) -> Iterator[None]:
+    """Create the module's parameters and buffers on ``device`` in floating dtype ``dtype`` (torch's default device
+    and default dtype for the block; explicit dtypes, such as the float32 rotary frequencies, are kept).
+
+    Used only when every weight is overwritten next (``weights_uninitialised``), outside ZeRO-3 (whose ``zero.Init``
+    already creates each partition on the device in the training dtype). Otherwise the module would be built on the
+    host in fp32 and then cast and moved by DeepSpeed (``_cast_module_mixed_precision``, ``module.to(device)``):
+    4 + 2 bytes per parameter at once on every rank's host, about 42 GB per rank (336 GB on an 8-GPU node) for a 7B
+    target. Built in place, DeepSpeed's cast and move find nothing to do and the host holds none of it."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 @contextlib.contextmanager
@@ -130,7 +159,9 @@ def build_engine(
         ds_config: the DeepSpeed config dict (optimizer, scheduler, ZeRO stage, precision).
         partitioned: build the module inside ``deepspeed.zero.Init`` (ZeRO-3), so no rank ever holds it whole; its
             initial values are then not the family's init (zero.Init draws each partition on its own), which is
-            fine when every parameter is written next, as growth does.
+            fine when every parameter is written next, as growth does. Not partitioned and inside
+            ``weights_uninitialised`` (a live growth), the module is built directly on the rank's device in the
+            config's training dtype (``_built_in_place``), never on the host.
         activation_checkpointing: recompute each block's activations in backward (the model's
             ``activation_checkpointing``; a grown model's engine is built with the same setting, so new blocks get it
             too).
@@ -158,6 +189,9 @@ def build_engine(
         with _timed(deepspeed.zero.Init, "_post_init_method", split, "zero3_partition"):
             with deepspeed.zero.Init(config_dict_or_path=ds_config):
                 model = build_model(cfg, masks, activation_checkpointing=activation_checkpointing)
+    elif _uninitialised_depth:  # every weight is written next: no host copy, no fp32 copy (_built_in_place)
+        with _built_in_place(get_accelerator().current_device_name(), TRAINING_DTYPES[precision_of(ds_config)]):
+            model = build_model(cfg, masks, activation_checkpointing=activation_checkpointing)
     else:
         model = build_model(cfg, masks, activation_checkpointing=activation_checkpointing)
     split["module"] = time.perf_counter() - t - split["zero3_partition"]

@@ -357,19 +357,34 @@ def collect_old_engine(result: GrowthResult) -> GrowthResult:
     """Free the engine a growth replaced, once the caller holds no reference to it (call it right after swapping
     ``result.engine`` in): DeepSpeed's engine, optimizer and module reference each other in cycles that only
     ``gc.collect()`` frees; then ``release_heap`` gives the freed memory back to the OS, and on CUDA
-    ``torch.cuda.empty_cache`` returns the old engine's cached blocks. Returns ``result`` with the seconds added to
-    ``seconds`` and to the teardown phase, the RSS returned added to the teardown bytes, and the CUDA peak and "after"
-    bytes of ``cuda_memory`` read now."""
+    ``torch.cuda.empty_cache`` returns the old engine's cached blocks and ``release_pinned_host_memory`` its pinned
+    host blocks (an offloaded optimizer's fp32 partitions and CPU-Adam state). Returns ``result`` with the seconds
+    added to ``seconds`` and to the teardown phase, the RSS returned added to the teardown bytes, and the CUDA peak
+    and "after" bytes of ``cuda_memory`` read now."""
     t, rss = time.perf_counter(), rss_bytes()
     gc.collect()
     release_heap()
     if cuda_memory_bytes() is not None:
         torch.cuda.empty_cache()  # the old engine's blocks, cached by the allocator, go back to the driver
+        release_pinned_host_memory()
     dt = time.perf_counter() - t
     secs = {**result.phase_seconds, "teardown": result.phase_seconds.get("teardown", 0.0) + dt}
     nbytes = {**result.phase_bytes, "teardown": result.phase_bytes.get("teardown", 0) + rss - rss_bytes()}
     memory = finish_cuda_peak(result.cuda_memory)
     return replace(result, seconds=result.seconds + dt, phase_seconds=secs, phase_bytes=nbytes, cuda_memory=memory)
+
+
+def release_pinned_host_memory() -> bool:
+    """Give the pinned (page-locked) host blocks that torch's caching host allocator holds but no tensor uses back to
+    the OS (``torch.accelerator.memory.empty_host_cache``). Freed pinned tensors stay in that cache, resident and
+    unpageable: after a growth with an offloaded optimizer, the old engine's fp32 partitions and CPU-Adam state
+    would otherwise stay on the host beside the new engine's. False where this torch has no such call or no
+    accelerator is in use."""
+    memory = getattr(torch.accelerator, "memory", None)
+    if memory is None or not hasattr(memory, "empty_host_cache") or not torch.accelerator.is_available():
+        return False
+    memory.empty_host_cache()
+    return True
 
 
 def release_heap() -> bool:

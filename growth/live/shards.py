@@ -4,8 +4,8 @@ Each rank of a ZeRO-1/2/3 (or bf16-optimizer) engine holds one contiguous fragme
 master and of its exp_avg / exp_avg_sq: ``Fragment`` (ZeRO-3: the parameter's own partition, the same padded size
 on every rank; ZeRO-1/2: the slice of the parameter that falls in the rank's partition of the flat group, any size,
 often empty). ``layout_of`` finds them, ``gather_bucket`` assembles full tensors of a group of parameters from every
-rank's fragments in one collective (ZeRO-3) or one per owning rank (ZeRO-1/2), ``write_fragment`` writes a rank's
-fragment of a full tensor (no collective).
+rank's fragments in one collective (ZeRO-3) or one per owning rank (ZeRO-1/2), received straight into place, and
+``write_fragment`` writes a rank's fragment of a full tensor (no collective).
 """
 
 from __future__ import annotations
@@ -149,46 +149,36 @@ def _chunks(n: int, per: int) -> list[tuple[int, int]]:
 
 @torch.no_grad()
 def gather_bucket(
-    layout: Layout,
-    names: list[str],
-    shapes: dict[str, torch.Size],
-    chunk_bytes: int = CHUNK_BYTES,
-    device: torch.device | str | None = None,
+    layout: Layout, names: list[str], shapes: dict[str, torch.Size], chunk_bytes: int = CHUNK_BYTES
 ) -> tuple[dict[str, ParamState], int]:
     """Full fp32 (weight, exp_avg, exp_avg_sq) of every parameter in ``names``, of shape ``shapes[name]``, on every
-    rank; a collective. ZeRO-3: an all_gather of each rank's packed shards; ZeRO-1/2: a broadcast from each rank
-    owning part of the bucket. The collectives run on the group's device (the GPU under NCCL, offloaded fragments
-    included), in slices of at most ``chunk_bytes`` of gathered data each; the full tensors are assembled on
-    ``device`` (default: the group's device, where the rules then expand them: the rank's GPU under NCCL, the CPU
-    under gloo). Returns the states and the number of collectives made."""
+    rank, on the group's device (the rank's GPU under NCCL, the CPU under gloo), where the rules then expand them; a
+    collective, in slices of at most ``chunk_bytes`` of gathered data each. Offloaded fragments are packed onto the
+    group's device first (``_pack``).
+
+    ZeRO-3: an all_gather of each rank's packed padded shards; each slice's gathered (world, slice) block is copied
+    straight into the full tensors (rank r's shard of a parameter lands at [r size, (r + 1) size) of its padded full
+    tensor), so the full tensors are the only copy of the bucket. ZeRO-1/2: a broadcast from each rank that owns
+    part of the bucket, received straight into that rank's slice of one receive buffer (the sender broadcasts its
+    packed buffer itself), then copied into the full tensors.
+
+    Returns:
+        The states (each tensor of shape ``shapes[name]``) and the number of collectives made.
+    """
+    if layout.kind == "zero3":
+        return _gather_zero3(layout, names, shapes, chunk_bytes)
     out: dict[str, ParamState] = {}
     calls = 0
-    device = collectives.group_device(layout.group) if device is None else torch.device(device)
-    if layout.kind == "zero3":
-        send = _pack(layout, names)
-        rows = torch.empty(layout.world, send.numel(), device=device)  # rank r's packed shards in row r
-        for a, b in _chunks(send.numel(), chunk_bytes // (4 * layout.world)):
-            got = collectives.all_gather(send[a:b], group=layout.group, device=device)
-            rows[:, a:b] = got.view(layout.world, b - a)
-            calls += 1
-        o = 0
-        for n in names:
-            f = layout.local[n]
-            cols = [rows[:, o + i * f.size : o + (i + 1) * f.size] for i in range(3)]
-            out[n] = ParamState(*(c.reshape(-1)[: f.numel].view(shapes[n]) for c in cols))
-            o += 3 * f.size
-        return out, calls
+    device = collectives.group_device(layout.group)
     bufs: dict[int, Tensor] = {}
     for r in range(layout.world):
         count = 3 * sum(layout.spans[n][r][1] for n in names)
         if not count:
             continue
-        send = _pack(layout, names) if r == layout.rank else None
+        bufs[r] = _pack(layout, names) if r == layout.rank else torch.empty(count, device=device)
         src = collectives.global_rank(layout.group, r)
-        bufs[r] = torch.empty(count, device=device)
         for a, b in _chunks(count, chunk_bytes // 4):
-            piece = send[a:b] if send is not None else collectives.empty_for(b - a, group=layout.group)
-            bufs[r][a:b] = collectives.broadcast(piece, src=src, group=layout.group, device=device)
+            collectives.broadcast(bufs[r][a:b], src=src, group=layout.group)  # contiguous, on the device: in place
             calls += 1
     offsets = dict.fromkeys(bufs, 0)
     for n in names:
@@ -201,6 +191,36 @@ def gather_bucket(
                     full[i][start : start + valid] = buf[o + i * valid : o + (i + 1) * valid]
                 offsets[r] += 3 * valid
         out[n] = ParamState(*(t.view(shapes[n]) for t in full))
+    return out, calls
+
+
+def _gather_zero3(
+    layout: Layout, names: list[str], shapes: dict[str, torch.Size], chunk_bytes: int
+) -> tuple[dict[str, ParamState], int]:
+    """``gather_bucket`` for ZeRO-3's equal padded shards."""
+    device = collectives.group_device(layout.group)
+    send = _pack(layout, names)
+    world = layout.world
+    # segments of the packed buffer: (offset in it, shard size, the (world, size) view of the padded full tensor)
+    segments: list[tuple[int, int, Tensor]] = []
+    padded: dict[str, list[Tensor]] = {}
+    o = 0
+    for n in names:
+        size = layout.local[n].size
+        padded[n] = [torch.empty(world * size, device=device) for _ in range(3)]
+        for t in padded[n]:
+            segments.append((o, size, t.view(world, size)))
+            o += size
+    calls = 0
+    for a, b in _chunks(send.numel(), chunk_bytes // (4 * world)):
+        got = collectives.all_gather(send[a:b], group=layout.group).view(world, b - a)  # row r: rank r's slice
+        calls += 1
+        for s, size, rows in segments:
+            lo, hi = max(a, s), min(b, s + size)
+            if lo < hi:
+                rows[:, lo - s : hi - s] = got[:, lo - a : hi - a]
+        del got
+    out = {n: ParamState(*(t[: layout.local[n].numel].view(shapes[n]) for t in padded[n])) for n in names}
     return out, calls
 
 

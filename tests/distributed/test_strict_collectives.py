@@ -69,6 +69,9 @@ def test_a_bucket_gathered_in_slices_equals_the_whole():
             whole, sliced = d[f"{kind}_whole"], d[f"{kind}_sliced"]
             assert whole["max_diff"] == sliced["max_diff"] == 0.0, d  # every element of all three tensors
             assert sliced["collectives"] > whole["collectives"] >= 1, d
+            # received straight into place: nothing allocated beyond the send buffer, the full tensors and (ZeRO-3)
+            # the collective's output; a fresh receive buffer or a reshape copy would show here
+            assert whole["extra_bytes"] == sliced["extra_bytes"] == 0, d
         # ZeRO-3: 30 elements -> shards of 8 + 4 + 4 per rank, x 3 tensors = 48 packed, 1 per rank per slice
         assert d["zero3_whole"]["collectives"] == 1 and d["zero3_sliced"]["collectives"] == 48
         # ZeRO-1/2: both ranks own part of the flat partition: one broadcast each whole, 15 x 3 / 3 each sliced

@@ -60,12 +60,16 @@ def test_the_peak_is_the_growths_own(fake_cuda):
 
 
 def test_the_old_engines_cached_blocks_are_released(fake_cuda, monkeypatch):
+    """Device blocks and pinned host blocks (an offloaded optimizer's fp32 partitions and CPU-Adam state) both go
+    back once the old engine is freed."""
     emptied = []
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append("device"))
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator.memory, "empty_host_cache", lambda: emptied.append("pinned host"))
     result = engine.GrowthResult(engine=None, masks=None, schedule=None, loss_scaler=None, seconds=1.0, bytes_moved=0)
     fake_cuda.alloc(500)
     out = engine.collect_old_engine(result)
-    assert emptied == [True]
+    assert emptied == ["device", "pinned host"]
     assert out.cuda_memory["cuda_allocated_bytes_after"] == 500
 
 

@@ -345,3 +345,47 @@ def test_each_rank_gets_its_share_of_the_nodes_cores_on_any_accelerator(monkeypa
 
     src = inspect.getsource(dist.init_distributed)
     assert 'if "OMP_NUM_THREADS" not in os.environ:\n        torch.set_num_threads(rank_threads())' in src
+
+
+class _Built(Exception):
+    """Raised by the stand-in for deepspeed.initialize, carrying the module it was handed."""
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_a_grown_model_is_built_on_the_ranks_device_in_its_training_dtype(monkeypatch, precision, arch):
+    """Inside weights_uninitialised (a live growth, every weight written next) build_engine creates the module on the
+    accelerator's current device in the config's training dtype, so no rank holds a host fp32 copy (6 bytes per
+    parameter for DeepSpeed to cast and move); a fresh run's build (outside the block) keeps the family's init on the
+    host in fp32. The device is faked as "meta": whatever is not built in place stays on the CPU and is seen."""
+    import deepspeed
+    import deepspeed.accelerator
+
+    from growlm.model.config import from_preset
+    from growlm.runtime import engine
+
+    class FakeAccelerator:
+        def device_name(self):
+            return "cuda"
+
+        def current_device_name(self):
+            return "meta"
+
+    def initialize(model, **_):
+        raise _Built(model)
+
+    monkeypatch.setattr(deepspeed.accelerator, "get_accelerator", lambda: FakeAccelerator())
+    monkeypatch.setattr(deepspeed, "initialize", initialize)
+    cfg = from_preset("tiny" if arch == "gpt2" else "llama-tiny")
+    ds_cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    if precision != "fp32":
+        ds_cfg[precision] = {"enabled": True}
+    dtype = engine.TRAINING_DTYPES[precision]
+    with engine.weights_uninitialised(), pytest.raises(_Built) as built:
+        engine.build_engine(cfg, None, ds_cfg)
+    tensors = [*built.value.args[0].parameters(), *built.value.args[0].buffers()]
+    assert {(t.device.type, t.dtype) for t in tensors if t.is_floating_point()} == {("meta", dtype)}
+    assert torch.get_default_dtype() == torch.float32 and torch.empty(1).device.type == "cpu"  # restored
+    with pytest.raises(_Built) as built:
+        engine.build_engine(cfg, None, ds_cfg)
+    assert {(p.device.type, p.dtype) for p in built.value.args[0].parameters()} == {("cpu", torch.float32)}
