@@ -97,8 +97,8 @@ collectives few (a 62M-parameter model takes about 12) while the working set sta
 GROWN_PARAM_BYTES = 28
 """Bytes per grown element one parameter takes while its growth rule runs (growth.ops.apply.grow_param): its fp32
 weight, exp_avg and exp_avg_sq (12) plus the rule's temporaries (the pieces a grown tensor is built from, and
-symmetry-breaking noise drawn in float64). Measured by eval/bench/grow_param_peak.py: at most 26.5 (width x2 with
-symmetry noise; 16 without)."""
+symmetry-breaking noise, formed in the weight's dtype, at least float32). Measured by eval/bench/grow_param_peak.py
+(before the noise was formed in float32: at most 26.5, width x2 with symmetry noise; 16 without)."""
 
 
 def growth_working_set_bytes(largest_old: int, largest_new: int, bucket_bytes: int = GATHER_BUCKET_BYTES) -> int:

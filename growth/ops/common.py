@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from growlm.growth.errors import GrowthError
-from growlm.growth.ops.rules import Map, Rule, identity, seeded_normal, zeros
+from growlm.growth.ops.rules import Map, Rule, identity, noise_dtype, rms, seeded_normal, zeros
 
 LAYER_ORDERS = ("stack", "interleave")
 PATTERNS = ("block", "split")
@@ -142,9 +142,8 @@ def zero_sum_noise(k: int, std: float, name: str, seed: int) -> Map:
         n, m = w.shape
         if w.is_meta:
             return torch.empty(k * n, k * m, dtype=w.dtype, device="meta")
-        rms = w.double().square().mean().sqrt().item()
-        z = seeded_normal((k, n, k, m), std * rms, name, seed, w.double())
-        z = z - z.mean(dim=0, keepdim=True)
+        z = seeded_normal((k, n, k, m), std * rms(w), name, seed, w, noise_dtype(w))
+        z.sub_(z.mean(dim=0, keepdim=True))
         return z.reshape(k * n, k * m).to(w.dtype)
 
     return f

@@ -45,8 +45,10 @@ from growlm.growth.ops.rules import (
     identity,
     kron_map,
     leading_block,
+    noise_dtype,
     param_shapes,
     repeat_last,
+    rms,
     seeded_normal,
 )
 from growlm.model.llama.config import LlamaConfig, llama_head_index
@@ -112,11 +114,6 @@ def _check_symmetry(symmetry: str, noise_std: float) -> None:
     """Raises GrowthError for a symmetry option other than ``SYMMETRIES`` or a negative noise_std."""
     if symmetry not in SYMMETRIES or noise_std < 0:
         raise GrowthError(f"symmetry={symmetry!r} must be one of {SYMMETRIES} and noise_std={noise_std} >= 0")
-
-
-def _rms(x: Tensor) -> float:
-    """Root mean square of every entry of ``x`` (float64)."""
-    return x.double().square().mean().sqrt().item()
 
 
 # ----- width x k ---------------------------------------------------------------------------------------------------
@@ -307,7 +304,7 @@ def llama_heads_growth(
             y = x[index.to(x.device)]
             if not noisy or y.is_meta or fresh.numel() == 0:
                 return y
-            z = seeded_normal((fresh.numel(), x.shape[1]), noise_std * _rms(x), f"{name}/new heads", seed, x.double())
+            z = seeded_normal((fresh.numel(), x.shape[1]), noise_std * rms(x), f"{name}/new heads", seed, x)
             y[fresh.to(x.device)] += z.to(y.dtype)
             return y
 
@@ -443,10 +440,10 @@ def llama_ffn_growth(
         def f(x: Tensor) -> Tensor:
             if x.is_meta:
                 return torch.empty(x.shape[0], n_inner, dtype=x.dtype, device="meta")
-            z = seeded_normal((x.shape[0], n_inner), noise_std * _rms(x), f"{name}/replicas", seed, x.double())
+            z = seeded_normal((x.shape[0], n_inner), noise_std * rms(x), f"{name}/replicas", seed, x, noise_dtype(x))
             gi = g.to(z.device)
-            mean = z.new_zeros(x.shape[0], f_old).index_add_(1, gi, z) / n.to(z.device)
-            return (z - mean[:, gi]).to(x.dtype)
+            mean = z.new_zeros(x.shape[0], f_old).index_add_(1, gi, z).div_(n.to(z))
+            return z.sub_(mean[:, gi]).to(x.dtype)
 
         return f
 

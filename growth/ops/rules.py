@@ -86,15 +86,48 @@ def ramp_length(plan: RuleSet, remaining_steps: int | None) -> int:
 # ----- maps --------------------------------------------------------------------------------------------------------
 
 
-def seeded_normal(shape: tuple[int, ...], std: float, name: str, seed: int, like: Tensor) -> Tensor:
-    """N(0, std) tensor determined by (parameter name, seed) only: the same on every rank, independent of the global
-    RNG. On a meta tensor returns an empty meta tensor (shape checks)."""
+NOISE_SLICE = 1 << 22
+"""Elements of noise drawn at once by ``seeded_normal``: 16 MiB of float32 on the host, however large the tensor."""
+
+
+def seeded_normal(
+    shape: tuple[int, ...], std: float, name: str, seed: int, like: Tensor, dtype: torch.dtype | None = None
+) -> Tensor:
+    """N(0, std^2) tensor of ``shape`` on ``like``'s device, in ``dtype`` (default ``like``'s), determined by
+    (parameter name, seed) only: the same on every rank and device, independent of the global RNG.
+
+    The values are drawn in float32 from one CPU generator seeded by crc32(name) and ``seed``, ``NOISE_SLICE``
+    elements at a time, each slice scaled and copied into the output where it lives: the host holds one slice, never
+    the whole tensor, and no float64 copy is made anywhere. The output is those float32 values rounded to its dtype,
+    so they do not depend on the dtype or device asked for. On a meta tensor returns an empty meta tensor (shape
+    checks)."""
+    dtype = like.dtype if dtype is None else dtype
     if like.is_meta:
-        return torch.empty(shape, dtype=like.dtype, device="meta")
+        return torch.empty(shape, dtype=dtype, device="meta")
+    out = torch.empty(shape, dtype=dtype, device=like.device)
     if std == 0:
-        return torch.zeros(shape, dtype=like.dtype, device=like.device)
+        return out.zero_()
     g = torch.Generator().manual_seed((zlib.crc32(name.encode()) + 1_000_003 * seed) % (2**63))
-    return (torch.randn(shape, generator=g, dtype=torch.float64) * std).to(dtype=like.dtype, device=like.device)
+    flat = out.view(-1)
+    for a in range(0, flat.numel(), NOISE_SLICE):
+        part = torch.randn(min(NOISE_SLICE, flat.numel() - a), generator=g, dtype=torch.float32)
+        flat[a : a + part.numel()].copy_(part.mul_(std))
+    return out
+
+
+def rms(x: Tensor) -> float:
+    """Root mean square of every entry of ``x`` (a Python float), reduced in ``x``'s dtype promoted to at least
+    float32, on ``x``'s device: no float64 copy of the tensor. 0.0 for an empty tensor."""
+    if x.numel() == 0:
+        return 0.0
+    norm = torch.linalg.vector_norm(x, dtype=torch.promote_types(x.dtype, torch.float32))
+    return norm.item() / x.numel() ** 0.5
+
+
+def noise_dtype(x: Tensor) -> torch.dtype:
+    """The dtype in which noise added to ``x`` is formed before its zero-sum correction: ``x``'s, at least float32
+    (a bf16 or fp16 mean would round the correction away)."""
+    return torch.promote_types(x.dtype, torch.float32)
 
 
 def repeat_last(k: int, scale: float = 1.0) -> Map:
