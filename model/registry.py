@@ -10,9 +10,13 @@ config class, with ``arch`` and the methods model.config calls, and ``PRESETS``)
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
+
+import torch
 
 from growlm.model.gpt2 import config as gpt2_config
 from growlm.model.gpt2 import hf as gpt2_hf
@@ -86,3 +90,22 @@ def build_model(cfg: Any, masks: MaskSpec | None = None, *, activation_checkpoin
         ValueError: an unknown arch, or ``masks`` does not fit ``cfg``.
     """
     return family(cfg).model(cfg, masks, activation_checkpointing=activation_checkpointing)
+
+
+@contextlib.contextmanager
+def init_skipped() -> Iterator[None]:
+    """Build models without drawing their initial weights: the ``reset_parameters`` of every family's model class
+    and of ``torch.nn.Linear``, ``Embedding`` and ``LayerNorm`` do nothing inside this block (restored on exit), so
+    a parameter holds whatever ``torch.empty`` gave it. For a model whose weights are written next, or whose shapes
+    only are wanted (on the meta device torch's init functions would import torch._dynamo, seconds of a command's
+    start; growth.ops.rules.param_shapes)."""
+    models = [c for f in FAMILIES.values() for c in f.model.__mro__ if "reset_parameters" in c.__dict__]
+    targets = [*dict.fromkeys(models), torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm]
+    saved = [(cls, cls.__dict__["reset_parameters"]) for cls in targets]
+    for cls, _ in saved:
+        cls.reset_parameters = lambda self: None
+    try:
+        yield
+    finally:
+        for cls, fn in saved:
+            cls.reset_parameters = fn

@@ -31,6 +31,7 @@ import random
 import re
 import shlex
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,7 +148,8 @@ def resolve(path: str | os.PathLike) -> tuple[Path, str]:
 
 def _safe_globals() -> list[Any]:
     """The types a genuine checkpoint's pickles may build: DeepSpeed's loss scalers, ZeRO stage enum and fragment
-    addresses (optimizer states), and numpy's array reconstruction (RNG files written before this version)."""
+    addresses (optimizer states), and numpy's array reconstruction (RNG files written before this version). The
+    first call imports DeepSpeed (about half a second); ``open_checkpoint`` makes it beside the manifest's hashing."""
 
     select_accelerator()  # before deepspeed's first import picks one
     from deepspeed.runtime.fp16.loss_scaler import (  # lazy: deepspeed picks its accelerator at import
@@ -168,6 +170,14 @@ def _safe_globals() -> list[Any]:
         np.dtype,
         type(np.dtype(np.uint32)),
     ]
+
+
+def _warm_safe_globals() -> None:
+    """``_safe_globals`` for its imports only; an error is left for the caller's own call to raise."""
+    try:
+        _safe_globals()
+    except Exception:  # noqa: BLE001 (raised again, in the caller's thread, by the next safe_load)
+        pass
 
 
 def safe_load(path: str | os.PathLike, what: str = "checkpoint file", *, mmap: bool = False) -> Any:
@@ -272,7 +282,15 @@ def open_checkpoint(path: str | os.PathLike, *, verify: bool = True, check_files
         CheckpointError: see ``resolve``, ``read_state`` and ``safe_load``.
     """
     ckpt_dir, tag = resolve(path)
-    state = read_state(ckpt_dir, tag, verify=verify)
+    warm = None
+    if check_files and verify:  # import DeepSpeed's allow-listed types while the manifest is hashed (GIL released)
+        warm = threading.Thread(target=_warm_safe_globals, name="growlm-allow-list", daemon=True)
+        warm.start()
+    try:
+        state = read_state(ckpt_dir, tag, verify=verify)
+    finally:
+        if warm is not None:
+            warm.join()
     if check_files:
         check_pickles(ckpt_dir / tag)
     return OpenCheckpoint(ckpt_dir, tag, state)

@@ -18,7 +18,7 @@ import torch
 
 from growlm.model.config import ModelConfig
 from growlm.model.masks import MaskSpec
-from growlm.model.registry import FAMILIES, build_model
+from growlm.model.registry import build_model, init_skipped
 from growlm.runtime.dist import skip_shm_comm_op
 
 
@@ -75,9 +75,9 @@ _uninitialised_depth = 0  # > 0 inside weights_uninitialised: build_engine then 
 
 @contextlib.contextmanager
 def weights_uninitialised() -> Iterator[None]:
-    """Build modules without drawing their initial weights: ``GPT.reset_parameters``, ``Llama.reset_parameters`` and the
-    ``reset_parameters`` of ``torch.nn.Linear``, ``Embedding`` and ``LayerNorm`` do nothing inside this block (restored
-    on exit), so a parameter holds whatever ``torch.empty`` gave it, and ``build_engine`` builds the module directly on
+    """Build modules without drawing their initial weights (``model.registry.init_skipped``: every family's and
+    torch's ``reset_parameters`` do nothing inside this block), so a parameter holds whatever ``torch.empty`` gave it,
+    and ``build_engine`` builds the module directly on
     the rank's device in its training dtype (``_built_in_place``). Only for a module whose every parameter is written
     right after (a live growth writes every parameter of the grown model, growth.ops.rules.check_rules): it saves the
     random draws of N(0, 0.02) over every weight and torch's own throwaway init of lm_head (a (V, d) kaiming_uniform_
@@ -85,18 +85,12 @@ def weights_uninitialised() -> Iterator[None]:
     on one rank: 0.41 s of normal_ and 0.44 s of kaiming_uniform_ out of an 8.5 s build, and the first touch of pages
     that the growth overwrites anyway."""
     global _uninitialised_depth
-    models = [c for f in FAMILIES.values() for c in f.model.__mro__ if "reset_parameters" in c.__dict__]
-    targets = [*dict.fromkeys(models), torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm]
-    saved = [(cls, cls.__dict__["reset_parameters"]) for cls in targets]
-    for cls, _ in saved:
-        cls.reset_parameters = lambda self: None
     _uninitialised_depth += 1
     try:
-        yield
+        with init_skipped():
+            yield
     finally:
         _uninitialised_depth -= 1
-        for cls, fn in saved:
-            cls.reset_parameters = fn
 
 
 TRAINING_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

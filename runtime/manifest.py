@@ -11,13 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from growlm.runtime.atomic import TMP_PREFIX, write_text
 
 MANIFEST_FILE = "growlm_manifest.json"
 MANIFEST_FORMAT = "growlm-manifest-v1"
-_CHUNK_BYTES = 1 << 20
+_CHUNK_BYTES = 1 << 22
 
 
 class ManifestError(ValueError):
@@ -96,9 +97,12 @@ def check_sizes(tag_dir: str | os.PathLike, files: dict[str, dict], rels: list[s
             )
 
 
-def verify_files(tag_dir: str | os.PathLike, files: dict[str, dict], rels: list[str] | None = None) -> None:
+def verify_files(
+    tag_dir: str | os.PathLike, files: dict[str, dict], rels: list[str] | None = None, *, workers: int = 1
+) -> None:
     """Check the listed files ``rels`` (default: all of ``files``, the manifest's list) by size and sha256, reading
-    each once: one rank's share of a resume's check.
+    each once: one rank's share of a resume's check. ``workers`` threads hash files side by side, largest first
+    (hashlib releases the GIL): one per core the caller may use.
 
     Raises:
         ManifestError: a file is missing, of another size, or of another content (damaged, or copied in from
@@ -107,8 +111,11 @@ def verify_files(tag_dir: str | os.PathLike, files: dict[str, dict], rels: list[
     tag_dir = Path(tag_dir)
     rels = list(files) if rels is None else rels
     check_sizes(tag_dir, files, rels)
+    largest_first = sorted(rels, key=lambda rel: -files[rel]["bytes"])
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(rels))), thread_name_prefix="growlm-hash") as pool:
+        digests = dict(zip(largest_first, pool.map(lambda rel: file_sha256(tag_dir / rel), largest_first), strict=True))
     for rel in rels:
-        if file_sha256(tag_dir / rel) != files[rel]["sha256"]:
+        if digests[rel] != files[rel]["sha256"]:
             raise ManifestError(
                 f"{tag_dir / rel} does not match its sha256 in {tag_dir / MANIFEST_FILE}: the file is damaged or comes "
                 "from another checkpoint"
@@ -117,8 +124,9 @@ def verify_files(tag_dir: str | os.PathLike, files: dict[str, dict], rels: list[
 
 def verify_manifest(tag_dir: str | os.PathLike) -> bool:
     """Check the files of ``tag_dir`` against its manifest in this one process (growlm-grow, growlm-eval; a resume
-    splits the work between its ranks: ``runtime.checkpoint.verify_shares``). Returns False when there is no
-    manifest (nothing to check: a checkpoint written before manifests existed), True when every listed file matches.
+    splits the work between its ranks: ``runtime.checkpoint.verify_shares``), hashing on every core this process may
+    use. Returns False when there is no manifest (nothing to check: a checkpoint written before manifests existed),
+    True when every listed file matches.
 
     Raises:
         ManifestError: the manifest is unreadable, or a listed file is missing, of another size (truncated) or of
@@ -127,5 +135,5 @@ def verify_manifest(tag_dir: str | os.PathLike) -> bool:
     files = read_manifest(tag_dir)
     if files is None:
         return False
-    verify_files(tag_dir, files)
+    verify_files(tag_dir, files, workers=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     return True

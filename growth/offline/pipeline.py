@@ -19,6 +19,7 @@ import math
 import os
 import shlex
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from growlm.growth.errors import GrowthError
 from growlm.growth.offline.shards import ZeroShardStore
@@ -46,6 +48,7 @@ from growlm.growth.offline.universal import (
 from growlm.growth.ops.apply import apply_rules
 from growlm.growth.ops.preparation import GrowthPrep, prepare_growth, same_shape
 from growlm.growth.ops.rules import param_shapes
+from growlm.growth.ops.stores import ParamState
 from growlm.growth.stages.plan import Stage
 from growlm.model.config import ModelConfig, largest_param_numel, param_count
 from growlm.model.masks import MaskSpec, mask_values, new_unit_flags
@@ -279,6 +282,47 @@ def mask_buffers(masks: MaskSpec | None, cfg: ModelConfig, step: int) -> dict[st
     return {name: mask_values(is_new, masks.value(step)) for name, is_new in new_unit_flags(masks, cfg).items()}
 
 
+class ProgressStore:
+    """The grown checkpoint's store, with a terminal progress bar (tqdm, on stderr) advanced by every parameter
+    written: bytes written of all (weight and both Adam moments, fp32), the rate, the time left, and parameters done
+    of all. A context manager (the bar closes on exit); every other call goes to ``store``.
+
+    Args:
+        store: the store written (growth.offline.universal.UniversalStore).
+        show: show the bar; None: only when stderr is a terminal, as the training bar.
+    """
+
+    def __init__(self, store: UniversalStore, show: bool | None = None) -> None:
+        self.store = store
+        self.total = len(store.names())
+        self.done = 0
+        nbytes = sum(12 * math.prod(shape) for shape in store.shapes.values())
+        self.bar = tqdm(total=nbytes, unit="B", unit_scale=True, unit_divisor=1024, desc="growlm-grow",
+                        disable=not (sys.stderr.isatty() if show is None else show), file=sys.stderr,
+                        dynamic_ncols=True, mininterval=0.5, postfix=f"0/{self.total} parameters")  # fmt: skip
+
+    def __enter__(self) -> ProgressStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.close()
+
+    def names(self) -> list[str]:
+        return self.store.names()
+
+    def read(self, name: str) -> ParamState:
+        return self.store.read(name)
+
+    def write(self, name: str, state: ParamState) -> None:
+        self.store.write(name, state)
+        self.done += 1
+        self.bar.set_postfix_str(f"{self.done}/{self.total} parameters", refresh=False)
+        self.bar.update(sum(4 * t.numel() for t in state))
+
+    def release(self, name: str) -> None:
+        self.store.release(name)
+
+
 @dataclass
 class OldState:
     """What the rewrite reads from the input: its parameters (a ParamStore), the Adam step, and the global optimizer
@@ -350,19 +394,28 @@ def first_lr(src: Source, prep: GrowthPrep | None) -> float | None:
 
 
 def write_params(
-    src: Source, old: OldState, new_tag: Path, stage: Stage | None, prep: GrowthPrep | None, written: Written, log: Any
+    src: Source,
+    old: OldState,
+    new_tag: Path,
+    stage: Stage | None,
+    prep: GrowthPrep | None,
+    written: Written,
+    log: Any,
+    progress: bool | None = None,
 ) -> None:
     """The per-parameter files of ``new_tag/zero`` (grown by ``prep``'s plan, or copied when ``prep`` is None), the
-    tied ``lm_head.weight`` alias ds_to_universal writes for ZeRO-1/2, and ``zero/optimizer_state.pt``."""
+    tied ``lm_head.weight`` alias ds_to_universal writes for ZeRO-1/2, and ``zero/optimizer_state.pt``.
+    ``progress``: show a progress bar (``ProgressStore``; None: when stderr is a terminal)."""
     cfg = prep.plan.new if prep is not None else src.config
     flat = src.zero_stage == 3
     new_store = UniversalStore(new_tag / "zero", param_shapes(cfg), flat=flat, step=old.step, written=written)
     t = time.perf_counter()
-    if prep is not None:
-        apply_rules(prep.plan, old.store, new_store, stage.optimizer)
-    else:
-        for name in new_store.names():
-            new_store.write(name, old.store.read(name))
+    with ProgressStore(new_store, show=progress) as shown:
+        if prep is not None:
+            apply_rules(prep.plan, old.store, shown, stage.optimizer)
+        else:
+            for name in shown.names():
+                shown.write(name, old.store.read(name))
     for alias, target in tied_aliases(src).items():  # what ds_to_universal writes for them (weights only)
         new_store.write_tied(alias, new_store.read_tensor(target, "fp32"))
     log(f"growlm-grow: wrote {len(new_store.names())} parameters ({time.perf_counter() - t:.1f} s)")
@@ -388,17 +441,23 @@ def new_run_state(src: Source, stage: Stage | None, prep: GrowthPrep | None, sta
 
 
 def write_tag(
-    src: Source, new_tag: Path, stage: Stage | None, prep: GrowthPrep | None, log: Any, stages_done: int | None = None
+    src: Source,
+    new_tag: Path,
+    stage: Stage | None,
+    prep: GrowthPrep | None,
+    log: Any,
+    stages_done: int | None = None,
+    progress: bool | None = None,
 ) -> RunState:
     """Write the whole universal tag folder ``new_tag`` (parameters, metadata, RNG files, growlm_state.json and the
-    manifest) in one pass over the input; returns its run state."""
+    manifest) in one pass over the input; returns its run state. ``progress``: see ``write_params``."""
     new_tag.mkdir(parents=True)
     written = Written(new_tag)
     cfg = prep.plan.new if prep is not None else src.config
     new_state = new_run_state(src, stage, prep, stages_done)
     try:
         with open_old(src) as old:
-            write_params(src, old, new_tag, stage, prep, written, log)
+            write_params(src, old, new_tag, stage, prep, written, log, progress)
         write_model_states(
             src.tag_dir,
             new_tag,
@@ -427,6 +486,7 @@ def grow_checkpoint(
     target_zero_stage: int | None = None,
     log: Any = print,
     stages_done: int | None = None,
+    progress: bool | None = None,
 ) -> Path:
     """Write the grown (``stage``) or only resharded (``stage`` None) checkpoint of ``src`` to ``out``.
 
@@ -455,7 +515,7 @@ def grow_checkpoint(
                 hold_point("grow.commit")  # test-only (runtime.crash_points): killed here, no output may appear
                 write_manifest(new_tag)
             else:
-                write_tag(src, new_tag, stage, prep, log, stages_done)
+                write_tag(src, new_tag, stage, prep, log, stages_done, progress)
             (tmp / LATEST_UNIVERSAL).write_text(src.tag)
             (tmp / checkpoint.LATEST).write_text(src.tag)  # the pointer, last
     what = f"grown to {prep.plan.new.shape_str()}" if prep is not None else "resharded"

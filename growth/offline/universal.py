@@ -55,17 +55,19 @@ def load_file(path: Path, what: str) -> Any:
 
 
 _MAX_OPEN = 64  # files written but not yet fsynced (open descriptors) at most
-_MAX_QUEUED = 3  # files handed to the writer thread and not yet written (one parameter's fp32, exp_avg, exp_avg_sq)
+_MAX_QUEUED = 3  # files handed to the writer threads and not yet written (one parameter's fp32, exp_avg, exp_avg_sq)
+_WRITERS = 2  # writer threads
 
 
 class Written:
-    """The files written into one tag folder, off the caller's thread: a writer thread saves each object (while the
-    caller computes the next parameter; torch ops, file writes and hashing release the GIL) and records the file's
-    size and sha256, computed while it is written (for runtime.manifest.write_manifest(known=...), which then does
-    not read the files again); a second thread fsyncs each written file, so the final sync of
-    runtime.atomic.commit_dir finds them already on disk. At most ``_MAX_QUEUED`` objects wait for the writer
-    (memory: a few tensors of the largest parameter). ``wait()`` before reading a written file or writing the
-    manifest; it re-raises an error of either thread.
+    """The files written into one tag folder, off the caller's thread: ``_WRITERS`` writer threads save the objects
+    (while the caller computes the next parameter; torch ops, file writes and hashing release the GIL), each with
+    torch's own file writer, then hash the file it just wrote from the page cache and record its size and sha256
+    (for runtime.manifest.write_manifest(known=...), which then does not read the files again; hashing through a
+    Python file object instead made torch copy every tensor's bytes once more and was the slower way); a further
+    thread fsyncs each written file, so the final sync of runtime.atomic.commit_dir finds them already on disk. At
+    most ``_MAX_QUEUED`` objects wait for the writers (memory: a few tensors of the largest parameters). ``wait()``
+    before reading a written file or writing the manifest; it re-raises an error of any thread.
 
     Args:
         tag_dir: the tag folder the recorded paths are relative to.
@@ -74,7 +76,7 @@ class Written:
     def __init__(self, tag_dir: Path) -> None:
         self.tag_dir = Path(tag_dir)
         self.hashes: dict[str, tuple[int, str]] = {}
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="growlm-write")
+        self._writer = ThreadPoolExecutor(max_workers=_WRITERS, thread_name_prefix="growlm-write")
         self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="growlm-fsync")
         self._queued: list[Future] = []
         self._syncing: list[Future] = []
@@ -86,16 +88,20 @@ class Written:
             self._queued.pop(0).result()
 
     def _save_now(self, obj: Any, path: Path) -> None:
-        """Writer thread: save, hash and flush one file, then hand it to the fsync thread."""
-        f = open(path, "wb")  # noqa: SIM115 (closed by the fsync thread)
+        """Writer thread: save one file, hash it as written (read back from the page cache), then hand it to the
+        fsync thread."""
+        torch.save(obj, path)
+        f = open(path, "rb")  # noqa: SIM115 (closed by the fsync thread)
         try:
-            h = _HashingFile(f)
-            torch.save(obj, h)
-            f.flush()
+            h = hashlib.sha256()
+            nbytes = 0
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+                nbytes += len(chunk)
         except BaseException:
             f.close()
             raise
-        self.hashes[path.relative_to(self.tag_dir).as_posix()] = (h.nbytes, h.sha.hexdigest())
+        self.hashes[path.relative_to(self.tag_dir).as_posix()] = (nbytes, h.hexdigest())
         self._syncing.append(self._syncer.submit(_fsync_close, f))
         while len(self._syncing) > _MAX_OPEN:  # each pending fsync holds a file descriptor open
             self._syncing.pop(0).result()
@@ -129,23 +135,9 @@ def _fsync_close(f: Any) -> None:
         f.close()
 
 
-class _HashingFile:
-    """A binary file object that hashes (sha256) and counts the bytes written through it."""
-
-    def __init__(self, f: Any) -> None:
-        self.f, self.sha, self.nbytes = f, hashlib.sha256(), 0
-
-    def write(self, data: Any) -> int:
-        self.sha.update(data)
-        self.nbytes += len(memoryview(data).cast("B"))
-        return self.f.write(data)
-
-    def flush(self) -> None:
-        self.f.flush()
-
-
 def save(obj: Any, path: Path, written: Written | None = None) -> None:
-    """``torch.save(obj, path)``, through ``written`` (hashed while written, fsynced in the background) if given."""
+    """``torch.save(obj, path)``, through ``written`` (on its writer threads, hashed, fsynced in the background) if
+    given."""
     if written is None:
         torch.save(obj, path)
     else:

@@ -18,7 +18,7 @@ from torch import Tensor
 from growlm.growth.errors import GrowthError
 from growlm.model.config import ModelConfig
 from growlm.model.masks import MaskSpec
-from growlm.model.registry import build_model
+from growlm.model.registry import build_model, init_skipped
 
 Map = Callable[[Tensor], Tensor]
 
@@ -174,9 +174,8 @@ def compose_maps(first: Map, second: Map) -> Map:
 def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every parameter of ``build_model(cfg)`` (GPT-2 or Llama, by ``cfg.arch``), in
     ``named_parameters`` order; a tied lm_head is listed once, as the embedding. Built on the meta device (no
-    memory)."""
-
-    with torch.device("meta"):
+    memory, no initialisation)."""
+    with torch.device("meta"), init_skipped():
         model = build_model(cfg)
     return {name: tuple(p.shape) for name, p in model.named_parameters()}
 

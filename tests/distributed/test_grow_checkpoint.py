@@ -12,12 +12,13 @@ import pytest
 import torch
 from cli_utils import one_error_line
 from dist_utils import REPO, SMALL_DATA, SMALL_VOCAB, read_metrics, run_ranks, saved_adam_steps, write_ds_config
+from tqdm import tqdm
 
 from growlm.data.prepare import open_tokens
 from growlm.data.sampler import TokenWindows
 from growlm.growth.offline.cli import main as grow_main
 from growlm.growth.offline.cli import parse_args, stage_from_flags
-from growlm.growth.offline.pipeline import open_source
+from growlm.growth.offline.pipeline import grow_checkpoint, open_source
 from growlm.growth.offline.universal import UniversalStore, convert
 from growlm.growth.offline.weights import fp32_model
 from growlm.growth.ops.apply import grow_param
@@ -400,3 +401,20 @@ def test_overwrite_mixed_file_and_masks_in_ramp(tmp_path, sources, capsys):
     a.write_bytes(b"not a tensor")
     assert grow(out, tmp_path / "again") == 2
     assert "transformer.h.0.ln_1.weight/fp32.pt cannot be read" in capsys.readouterr().err
+
+
+def test_a_growth_shows_its_progress_on_a_terminal_only(tmp_path, sources, capsys):
+    """The progress bar (growth.offline.pipeline.ProgressStore) counts parameters done of all and the bytes written
+    of the grown model's total (fp32 weight and both moments); on a stderr that is not a terminal it stays silent."""
+    run, _ = sources("zero2_fp32")
+    src = open_source(run / "checkpoints")
+    stage = stage_from_flags(parse_args(["in", "out", *GROW["masked"]]), src.config, SAVE_STEP)
+    grow_checkpoint(src, tmp_path / "shown", stage, progress=True, log=lambda *_: None)
+    err = capsys.readouterr().err
+    n, nbytes = len(param_shapes(stage.target)), 12 * param_count(stage.target)
+    last = err.replace("\r", "\n").strip().splitlines()[-1]
+    assert last.startswith("growlm-grow: 100%") and f"{n}/{n} parameters" in last, last
+    size = tqdm.format_sizeof(nbytes, divisor=1024)
+    assert f"| {size}/{size} [" in last, (last, nbytes)
+    grow_checkpoint(src, tmp_path / "quiet", stage, log=lambda *_: None)  # stderr captured: not a terminal
+    assert capsys.readouterr().err == ""
