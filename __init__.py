@@ -1,6 +1,6 @@
-"""growlm: DeepSpeed GPT-2 pretraining that grows the model while it trains.
+"""growlm: DeepSpeed pretraining of GPT-2, Llama and Qwen 2 models that grows the model while it trains.
 
-One import namespace, the repository's top level: ``model`` (the growth-aware GPT-2) < ``runtime`` (DeepSpeed:
+One import namespace, the repository's top level: ``model`` (the growth-aware model families) < ``runtime`` (DeepSpeed:
 process group, engine, checkpoints) < ``data`` (tokenizer, corpus, token files) < ``growth`` (operators, live and
 offline growth, the plan's stages) < ``eval.metrics`` (scores training uses) < ``trainer`` (the run behind
 ``train``) < the commands (``train``, ``trainer.driver``, ``eval.bench``, ``eval.experiments``). An import only points

@@ -1,4 +1,4 @@
-"""growlm: DeepSpeed GPT-2 pretraining that grows the model while it trains.
+"""growlm: DeepSpeed pretraining of GPT-2, Llama and Qwen 2 models that grows the model while it trains.
 
 Install torch first (``pip install torch==2.13.0`` takes the CPU wheel on the project's machines; a GPU node keeps its
 own CUDA torch), then ``pip install '.[mpi,dev]'`` (``-e`` for a clone you edit); ``make setup`` does both plus the
@@ -33,7 +33,7 @@ SUBPACKAGES = [
 setup(
     name="growlm",
     version="0.2.0",
-    description="DeepSpeed GPT-2 pretraining with growth operators on the whole training state",
+    description="DeepSpeed pretraining of GPT-2, Llama and Qwen 2 that grows the model and its whole training state",
     python_requires=">=3.10",
     packages=["growlm", *(f"growlm.{p}" for p in SUBPACKAGES)],
     package_dir={"growlm": "."},

@@ -1,4 +1,4 @@
-"""growlm training entry point: pretrain a GPT-2 with DeepSpeed ZeRO on a prepared token file.
+"""growlm training entry point: pretrain a GPT-2, Llama or Qwen 2 model with DeepSpeed ZeRO on a prepared token file.
 
 Launch with the deepspeed launcher (``deepspeed --num_gpus 2 train.py ...``; on a CPU DeepSpeed's CPU
 accelerator and gloo are chosen automatically), with ``torchrun --nproc_per_node 2 train.py ...``, with

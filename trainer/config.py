@@ -578,7 +578,7 @@ def _value_rule(kind: Any) -> tuple[Any, str] | None:
 def check_ds_config(ds_cfg: dict[str, Any], path: str, world_size: int) -> None:
     """The DeepSpeed config checked for meaning, by DeepSpeed's own rules, before any rank starts: the ZeRO stage,
     the top-level keys (one the installed DeepSpeed does not read is refused, the nearest known one suggested), the
-    batch sizes against the launched world size, everything else ``runtime.engine.check_ds_config_meaning`` checks
+    batch sizes against the launched world size, everything else ``runtime.ds_config.check_ds_config_meaning`` checks
     (DeepSpeed's own parser, the optimizer type and params, numbers and their ranges, offload against the ZeRO
     stage), then the scheduler (imports deepspeed: call after the accelerator is set).
 

@@ -58,7 +58,6 @@ SMALL = {
     "width x2": (dict(n_layer=2, n_embd=32, n_head=2), dict(n_layer=2, n_embd=64, n_head=4)),
     "depth x2": (dict(n_layer=2, n_embd=64, n_head=4), dict(n_layer=4, n_embd=64, n_head=4)),
 }
-ROWS = [(case, stage, prec) for case in SCENARIOS for stage in (2, 3) for prec in ("fp32", "bf16")]
 
 
 def worker(case: str, stage: int, precision: str, out: str, seq_len: int, small: bool) -> None:

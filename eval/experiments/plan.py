@@ -240,9 +240,3 @@ def main_specs(s: Settings, st: PilotState) -> list[RunSpec]:
                                  policy=st.policy[a.name]))  # fmt: skip
         specs += main_levers(s, st, seed)
     return specs
-
-
-def run_cost(s: Settings, spec: RunSpec) -> float:
-    """A run's training FLOPs (its budget; used to order and size the work)."""
-    run_steps(s, spec)  # raises on an impossible growth plan
-    return spec.budget * s.c_flops

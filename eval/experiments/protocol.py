@@ -19,7 +19,6 @@ class). A curve stores both; curves made with other settings are refused, never 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -176,8 +175,6 @@ ARMS = (
         "depth x2 out of the smallest size, 1 -> 2 layers: growth that ends at L2, short of the target "
         "(the operator of depth-x2)"),
 )  # fmt: skip
-ARM_NAMES = tuple(a.name for a in ARMS)
-POLICIES = ("continue", "rewarm")  # the LR schedule after growth: same position, or a linear re-warm
 
 
 def arm(name: str) -> Arm:
@@ -260,11 +257,6 @@ def run_steps(s: Settings, spec: RunSpec) -> list[int]:
     if spec.kind == "scratch":
         return [max(1, round(budget / s.step_flops(spec.size)))]
     return stage_steps(s, s.arm(spec.arm).stages, spec.grow_flops, budget)
-
-
-def settings_digest(d: dict[str, Any]) -> str:
-    """A short hash of a settings dict (sorted JSON), to name the settings a curve was made with."""
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def lr_grid_next(tried: dict[float, float], widen_left: int) -> float | None:

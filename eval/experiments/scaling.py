@@ -14,7 +14,7 @@ Constants and their sources:
   C = 6 N B S (section 2.1). Kaplan's L is in nats per token of *their* 50,257-token BPE on WebText2; our CPU
   runs use other data and vocabularies, so the planner fits the constants to our own short runs and keeps only the
   functional forms (and, by default, Kaplan's exponents).
-* Slope thresholds -0.0575 (depth), -0.0475 (width), -0.03 (both) and the compute-optimal slope -0.052: Shen et al.
+* Slope thresholds -0.0575 (depth), -0.0475 (width), -0.03 (both): Shen et al.
   2022 ("Staged Training for Transformer Language Models", arXiv 2203.06211), section 4
   (DESIGN.md, "When to grow"); in growth.stages.trigger.
 * constant_op (S' = S / constant_op on the target schedule): 1.4 depth, 1.8 width, 2.5 both, measured by the

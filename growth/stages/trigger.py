@@ -14,7 +14,6 @@ from growlm.growth.errors import GrowthError
 
 # d log10 L / d log10 C at which to grow, per growth dimension (Shen et al. 2022, section 4)
 SLOPE_THRESHOLDS = {"depth": -0.0575, "width": -0.0475, "both": -0.03}
-COMPUTE_OPTIMAL_SLOPE = -0.052
 SLOPE_WINDOW = 10  # evaluations in the least-squares slope of the live trigger
 
 
