@@ -24,13 +24,14 @@ info = init_distributed(120)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from growlm.growth.live.engine import collect_old_engine, grow_engine, rss_bytes  # noqa: E402
+from growlm.growth.live.engine import collect_old_engine, grow_engine  # noqa: E402
 from growlm.growth.ops import make_rules  # noqa: E402
 from growlm.growth.ops.apply import OptimizerPolicy  # noqa: E402
 from growlm.growth.ops.schedule_rule import ScheduleRule  # noqa: E402
 from growlm.model.config import GPTConfig  # noqa: E402
 from growlm.model.gpt2.model import GPT  # noqa: E402
 from growlm.runtime.engine import build_engine, release_engine  # noqa: E402
+from growlm.runtime.process_memory import rss_bytes  # noqa: E402
 
 ds_path, mode, out_path = sys.argv[1:4]
 ds_cfg = json.loads(Path(ds_path).read_text())

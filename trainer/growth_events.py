@@ -10,19 +10,17 @@ carries".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
-from growlm.growth.live.engine import CUDA_MEMORY_KEYS, GROWTH_PHASES, GrowthResult, collect_old_engine, grow_engine
+from growlm.growth.live.engine import GROWTH_PHASES, GrowthResult, collect_old_engine, grow_engine
 from growlm.growth.stages.plan import Stage
-from growlm.growth.stages.trigger import equal_rate_reached, slope_trigger
+from growlm.growth.stages.trigger import stage_due
 from growlm.model.config import ModelConfig, param_count
 from growlm.runtime import collectives, peers
 from growlm.runtime.engine import build_engine
-from growlm.runtime.metrics_file import MetricsFileError, read_val_curve
+from growlm.runtime.process_memory import CUDA_MEMORY_KEYS, peak_rss_bytes
 from growlm.trainer.config import RunConfig
-from growlm.trainer.errors import UsageError
-from growlm.trainer.logger import MetricsLogger, max_rss_bytes
+from growlm.trainer.logger import MetricsLogger
 from growlm.trainer.loop import Batches, Progress, fixed_batch_loss
 
 # growth/<key> in TensorBoard: the growth, then its cost per phase (growth.live.engine.GrowthResult) and the peak RSS
@@ -31,8 +29,8 @@ GROWTH_SCALARS += tuple(f"{phase}_{unit}" for phase in GROWTH_PHASES for unit in
 
 
 def next_stage(p: Progress, run: RunConfig) -> Stage | None:
-    """The plan's next stage if it is due now (``stage_due``), else None. A due stage waits while the masks of an
-    earlier growth still ramp (the model still has masks)."""
+    """The plan's next stage if it is due now (growth.stages.trigger.stage_due), else None. A due stage waits while
+    the masks of an earlier growth still ramp (the model still has masks)."""
     if run.growth is None or p.stage_index >= len(run.growth.stages):
         return None
     stage = run.growth.stages[p.stage_index]
@@ -41,41 +39,12 @@ def next_stage(p: Progress, run: RunConfig) -> Stage | None:
     return stage if stage_due(stage, p.step, p.consumed * run.seq_len, p.slope_points) else None
 
 
-def stage_due(stage: Stage, step: int, tokens: int, slope_points: list[tuple[float, float]]) -> bool:
-    """Whether ``stage``'s trigger fires: ``{step: N}`` at step >= N, ``{tokens: N}`` once N training tokens are
-    consumed, ``{slope: X}`` when growth.stages.trigger.slope_trigger fires on the validations since the last growth
-    (``slope_points``: cumulative training FLOPs, validation loss), ``{slope: auto, reference: PATH}`` when
-    growth.stages.trigger.equal_rate_reached does on them against the reference run's validation curve."""
-    kind, value = stage.when.kind, stage.when.value
-    if kind == "step":
-        return step >= value
-    if kind == "tokens":
-        return tokens >= value
-    flops, losses = [f for f, _ in slope_points], [v for _, v in slope_points]
-    if stage.when.reference:
-        return equal_rate_reached(flops, losses, *reference_curve(stage.when.reference))
-    return slope_trigger(flops, losses, value)
-
-
-@lru_cache(maxsize=8)
-def reference_curve(path: str) -> tuple[list[float], list[float]]:
-    """The validation curve of a ``{slope: auto, reference: PATH}`` trigger's reference run (read once).
-
-    Raises:
-        UsageError: the file is missing or holds no validation record (runtime.metrics_file.read_val_curve).
-    """
-    try:
-        return read_val_curve(path)
-    except MetricsFileError as e:
-        raise UsageError(str(e)) from None
-
-
 @dataclass(frozen=True)
 class GrowthEvent:
     """One live growth: the shape grown from, grow_engine's result, the fixed-batch loss before and after (eval-mode
     loss of the step's first micro batch averaged over ranks, on the old and on the grown model), this rank's host
-    peak RSS before it (bytes, trainer.logger.max_rss_bytes) and every rank's ``GrowthResult.cuda_memory``, in rank
-    order."""
+    peak RSS before it (bytes, runtime.process_memory.peak_rss_bytes) and every rank's ``GrowthResult.cuda_memory``,
+    in rank order."""
 
     old: ModelConfig
     result: GrowthResult
@@ -94,7 +63,7 @@ def grow(p: Progress, stage: Stage, run: RunConfig, data: Batches) -> GrowthEven
     """
     x, y = data.micro_batch(p.consumed, 0)
     loss_before = fixed_batch_loss(p.engine, x, y, data.info)
-    old, rss_before = p.model, max_rss_bytes()
+    old, rss_before = p.model, peak_rss_bytes()
     result = grow_engine(
         p.engine,
         stage.rules(old, run.growth.seed),
@@ -130,7 +99,7 @@ def growth_record(p: Progress, stage: Stage, event: GrowthEvent, seq_len: int) -
     ``<phase>_bytes``, as growth.live.engine.GrowthResult defines them; ``build_<part>_s``: the engine build split;
     ``collectives``: gather collectives), memory (``max_rss_bytes_before`` / ``max_rss_bytes``: rank 0's host peak
     RSS before and after; ``peak_rss_bytes_all_ranks``: the largest host peak RSS of any rank; ``<key>_per_rank`` for
-    each of growth.live.engine.CUDA_MEMORY_KEYS: every rank's CUDA allocated / reserved bytes before, at the
+    each of runtime.process_memory.CUDA_MEMORY_KEYS: every rank's CUDA allocated / reserved bytes before, at the
     growth's own peak and after, null without CUDA) and whether the grown model recomputes its blocks' activations
     (``activation_checkpointing``)."""
     old = event.old
@@ -148,7 +117,7 @@ def growth_record(p: Progress, stage: Stage, event: GrowthEvent, seq_len: int) -
         "seconds": event.result.seconds,
         "bytes_moved": event.result.bytes_moved,
         "max_rss_bytes_before": event.rss_before,
-        "max_rss_bytes": max_rss_bytes(),
+        "max_rss_bytes": peak_rss_bytes(),
         "peak_rss_bytes_all_ranks": event.result.peak_rss_bytes,  # host RSS peak, max over ranks
         **{f"{k}_per_rank": [m[k] for m in event.cuda_memory_per_rank] for k in CUDA_MEMORY_KEYS},
         **{f"{k}_s": v for k, v in event.result.phase_seconds.items()},  # rank 0's seconds per phase

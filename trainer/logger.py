@@ -7,31 +7,16 @@ runtime.metrics_file's; "growth" records are built by trainer.growth_events.
 
 from __future__ import annotations
 
-import resource
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm import tqdm
 
 from growlm.eval.metrics.perplexity import NLL
 from growlm.runtime.metrics_file import open_for_append, purge_after, write_record
 
 TRAIN_SCALARS = ("loss", "lr", "grad_norm", "loss_scale")  # train/<key> in TensorBoard at every log interval
-
-
-def max_rss_bytes() -> int:
-    """Peak resident host memory of this process so far (bytes; ru_maxrss, which Linux reports in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def cuda_max_allocated_bytes() -> int | None:
-    """Peak CUDA memory allocated by tensors on this process's current device since the run started or since the last
-    growth reset the statistic (bytes); None when the process has not initialised CUDA (a CPU run)."""
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-        return None
-    return int(torch.cuda.max_memory_allocated())
 
 
 class Throughput:

@@ -27,6 +27,7 @@ from growlm.runtime.dist import DistInfo, init_distributed, launch_rank, select_
 from growlm.runtime.ds_config import choose_ds_config
 from growlm.runtime.engine import build_engine, loss_scale_of, release_engine
 from growlm.runtime.lock import LockHeldError, hold_lock
+from growlm.runtime.process_memory import cuda_max_allocated_bytes, peak_rss_bytes
 from growlm.runtime.processes import DRIVER_PID_ENV
 from growlm.runtime.schedule import start_schedule
 from growlm.trainer.checkpointing import restore, save, schedule_note
@@ -35,7 +36,7 @@ from growlm.trainer.errors import RankError, UsageError
 from growlm.trainer.evaluation import Evaluator, perplexity_after, perplexity_before, validate_periodically
 from growlm.trainer.growth_events import maybe_grow, next_stage
 from growlm.trainer.init_from import load_weights
-from growlm.trainer.logger import MetricsLogger, Throughput, cuda_max_allocated_bytes, max_rss_bytes
+from growlm.trainer.logger import MetricsLogger, Throughput
 from growlm.trainer.loop import (
     Batches,
     Progress,
@@ -196,7 +197,7 @@ def step_record(p: Progress, taken: StepTaken, seq_len: int) -> dict[str, Any]:
         "skipped_steps": p.engine.skipped_steps,
         "flops": p.consumed_flops,
         "step_time_s": taken.ended - taken.started,
-        "max_rss_bytes": max_rss_bytes(),  # host
+        "max_rss_bytes": peak_rss_bytes(),  # host
         "cuda_max_allocated_bytes": cuda_max_allocated_bytes(),  # None (null) without CUDA
     }
 

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 
-from growlm.growth.live.engine import peak_rss_bytes, reset_peak_rss, rss_bytes
 from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy, grow_param
 from growlm.growth.ops.rules import param_shapes
@@ -30,6 +29,7 @@ from growlm.growth.ops.stores import ParamState
 from growlm.model.config import GPTConfig
 from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.memory import GROWN_PARAM_BYTES
+from growlm.runtime.process_memory import peak_rss_bytes, reset_peak_rss, rss_bytes
 
 OLD = dict(n_layer=2, n_embd=512, n_head=8, vocab_size=16384, n_positions=64)
 CASES = {  # name: (target overrides, make_rules options)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from growlm.growth.ops.single_process import TrainingState, grow_state
 from growlm.growth.ops.stores import ParamState
 from growlm.model.config import from_preset
 from growlm.runtime.commands import HelpFormatter, add_version
+from growlm.runtime.process_memory import peak_rss_bytes, rss_bytes
 
 # name: (old preset, target preset or overrides, family, options)
 SCENARIOS = {
@@ -45,12 +45,11 @@ def _cfg(spec):
 
 
 def _rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    return peak_rss_bytes() / 2**20
 
 
 def _current_rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+    return rss_bytes() / 2**20
 
 
 def run_one(name: str) -> dict[str, float | str]:

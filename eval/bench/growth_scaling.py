@@ -41,14 +41,7 @@ from pathlib import Path
 
 import torch
 
-from growlm.growth.live.engine import (
-    collect_old_engine,
-    grow_engine,
-    peak_rss_bytes,
-    release_heap,
-    reset_peak_rss,
-    rss_bytes,
-)
+from growlm.growth.live.engine import collect_old_engine, grow_engine
 from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.schedule_rule import ScheduleRule
@@ -60,6 +53,7 @@ from growlm.runtime.ds_config import shipped_ds_config
 from growlm.runtime.engine import build_engine, fp32_master_is_separate
 from growlm.runtime.launch import launch_ranks
 from growlm.runtime.memory import growth_working_set_bytes, model_state_bytes
+from growlm.runtime.process_memory import peak_rss_bytes, release_heap, reset_peak_rss, rss_bytes
 
 START = dict(n_layer=14, n_embd=512, n_head=8, vocab_size=16384)
 SCENARIOS = {

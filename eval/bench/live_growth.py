@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from growlm import PACKAGE_DIR
-from growlm.growth.live.engine import collect_old_engine, grow_engine, release_heap, rss_bytes
+from growlm.growth.live.engine import collect_old_engine, grow_engine
 from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.schedule_rule import ScheduleRule
@@ -48,6 +48,7 @@ from growlm.runtime.dist import init_distributed
 from growlm.runtime.ds_config import shipped_ds_config
 from growlm.runtime.engine import build_engine, release_engine
 from growlm.runtime.launch import launch_ranks
+from growlm.runtime.process_memory import release_heap, rss_bytes
 
 SCENARIOS = {
     # name: (start shape, target shape); both starts have 60-80M parameters with the GPT-2 vocabulary

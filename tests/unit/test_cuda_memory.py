@@ -8,8 +8,13 @@ import pytest
 import torch
 
 from growlm.growth.live import engine
-from growlm.growth.live.engine import CUDA_MEMORY_KEYS, finish_cuda_peak, start_cuda_peak
-from growlm.trainer.logger import cuda_max_allocated_bytes, max_rss_bytes
+from growlm.runtime.process_memory import (
+    CUDA_MEMORY_KEYS,
+    cuda_max_allocated_bytes,
+    finish_cuda_peak,
+    peak_rss_bytes,
+    start_cuda_peak,
+)
 
 
 class FakeCuda:
@@ -89,4 +94,4 @@ def test_a_cpu_run_on_a_gpu_node_creates_no_cuda_context(monkeypatch):
         monkeypatch.setattr(torch.cuda, name, no_context)
     assert finish_cuda_peak(start_cuda_peak()) == dict.fromkeys(CUDA_MEMORY_KEYS)
     assert cuda_max_allocated_bytes() is None
-    assert max_rss_bytes() > 2**20  # this interpreter's resident memory, in bytes (Linux reports KiB)
+    assert peak_rss_bytes() > 2**20  # this interpreter's resident memory, in bytes (Linux reports KiB)
