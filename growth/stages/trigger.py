@@ -1,16 +1,20 @@
 """When to grow: the slope trigger. Growth fires once the smoothed log-log slope of the validation loss against
 training compute, d log10 L / d log10 C, has flattened to a threshold: the small model has stopped being the
 compute-efficient way down (Shen et al. 2022, "Staged Training for Transformer Language Models", arXiv 2203.06211,
-section 4). Pure functions of numbers; eval.experiments.scaling predicts where the trigger fires and what a growth
-saves.
+section 4). Pure functions of numbers, and ``stage_due``, the decision whether a plan stage's trigger fires now
+(which reads a reference run's validation curve once); eval.experiments.scaling predicts where the trigger fires and
+what a growth saves.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
 
 from growlm.growth.errors import GrowthError
+from growlm.runtime.metrics_file import MetricsFileError, read_val_curve
 
 # d log10 L / d log10 C at which to grow, per growth dimension (Shen et al. 2022, section 4)
 SLOPE_THRESHOLDS = {"depth": -0.0575, "width": -0.0475, "both": -0.03}
@@ -171,3 +175,37 @@ def equal_rate_threshold(
         len(small_losses) - 1,
     )  # fmt: skip
     return loglog_slope(small_flops[: i + 1], small_losses[: i + 1], window, beta), i
+
+
+def stage_due(stage: Any, step: int, tokens: int, slope_points: list[tuple[float, float]]) -> bool:
+    """Whether ``stage``'s trigger fires (a growth.stages.plan.Stage, typed loosely: that module imports this one):
+    ``{step: N}`` at step >= N, ``{tokens: N}`` once N training tokens are consumed, ``{slope: X}`` when
+    ``slope_trigger`` fires on the validations since the last growth (``slope_points``: cumulative training FLOPs,
+    validation loss), ``{slope: auto, reference: PATH}`` when ``equal_rate_reached`` does on them against the
+    reference run's validation curve (``reference_curve``).
+
+    Raises:
+        GrowthError: the reference run's metrics file is missing or holds no validation record.
+    """
+    kind, value = stage.when.kind, stage.when.value
+    if kind == "step":
+        return step >= value
+    if kind == "tokens":
+        return tokens >= value
+    flops, losses = [f for f, _ in slope_points], [v for _, v in slope_points]
+    if stage.when.reference:
+        return equal_rate_reached(flops, losses, *reference_curve(stage.when.reference))
+    return slope_trigger(flops, losses, value)
+
+
+@lru_cache(maxsize=8)
+def reference_curve(path: str) -> tuple[list[float], list[float]]:
+    """The validation curve of a ``{slope: auto, reference: PATH}`` trigger's reference run (read once).
+
+    Raises:
+        GrowthError: the file is missing or holds no validation record (runtime.metrics_file.read_val_curve).
+    """
+    try:
+        return read_val_curve(path)
+    except MetricsFileError as e:
+        raise GrowthError(str(e)) from None

@@ -81,7 +81,7 @@ def _write(path, records):
 
 def test_a_plan_stage_with_a_reference_fires_at_the_equal_rate_point(tmp_path):
     from growlm.growth.stages.plan import parse_stages
-    from growlm.trainer.growth_events import stage_due
+    from growlm.growth.stages.trigger import stage_due
 
     small_c, small_l, target_c, target_l = curves()
     pairs = zip(target_c, target_l, strict=True)
