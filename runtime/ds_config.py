@@ -4,8 +4,11 @@ DeepSpeed ignores an unknown top-level key (a typo such as ``zero_optimizaton`` 
 many mistakes only once the engine is being built, with a traceback on every rank. ``check_ds_top_level_keys`` and
 ``check_ds_config_meaning`` refuse them first, in one line: the known keys are the ones the installed DeepSpeed's
 config parser reads, its own parser and pydantic models are run on the config, and the optimizer and scheduler
-parameters are checked against the classes DeepSpeed would build. deepspeed is imported lazily:
-runtime.dist.select_accelerator must run before its first import.
+parameters are checked against the classes DeepSpeed would build. ``load_ds_config`` reads the file as train.py and
+growlm-run do, and ``check_ds_config`` runs every check on it (ZeRO stage, top-level keys, batch sizes against the
+world size, meaning, scheduler). Every check of a DeepSpeed config lives here; each raises ``DSConfigError``, one
+line naming the file, the key and the fix. deepspeed is imported lazily: runtime.dist.select_accelerator must run
+before its first import.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ import inspect
 import json
 import logging
 import math
+import os
 from collections.abc import Iterator, KeysView
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.optim.lr_scheduler as torch_schedules
 
 from growlm import DS_CONFIG_DIR
 
@@ -394,3 +399,190 @@ def shipped_ds_config(stage: int, precision: str, accelerator: str) -> Path:
     where one exists (``choose_ds_config``), else the file in ``ds_configs/``. For commands that write an edited copy
     of a shipped config (growlm-bench, growlm-gpu-check), which train.py would not replace."""
     return Path(choose_ds_config(str(DS_CONFIG_DIR / f"zero{stage}_{precision}.json"), accelerator)[0])
+
+
+# ----- the config file as train.py and growlm-run read it -----------------------------------------------------------
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def load_ds_config(path: str, max_steps: int) -> dict[str, Any]:
+    """The DeepSpeed config at ``path`` with ``"auto"`` scheduler step counts replaced by ``max_steps``.
+
+    Raises:
+        DSConfigError: no such file, a folder, unreadable, not a JSON object, or fp16 and bf16 both enabled.
+    """
+    choices = f"pick one of {sorted(n for n in os.listdir(DS_CONFIG_DIR) if n.endswith('.json'))}"
+    if Path(path).is_dir():
+        raise DSConfigError(f"--ds_config {path} is a folder, not a DeepSpeed JSON file; {choices}")
+    try:
+        cfg = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise DSConfigError(f"--ds_config {path}: no such file; {choices}") from None
+    except OSError as e:
+        raise DSConfigError(f"--ds_config {path} cannot be read ({e.strerror or e}); {choices}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DSConfigError(f"--ds_config {path} is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise DSConfigError(f"--ds_config {path} must hold a JSON object")
+    sched = cfg.get("scheduler", {}).get("params", {}) if isinstance(cfg.get("scheduler"), dict) else {}
+    for key in ("total_num_steps", "warmup_num_steps"):
+        if sched.get(key) == "auto":
+            sched[key] = max_steps
+    if cfg.get("fp16", {}).get("enabled") and cfg.get("bf16", {}).get("enabled"):
+        raise DSConfigError(f"--ds_config {path} enables both fp16 and bf16; enable one")
+    return cfg
+
+
+def zero_stage_of(ds_cfg: dict[str, Any], path: str | None = None) -> int:
+    """The ZeRO stage (0-3) a DeepSpeed config sets; 0, DeepSpeed's default, when it sets none (``path``: the
+    config's file, named in the message).
+
+    Raises:
+        DSConfigError: the stage is not one of the integers 0, 1, 2, 3.
+    """
+    zero = ds_cfg.get("zero_optimization", {})
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else None
+    if isinstance(stage, bool) or stage not in ZERO_STAGES:
+        where = f"--ds_config {path}" if path else "--ds_config"
+        raise DSConfigError(
+            f"{where}: zero_optimization.stage {stage!r} is not a ZeRO stage; use 0, 1, 2 or 3 "
+            "(e.g. ds_configs/zero2_bf16.json)"
+        )
+    return int(stage)
+
+
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def check_batch(ds_cfg: dict[str, Any], path: str, world_size: int) -> None:
+    """Refuse batch settings DeepSpeed would reject when the engine is built (an AssertionError, after the process
+    group formed): each given value a positive integer, train_batch_size or the micro batch given, and
+    train_batch_size = micro batch x gradient accumulation x ranks once DeepSpeed derives the missing ones (as
+    deepspeed.runtime.config does, with integer division).
+
+    Raises:
+        DSConfigError: names the values, the launched world size and the fix.
+    """
+    for key in BATCH_KEYS:
+        value = ds_cfg.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise DSConfigError(f"--ds_config {path}: {key} {value!r} must be a positive integer")
+    train, micro, gas = (ds_cfg.get(k) for k in BATCH_KEYS)
+    if train is None and micro is None:
+        raise DSConfigError(
+            f"--ds_config {path} sets neither train_batch_size nor train_micro_batch_size_per_gpu; set "
+            "train_micro_batch_size_per_gpu (and gradient_accumulation_steps)"
+        )
+    if train is None:
+        return  # DeepSpeed derives it: micro x gas x ranks
+    if micro is None:
+        gas = gas or 1
+        micro = train // world_size // gas
+    elif gas is None:
+        gas = train // micro // world_size
+    if micro < 1 or gas < 1 or train != micro * gas * world_size:
+        raise DSConfigError(
+            f"--ds_config {path}: train_batch_size {train} is not train_micro_batch_size_per_gpu x "
+            f"gradient_accumulation_steps x ranks ({micro} x {gas} x {world_size} = {micro * gas * world_size}); "
+            "drop train_batch_size (DeepSpeed then derives it) or set one that equals that product"
+        )
+
+
+def check_scheduler(ds_cfg: dict[str, Any], path: str) -> None:
+    """Refuse a scheduler DeepSpeed cannot build: an unknown type, or a params key its constructor does not take
+    (DeepSpeed calls ``type(optimizer, **params)``, a TypeError once the engine is being built). The accepted keys
+    are read from the signature of the class DeepSpeed would pick (deepspeed.runtime.lr_schedules, else
+    torch.optim.lr_scheduler), so they follow the installed version.
+
+    Raises:
+        DSConfigError: names the scheduler, the unknown keys and the accepted ones; or a value of the wrong type or
+            sign (from the constructor's annotations: total_num_steps "400" or -5, a string ratio).
+    """
+
+    from deepspeed.runtime import lr_schedules  # lazy: deepspeed picks its accelerator at import
+
+    sched = ds_cfg.get("scheduler")
+    if sched is None:
+        return
+    kind = sched.get("type") if isinstance(sched, dict) else None
+    params = sched.get("params", {}) if isinstance(sched, dict) else None
+    known = getattr(lr_schedules, "VALID_LR_SCHEDULES", [])
+    cls = getattr(lr_schedules, kind, None) if isinstance(kind, str) else None
+    if cls is None and isinstance(kind, str) and not kind.startswith("_"):
+        cls = getattr(torch_schedules, kind, None)
+    if not inspect.isclass(cls) or not isinstance(params, dict):
+        raise DSConfigError(
+            f"--ds_config {path}: scheduler {kind!r} is not a scheduler DeepSpeed knows; give "
+            f'{{"type": one of {", ".join(known)}, "params": {{...}}}}'
+        )
+    sig = inspect.signature(cls.__init__).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in sig.values()):
+        return
+    accepted = [n for n in sig if n not in ("self", "optimizer")]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise DSConfigError(
+            f"--ds_config {path}: scheduler {kind} takes no {', '.join(unknown)}; its params are {', '.join(accepted)}"
+        )
+    for key, value in params.items():
+        rule = _scheduler_value_rule(sig[key])
+        if rule is not None and not rule[0](value):
+            auto = ' (or "auto": --max_steps)' if key in ("total_num_steps", "warmup_num_steps") else ""
+            raise DSConfigError(
+                f"--ds_config {path}: scheduler.params.{key} {json.dumps(value)} must be {rule[1]}{auto}, as "
+                f"{kind} takes it"
+            )
+
+
+def _scheduler_value_rule(param: inspect.Parameter) -> tuple[Any, str] | None:
+    """(is the value valid, what it must be) for a scheduler parameter, from its annotation (else its default's
+    type): an integer or a number >= 0, a boolean, a string; None for anything else (and the start position
+    ``last_batch_iteration``, which may be -1)."""
+    kind = param.annotation if param.annotation is not inspect.Parameter.empty else None
+    kind = {"int": int, "float": float, "bool": bool, "str": str}.get(kind, kind) if isinstance(kind, str) else kind
+    if kind is None and param.default not in (inspect.Parameter.empty, None):
+        kind = type(param.default)
+    if param.name == "last_batch_iteration":
+        return None
+    rule = _value_rule(kind)
+    if rule is not None and param.default is None:  # None is the default itself: allowed
+        return (lambda v: v is None or rule[0](v)), rule[1]
+    return rule
+
+
+def _value_rule(kind: Any) -> tuple[Any, str] | None:
+    if kind is bool:
+        return (lambda v: isinstance(v, bool)), "true or false"
+    if kind is int:
+        return (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0), "an integer >= 0"
+    if kind is float:
+        ok = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0  # noqa: E731
+        return ok, "a number >= 0"
+    if kind is str:
+        return (lambda v: isinstance(v, str)), "a string"
+    return None
+
+
+def check_ds_config(ds_cfg: dict[str, Any], path: str, world_size: int) -> None:
+    """The DeepSpeed config checked for meaning, by DeepSpeed's own rules, before any rank starts: the ZeRO stage,
+    the top-level keys (one the installed DeepSpeed does not read is refused, the nearest known one suggested), the
+    batch sizes against the launched world size, everything else ``runtime.ds_config.check_ds_config_meaning`` checks
+    (DeepSpeed's own parser, the optimizer type and params, numbers and their ranges, offload against the ZeRO
+    stage), then the scheduler (imports deepspeed: call after the accelerator is set).
+
+    Raises:
+        DSConfigError: ``--ds_config PATH: <problem>; <fix>``; see ``zero_stage_of``, ``check_batch``,
+            ``check_ds_config_meaning`` and ``check_scheduler``.
+    """
+    zero_stage_of(ds_cfg, path)
+    try:
+        check_ds_top_level_keys(ds_cfg)
+    except DSConfigError as e:
+        raise DSConfigError(f"--ds_config {path}: {e}") from None
+    check_batch(ds_cfg, path, world_size)
+    try:
+        check_ds_config_meaning(ds_cfg, max(1, world_size))  # WORLD_SIZE=0 is refused later, by name
+    except DSConfigError as e:
+        raise DSConfigError(f"--ds_config {path}: {e}") from None
+    check_scheduler(ds_cfg, path)

@@ -17,7 +17,6 @@ from growlm.growth.stages.plan import Stage
 from growlm.growth.stages.trigger import stage_due
 from growlm.model.config import ModelConfig, param_count
 from growlm.runtime import collectives, peers
-from growlm.runtime.engine import build_engine
 from growlm.runtime.process_memory import CUDA_MEMORY_KEYS, peak_rss_bytes
 from growlm.trainer.config import RunConfig
 from growlm.trainer.logger import MetricsLogger
@@ -67,14 +66,7 @@ def grow(p: Progress, stage: Stage, run: RunConfig, data: Batches) -> GrowthEven
     result = grow_engine(
         p.engine,
         stage.rules(old, run.growth.seed),
-        lambda c, m: build_engine(
-            c,
-            m,
-            run.ds_config,
-            partitioned=run.zero_stage == 3,
-            activation_checkpointing=run.activation_checkpointing,
-            compile_model=run.compile,
-        ),
+        lambda c, m: run.build_engine(c, m, partitioned=run.zero_stage == 3),
         policy=stage.optimizer,
         schedule_rule=stage.schedule,
         ramp_steps=stage.ramp_steps or None,

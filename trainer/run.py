@@ -25,7 +25,7 @@ from growlm.runtime import checkpoint, collectives, stop
 from growlm.runtime.crash_points import hold_point
 from growlm.runtime.dist import DistInfo, init_distributed, launch_rank, select_accelerator
 from growlm.runtime.ds_config import choose_ds_config
-from growlm.runtime.engine import build_engine, loss_scale_of, release_engine
+from growlm.runtime.engine import loss_scale_of, release_engine
 from growlm.runtime.lock import LockHeldError, hold_lock
 from growlm.runtime.process_memory import cuda_max_allocated_bytes, peak_rss_bytes
 from growlm.runtime.processes import DRIVER_PID_ENV
@@ -340,14 +340,7 @@ def build(run: RunConfig) -> Any:
     torch.manual_seed(run.seed)  # identical init on every rank
     masks = run.resume_state.growth_masks if run.resume_state else None
     partitioned = run.init_from is not None and run.zero_stage == 3
-    engine = build_engine(
-        run.model,
-        masks,
-        run.ds_config,
-        partitioned=partitioned,
-        activation_checkpointing=run.activation_checkpointing,
-        compile_model=run.compile,
-    )
+    engine = run.build_engine(run.model, masks, partitioned=partitioned)
     start_schedule(engine)  # step 1 trains at the warm-up's first non-zero LR (a resume then loads its position)
     if run.init_from is not None:
         load_weights(engine, run.init_from)

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from growlm.growth.errors import GrowthError
 from growlm.growth.live.shards import Fragment, gather_bucket, layout_of, no_adam_state, write_fragment
-from growlm.growth.ops.apply import OptimizerPolicy, grow_param
+from growlm.growth.ops.apply import OptimizerPolicy, check_sources, grow_param
 from growlm.growth.ops.rules import Rule, RuleSet, identity, zeros
 from growlm.growth.ops.stores import ParamState
 from growlm.runtime import collectives
@@ -230,9 +230,7 @@ def transfer(
     readers: dict[str, list[tuple[str, Rule]]] = {}
     for name, rule in plan.rules.items():
         readers.setdefault(rule.source or name, []).append((name, rule))
-    missing = sorted(set(readers) - set(old_store.params))
-    if missing:
-        raise GrowthError(f"the old state lacks {missing[:5]}: it is not a {plan.old.shape_str()} model")
+    check_sources(plan, old_store.params)
     old_l, new_l = layout_of(old, old_store.params), layout_of(new, new_store.params)
     stats = TransferStats()
     shapes = {s: old_store.shape(s) for s in readers}

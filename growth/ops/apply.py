@@ -6,6 +6,7 @@ loop serves an in-memory state, a live sharded engine and a checkpoint on disk. 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -70,6 +71,17 @@ def grow_param(rule: Rule, old: ParamState, policy: OptimizerPolicy) -> ParamSta
     return ParamState(w, m, v)
 
 
+def check_sources(rules: RuleSet, have: Iterable[str]) -> None:
+    """Every parameter a rule of ``rules`` reads is among ``have`` (the old state's parameter names).
+
+    Raises:
+        GrowthError: names the missing parameters (the old state is not a ``rules.old`` model).
+    """
+    missing = sorted({rule.source or name for name, rule in rules.rules.items()} - set(have))
+    if missing:
+        raise GrowthError(f"the old state lacks {missing[:5]}: it is not a {rules.old.shape_str()} model")
+
+
 def apply_rules(
     rules: RuleSet,
     old: ParamStore,
@@ -88,11 +100,8 @@ def apply_rules(
         GrowthError: (before anything is written) the old store lacks a parameter that a rule reads.
     """
     policy = policy or OptimizerPolicy()
-    have = set(old.names())
+    check_sources(rules, old.names())
     sources = [rule.source or name for name, rule in rules.rules.items()]
-    missing = sorted(set(sources) - have)
-    if missing:
-        raise GrowthError(f"the old state lacks {missing[:5]}: it is not a {rules.old.shape_str()} model")
     last_read = {src: i for i, src in enumerate(sources)}
     for i, (name, rule) in enumerate(rules.rules.items()):
         src = sources[i]

@@ -1,5 +1,5 @@
 """DeepSpeed configs checked for meaning, by DeepSpeed's own rules, before any rank starts
-(runtime.ds_config.check_ds_config_meaning, through trainer.config.check_ds_config): a top-level key DeepSpeed would
+(runtime.ds_config.check_ds_config_meaning, through runtime.ds_config.check_ds_config): a top-level key DeepSpeed would
 ignore, an optimizer DeepSpeed cannot build or a parameter its class does not take, numbers of the wrong kind or
 range, offload at a ZeRO stage that has none. Each is one ``growlm-train: error:`` line, exit status 2, no
 traceback, the config file and the run folder untouched; growlm-run's --dry_run refuses the same."""

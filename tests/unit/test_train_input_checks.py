@@ -14,9 +14,9 @@ import pytest
 from cli_utils import train_fails as fails
 
 from growlm.runtime.dist import DistInfo
+from growlm.runtime.ds_config import DSConfigError, check_batch
 from growlm.runtime.lock import LockHeldError, hold_lock
 from growlm.runtime.metrics_file import purge_after, read_records
-from growlm.trainer.config import check_batch
 from growlm.trainer.errors import UsageError
 from growlm.trainer.logger import MetricsLogger
 
@@ -79,11 +79,11 @@ def test_batch_rule_follows_deepspeed_derivations():
     check_batch({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, "c", 2)  # accumulation 4
     check_batch({"train_batch_size": 32, "gradient_accumulation_steps": 2}, "c", 4)  # micro 4
     check_batch({"train_micro_batch_size_per_gpu": 3}, "c", 5)  # train 15
-    with pytest.raises(UsageError, match=r"\(3 x 1 x 4 = 12\)"):
+    with pytest.raises(DSConfigError, match=r"\(3 x 1 x 4 = 12\)"):
         check_batch({"train_batch_size": 14, "train_micro_batch_size_per_gpu": 3}, "c", 4)
-    with pytest.raises(UsageError, match="gradient_accumulation_steps 0 must be a positive integer"):
+    with pytest.raises(DSConfigError, match="gradient_accumulation_steps 0 must be a positive integer"):
         check_batch({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 0}, "c", 1)
-    with pytest.raises(UsageError, match="sets neither train_batch_size nor train_micro_batch_size_per_gpu"):
+    with pytest.raises(DSConfigError, match="sets neither train_batch_size nor train_micro_batch_size_per_gpu"):
         check_batch({"gradient_accumulation_steps": 2}, "c", 1)
 
 

@@ -27,12 +27,11 @@ from growlm.runtime.atomic import write_json
 from growlm.runtime.checkpoint import CheckpointError
 from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import select_accelerator
-from growlm.runtime.ds_config import choose_ds_config
+from growlm.runtime.ds_config import DSConfigError, check_ds_config, choose_ds_config, load_ds_config
 from growlm.runtime.launch import free_port
 from growlm.runtime.lock import LockHeldError, hold_lock
 from growlm.runtime.manifest import ManifestError
 from growlm.trainer import cli as train
-from growlm.trainer.config import check_ds_config, load_ds_config
 from growlm.trainer.driver.dry_run import print_dry_run
 from growlm.trainer.driver.machine import check_jobs_fit_here
 from growlm.trainer.driver.phases import PROGRESS_VERSION, Run, drive
@@ -249,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         prog = start_progress(run.progress_path, plan_sha, train_args, run.save_dir)
         run.launch = make_launch(args, train_args, str(Path(args.plan).resolve()), base_cfg, run.driver_dir)
         return drive(run, prog)
-    except (DriverError, UsageError, GrowthError, CheckpointError, ManifestError) as e:
+    except (DriverError, UsageError, DSConfigError, GrowthError, CheckpointError, ManifestError) as e:
         print(f"growlm-run: error: {e}", file=sys.stderr)
         return getattr(e, "returncode", 2)
     except OSError as e:  # a folder or file the driver cannot create or read (permissions, disk full)

@@ -16,7 +16,7 @@ from typing import Any
 
 from growlm.growth.errors import GrowthError
 from growlm.growth.stages.plan import StageList
-from growlm.trainer.config import zero_stage_of
+from growlm.runtime.ds_config import zero_stage_of
 from growlm.trainer.driver.resources import Resources, check_change, stage_resources
 
 
