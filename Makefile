@@ -64,9 +64,9 @@ test-unit: setup  # tests/unit only: no process started, about 2.5 minutes on 2 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-# gpu-check: the default sections in under 6 minutes on one H200 -> eval/results/gpu/<device>/ (SMOKE=1: tiny shapes
-# on the CPU; SECTIONS=compile,fp16: other sections, e.g. in a second lease); no setup: it runs in .venv where there
-# is one, else in NODE_PYTHON's environment (an offline install)
+# gpu-check: the default sections in under 9 minutes on one H200 -> eval/results/gpu/<device>/ (SMOKE=1: tiny shapes
+# on the CPU; SECTIONS=compile,fp16,offload: the others, e.g. in a second lease); no setup: it runs in .venv where
+# there is one, else in NODE_PYTHON's environment (an offline install)
 gpu-check:
 	$(if $(wildcard $(BIN)/python),$(BIN)/python,$(NODE_PYTHON)) -m growlm.eval.bench.gpu_check --out eval/results/gpu \
 		$(if $(SMOKE),--smoke) $(if $(SECTIONS),--sections $(SECTIONS))

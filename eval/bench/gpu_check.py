@@ -14,9 +14,20 @@ Sections (``--sections``; the default set is ``DEFAULT_SECTIONS``):
   again, every tensor bit for bit equal.
 - throughput: growlm-bench on GPT-2 350M at T = 1024 (ZeRO-1, with and without activation checkpointing, the micro
   batch from ``fit_micro_batch``) and the plain PyTorch baseline: tokens/s, model TFLOP/s, MFU.
+- ranks: train.py on N ranks (N = the visible GPUs, at most 8, when there are 2 or more, else 1, recorded as "one
+  GPU: cross-rank paths not exercised"; smoke: 2 gloo ranks on the CPU): the train section's live growths at ZeRO 1,
+  2 and 3 (the ZeRO-1/2 broadcasts and the ZeRO-3 all-gather of a growth across ranks), each run's world size as
+  train.py reports it, and a save/resume: the ZeRO-3 run saves between its growths, a second train.py resumes it
+  (loading every rank's shards, growing once more) and its losses and LRs must equal the uninterrupted run's
+  (``gpu_check_ranks.RESUME_TOL``). Code: ``eval/bench/gpu_check_ranks.py``.
 - compile: train.py ``--compile`` (GPU: with one live growth) against the same run in eager mode; where train.py
   refuses ``--compile`` (exit status 2) the section is "skipped: <its reason>".
 - fp16: a ZeRO-2 fp16 run with both growths; the loss scaler's overflow-skipped steps counted.
+- offload: ZeRO-2 with the optimizer offloaded to CPU memory (ds_configs/zero2_bf16_offload.json; smoke: its fp32
+  twin), stepped by DeepSpeed's CPU Adam (built on first use), growing live once (depth x2) on the ranks section's N
+  ranks: losses finite and falling, the growth exact within ``GROWTH_TOL``.
+
+compile, fp16 and offload are not in the default set: ``--sections compile,fp16,offload`` runs them (a second lease).
 
 Each section runs in its own process (this module with a hidden ``--_section``), started in its own session and
 killed with every process it started once its budget (``BUDGETS``, ``--budget SECTION=SECONDS``) is spent: it is
@@ -39,13 +50,11 @@ import platform
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -54,9 +63,11 @@ import psutil
 import torch
 from safetensors.torch import load_file
 
-from growlm import TRAIN_SCRIPT
 from growlm.data.prepare import ensure_builtin_prepared
 from growlm.eval.bench import throughput as bench
+from growlm.eval.bench.gpu_check_ranks import section_offload, section_ranks
+from growlm.eval.bench.gpu_check_runs import GPU, SMOKE, Runner, check_run, train_run
+from growlm.eval.bench.gpu_check_runs import GROWTH_TOL as GROWTH_TOL  # re-exported: the sections' growth tolerance
 from growlm.eval.bench.peak import format_mfu
 from growlm.growth.offline.cli import main as grow_main
 from growlm.model.config import ModelConfig, from_preset, param_count
@@ -65,28 +76,25 @@ from growlm.runtime import launch
 from growlm.runtime.atomic import write_json, write_text
 from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import select_accelerator
-from growlm.runtime.ds_config import shipped_ds_config
-from growlm.runtime.launch import launch_ranks
 from growlm.runtime.machine import device_description
 from growlm.runtime.metrics_file import read_records
 from growlm.runtime.processes import alive, kill_groups_and_wait
 
-# |loss after - loss before| allowed for a function-preserving growth, by precision: fp32 rounding only; bf16/fp16
-# round the grown model's weights and activations (8 and 11 significand bits)
-GROWTH_TOL = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 1e-2}
 # |compiled loss - eager loss| allowed at every step: inductor fuses and reorders float operations
 COMPILE_TOL = {"fp32": 1e-3, "bf16": 5e-2, "fp16": 1e-2}
 
-SECTIONS = ("env", "train", "offline", "export", "throughput", "compile", "fp16")
-DEFAULT_SECTIONS = ("env", "train", "offline", "export", "throughput")
+SECTIONS = ("env", "train", "offline", "export", "throughput", "ranks", "compile", "fp16", "offload")
+DEFAULT_SECTIONS = ("env", "train", "offline", "export", "throughput", "ranks")
 
 # seconds each section may run before it is killed (--budget SECTION=SECONDS overrides). GPU: sized for one H200
-# from a cold start, the default set 330 s (with the parent's start and data, under 6 minutes); H200_ESTIMATE_S and
-# docs/benchmarks.md give the estimate behind each. Smoke: a loaded 2-core CPU, generous.
+# from a cold start, the default set 490 s (with the parent's start and data, under 9 minutes); H200_ESTIMATE_S and
+# docs/benchmarks.md give the estimate behind each. ranks and offload: estimates until a GPU node (a multi-GPU one
+# for their N ranks) measures them; nothing of theirs was measured on a GPU. Smoke: a loaded 2-core CPU, generous.
 BUDGETS = {
-    "gpu": {"env": 20, "train": 100, "offline": 65, "export": 65, "throughput": 80, "compile": 240, "fp16": 60},
-    "smoke": {"env": 120, "train": 400, "offline": 300, "export": 300, "throughput": 300, "compile": 600,
-              "fp16": 300},
+    "gpu": {"env": 20, "train": 100, "offline": 65, "export": 65, "throughput": 80, "ranks": 160, "compile": 240,
+            "fp16": 60, "offload": 180},
+    "smoke": {"env": 120, "train": 400, "offline": 300, "export": 300, "throughput": 300, "ranks": 400, "compile": 600,
+              "fp16": 300, "offload": 600},
 }  # fmt: skip
 # the estimated H200 seconds of each section and its arithmetic (an estimate: no GPU was available when this was
 # written). Per process: start = the tiny train.py start measured on a 2-core CPU (6-8 s: imports, engine build) plus
@@ -105,37 +113,14 @@ H200_ESTIMATE_S = {
     "compile": (150, "process 5 s + eager run 20 s + compiled run (start 15 s + compile 45 s + compile after the "
                 "growth 60 s + growth 4 s + steps 1 s)"),
     "fp16": (29, "process 5 s + 1 run (start 15 s + 12 steps x 0.1 s + 2 growths x 4 s)"),
+    # N ranks: a start 20 s (15 s + 5 s assumed for NCCL's init across ranks), a step still 0.1 s (each rank's batch
+    # is one GPU's), the grown ZeRO-3 checkpoint (210M parameters, about 3 GB) written and read at 1 GB/s
+    "ranks": (127, "process 5 s + 3 runs x (start 20 s + 12 steps x 0.1 s + 2 growths x 4 s) + 2 saves x 3 s "
+              "(--save_interval 5 of 12 steps) + resume (start 20 s + load 3 s + 7 steps x 0.1 s + growth 4 s)"),
+    "offload": (99, "process 5 s + CPU Adam op build 60 s (first use; 0 once cached) + start 20 s + 12 steps x "
+                "0.5 s (Adam on the host) + growth 8 s"),
 }  # fmt: skip
 
-
-@dataclass(frozen=True)
-class Shapes:
-    """The sizes of one mode (GPU or smoke)."""
-
-    precision: str
-    train_preset: str
-    train_seq_len: int
-    train_micro: int
-    train_steps: int
-    grow_depth_to: int  # n_layer after the duplication growth (x2)
-    grow_steps: tuple[int, int]  # the steps of the two growths (after fp16's first overflow-skipped steps)
-    grow_width_to: tuple[int, int]  # (n_embd, n_head) after the masked growth
-    lr: float
-    source_shape: tuple[str, ...]  # the offline and export sections' source model (train.py flags)
-    source_steps: int  # and its steps
-    bench_preset: str
-    bench_seq_len: int
-    bench_steps: int
-    bench_skip: int
-    compile_shape: tuple[str, ...]  # the compile section's shape (train.py flags) when it does not grow
-    compile_steps: int
-    compile_grow: tuple[int, int] | None  # (step, n_layer after) of its one live growth (duplication), or None
-
-
-GPU = Shapes("bf16", "gpt2", 512, 8, 12, 24, (4, 7), (1024, 16), 6e-4, ("--preset", "gpt2", "--n_layer", "4"), 4,
-             "gpt2-medium", 1024, 8, 3, (), 6, (3, 12))  # fmt: skip
-SMOKE = Shapes("fp32", "tiny", 32, 4, 6, 4, (2, 4), (96, 6), 3e-3, ("--preset", "tiny"), 2, "tiny", 32, 3, 1,
-               ("--preset", "tiny", "--n_layer", "1", "--n_embd", "32", "--n_head", "2"), 3, None)  # fmt: skip
 
 BENCH_FIELDS = ("name", "precision", "zero_stage", "micro_batch", "tokens_per_s", "model_flops_per_s", "mfu",
                 "step_time_s_median", "activation_recomputation", "peak_device_bytes_rank0",
@@ -266,145 +251,7 @@ def die_with_parent(parent_pid: int, poll_s: float = 0.5) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# one section, in its own process
-
-
-class Runner:
-    """What a section records (checks, results, a skip reason), written to ``sections/NAME.partial.json`` after
-    every change, and the runs it starts: train.py on one rank with the mode's sizes, in the section's work folder,
-    each rank's log in ``logs/NAME/RUN``."""
-
-    def __init__(self, shapes: Shapes, section: str, folder: Path, work: Path, data: str | None, smoke: bool,
-                 keep_work: bool) -> None:  # fmt: skip
-        self.s, self.section, self.folder, self.work, self.data = shapes, section, folder, work, data
-        self.smoke, self.keep_work = smoke, keep_work
-        self.device = "cpu" if smoke else "cuda"
-        self.checks: list[dict[str, Any]] = []
-        self.results: dict[str, Any] = {}
-        self.skipped: str | None = None
-        self.finished = False
-
-    def save(self) -> None:
-        """Write what the section has so far to ``sections/NAME.partial.json`` (atomically)."""
-        state = {"section": self.section, "checks": self.checks, "results": self.results, "skipped": self.skipped,
-                 "finished": self.finished}  # fmt: skip
-        write_json(self.folder / "sections" / f"{self.section}.partial.json", state, overwrite=True)
-
-    def check(self, name: str, ok: bool, detail: str) -> bool:
-        """Record one pass/fail check of the report; returns ``ok``."""
-        self.checks.append({"section": self.section, "name": name, "ok": bool(ok), "detail": detail})
-        self.save()
-        return bool(ok)
-
-    def record(self, key: str, value: Any) -> None:
-        """Record one result (a run's numbers) under ``key``."""
-        self.results[key] = value
-        self.save()
-
-    def skip(self, reason: str) -> None:
-        """Mark the section skipped (a one-line ``reason``): neither passed nor failed."""
-        self.skipped = reason
-        self.save()
-
-    def drop(self, *paths: Path) -> None:
-        """Delete run folders and checkpoints the section no longer needs (kept with --keep_work)."""
-        if not self.keep_work:
-            for p in paths:
-                shutil.rmtree(p, ignore_errors=True)
-
-    def ds_config(self, name: str, stage: int, precision: str, lr: float | None = None,
-                  weight_decay: float | None = None) -> Path:  # fmt: skip
-        """ds_configs/zero{STAGE}_{PRECISION}.json (on CUDA its GPU variant, ds_configs/gpu/) with the mode's micro
-        batch, peak LR (or ``lr``), the config's weight decay (or ``weight_decay``) and a 2-step warm-up, written to
-        WORK/NAME.json; its path."""
-        cfg = json.loads(shipped_ds_config(stage, precision, select_accelerator()).read_text())  # GPU variant on CUDA
-        cfg["train_micro_batch_size_per_gpu"] = self.s.train_micro
-        cfg["optimizer"]["params"]["lr"] = self.s.lr if lr is None else lr
-        if weight_decay is not None:
-            cfg["optimizer"]["params"]["weight_decay"] = weight_decay
-        cfg["scheduler"]["params"]["warmup_num_steps"] = 2
-        path = self.work / f"{name}.json"
-        path.write_text(json.dumps(cfg, indent=2))
-        return path
-
-    def train(self, name: str, args: list[str]) -> tuple[int, Path, str | None, float]:
-        """One rank of train.py with ``args`` into WORK/NAME (no time limit of its own: the section's budget
-        applies); (exit status, run folder, train.py's own error line or None, wall seconds)."""
-        out, logs = self.work / name, self.folder / "logs" / self.section / name
-        cmd = [sys.executable, str(TRAIN_SCRIPT), "--seq_len", str(self.s.train_seq_len), "--no_final_eval"]
-        cmd += ["--log_interval", "1", *(["--data", self.data] if self.data else []), *args, "--out_dir", str(out)]
-        env = {"OMP_NUM_THREADS": str(max(1, torch.get_num_threads())), "DS_ACCELERATOR": "cpu"} if self.smoke else {}
-        t = time.monotonic()
-        res = launch_ranks(cmd, 1, envs=[env], log_dir=logs, timeout_s=math.inf)
-        wall = time.monotonic() - t
-        error = next((ln.split("growlm-train: error:", 1)[1].strip() for ln in res.outputs[0].splitlines()
-                      if "growlm-train: error:" in ln), None)  # fmt: skip
-        return res.returncode, out, error, wall
-
-    def plan(self, name: str, depth: tuple[int, int] | None, width: int | None) -> Path:
-        """A live-growth plan from the mode's train preset at half its growth depth: ``depth`` (step, n_layer
-        after) a duplication growth, ``width`` (a step) the masked growth to ``grow_width_to``; its path."""
-        start = depth[1] // 2 if depth else self.s.grow_depth_to // 2
-        text = f"seed: 0\nstart: {{preset: {self.s.train_preset}, n_layer: {start}}}\nstages:\n"
-        if depth:
-            text += (
-                f"  - name: depth-x2\n    target: {{n_layer: {depth[1]}}}\n    family: duplicate\n"
-                f"    options: {{layer_order: interleave, exact: true}}\n    when: {{step: {depth[0]}}}\n"
-                "    optimizer: {moments: carry}\n    schedule: {kind: continue}\n"
-            )
-        if width:
-            d, h = self.s.grow_width_to
-            text += (
-                f"  - name: width\n    target: {{n_embd: {d}, n_head: {h}}}\n    family: masked\n"
-                f"    when: {{step: {width}}}\n    ramp_steps: 2\n    schedule: {{kind: continue}}\n"
-            )
-        path = self.work / f"{name}.yaml"
-        path.write_text(text)
-        return path
-
-
-def check_run(r: Runner, name: str, run: Path, precision: str, growths: int) -> dict[str, Any]:
-    """The checks of one finished train.py run (losses finite and falling, ``growths`` live growths each preserving
-    the loss within ``GROWTH_TOL``); its numbers."""
-    steps = read_records(run, "train")
-    losses = [s["loss"] for s in steps]
-    times = [s["step_time_s"] for s in steps][1:]
-    median = statistics.median(times) if times else float("nan")
-    rec: dict[str, Any] = {
-        "losses": losses,
-        "skipped_steps": steps[-1].get("skipped_steps", 0) if steps else None,
-        "step_time_s_median": median,
-        "first_step_s": steps[0]["step_time_s"] if steps else None,
-    }
-    r.check(f"{name} losses finite", bool(losses) and all(math.isfinite(x) for x in losses), f"{len(losses)} steps")
-    r.check(f"{name} loss falls", len(losses) > 1 and losses[-1] < losses[0],
-            f"{losses[0]:.4f} -> {losses[-1]:.4f}" if losses else "no steps")  # fmt: skip
-    found = read_records(run, "growth")
-    rec["growths"] = [
-        {k: g[k] for k in ("step", "stage", "family", "loss_before", "loss_after", "seconds")}
-        | {"equivalent_steps": g["seconds"] / median if median > 0 else None}
-        for g in found
-    ]
-    if growths:
-        r.check(f"{name} grew {growths} time(s)", len(found) == growths, f"{len(found)} growth record(s)")
-    for g in found:
-        diff = abs(g["loss_after"] - g["loss_before"])
-        r.check(f"{name} {g['stage']} ({g['family']}) preserves the loss", diff <= GROWTH_TOL[precision],
-                f"{g['loss_before']:.6f} -> {g['loss_after']:.6f} (|diff| {diff:.2e}, tolerance "
-                f"{GROWTH_TOL[precision]:g}); {g['seconds']:.2f} s")  # fmt: skip
-    return rec
-
-
-def train_run(r: Runner, name: str, stage: int, precision: str) -> dict[str, Any]:
-    """One train.py run at ZeRO ``stage`` growing live twice (depth x2, then width), with its checks; its record."""
-    plan = r.plan(name, (r.s.grow_steps[0], r.s.grow_depth_to), r.s.grow_steps[1])
-    args = ["--ds_config", str(r.ds_config(name, stage, precision)), "--max_steps", str(r.s.train_steps)]
-    rc, run, error, wall = r.train(name, [*args, "--growth_plan", str(plan), "--no_final_save"])
-    rec: dict[str, Any] = {"exit_status": rc, "wall_s": wall}
-    if r.check(f"{name} ran", rc == 0, f"exit status {rc}" + (f": {error}" if error else "")):
-        rec.update(check_run(r, name, run, precision, growths=2))
-    r.drop(run)
-    return rec
+# one section, in its own process (its Runner and train.py runs: gpu_check_runs; ranks and offload: gpu_check_ranks)
 
 
 def section_env(r: Runner) -> None:
@@ -564,7 +411,8 @@ def section_fp16(r: Runner) -> None:
 
 
 SECTION_FNS = {"env": section_env, "train": section_train, "offline": section_offline, "export": section_export,
-               "throughput": section_throughput, "compile": section_compile, "fp16": section_fp16}  # fmt: skip
+               "throughput": section_throughput, "ranks": section_ranks, "compile": section_compile,
+               "fp16": section_fp16, "offload": section_offload}  # fmt: skip
 
 
 def section_main(args: argparse.Namespace) -> int:
@@ -776,9 +624,16 @@ def help_epilog() -> str:
                      f"~{est:>3} s = {how}")  # fmt: skip
     gpu = sum(BUDGETS["gpu"][s] for s in DEFAULT_SECTIONS)
     est = sum(H200_ESTIMATE_S[s][0] for s in DEFAULT_SECTIONS)
+    others = [s for s in SECTIONS if s not in DEFAULT_SECTIONS]
     lines += [
         f"default set: budgets {gpu} s (estimate ~{est} s), plus this process's start (~10 s from a cold start) and",
-        "the built-in corpus prepared once where --data is not given (~10 s): under 6 minutes on one H200",
+        "the built-in corpus prepared once where --data is not given (~10 s): under "
+        f"{math.ceil((gpu + 20) / 60)} minutes on one H200",
+        f"second set (e.g. a second lease): --sections {','.join(others)}, budgets "
+        f"{sum(BUDGETS['gpu'][s] for s in others)} s",
+        "ranks (multi-GPU) and offload run train.py on N ranks: the visible GPUs (at most 8) when there are 2 or",
+        "more, else 1 (recorded as 'one GPU: cross-rank paths not exercised'); smoke: 2 gloo ranks on the CPU;",
+        "their GPU budgets and estimates are estimates until a (multi-)GPU node measures them",
     ]
     lines += [
         "basis: a run's start 15 s = 6-8 s measured for a tiny train.py on a 2-core CPU (imports, engine build)",
@@ -798,7 +653,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="growlm-gpu-check",
         description="Prove growlm on this machine's GPU in sections that each fit a short lease:\n"
         "environment, bf16 training at ZeRO 1-3 with live growth, offline growth and resume,\n"
-        "export round trip, throughput and MFU, torch.compile, fp16. Each section runs in its\n"
+        "export round trip, throughput and MFU, the same growths and a save/resume on all GPUs\n"
+        "(ranks), torch.compile, fp16, ZeRO offload. Each section runs in its\n"
         "own process, is killed at its budget, and its record and the report are written the\n"
         "moment it ends. --smoke: the same at tiny shapes on a CPU.",
         epilog=help_epilog(),

@@ -1,6 +1,7 @@
-"""growlm-gpu-check --smoke: the GPU acceptance sections at tiny shapes on the CPU (fp32, one rank per run): every
-default section runs in its own process and passes, each writes its record the moment it ends, a section past its
-budget is killed and recorded as timed out, and a growlm-gpu-check killed with SIGKILL keeps what it measured.
+"""growlm-gpu-check --smoke: the GPU acceptance sections at tiny shapes on the CPU (fp32, one rank per run; the ranks
+and offload sections on 2 gloo ranks): every default section runs in its own process and passes, each writes its
+record the moment it ends, a section past its budget is killed and recorded as timed out, and a growlm-gpu-check
+killed with SIGKILL keeps what it measured.
 
 The full smoke runs once (the module's ``smoke`` fixture); the other tests run one or two short sections."""
 
@@ -26,8 +27,9 @@ from growlm.eval.bench import gpu_check
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory, builtin_data):
-    """The default sections and fp16 in smoke mode: (exit status, printed output, the device folder). The compile
-    section is left out: inductor's first compilation costs a minute of CPU here (tests/unit: its logic)."""
+    """The default sections (ranks on 2 gloo ranks) and fp16 in smoke mode: (exit status, printed output, the device
+    folder). The compile section is left out: inductor's first compilation costs a minute of CPU here (tests/unit:
+    its logic); offload has a test of its own."""
     out = tmp_path_factory.mktemp("smoke") / "gpu"
     printed = io.StringIO()
     sections = ",".join([*gpu_check.DEFAULT_SECTIONS, "fp16"])
@@ -99,6 +101,68 @@ def test_smoke_runs_every_default_section_and_fp16_and_writes_the_results(smoke)
     md = (folder / "gpu_check.md").read_text()
     assert "| train | passed |" in md and "| train | train-zero2-fp32 ran | pass |" in md
     assert "| zero1-fp32-ckpt | 4 |" in md
+    assert "| ranks | passed |" in md and "| ranks | ranks: world size | pass | 2 rank(s) launched, world size 2" in md
+
+
+def test_smoke_ranks_grows_at_every_zero_stage_on_2_ranks_and_resumes_exactly(smoke):
+    _, _, folder = smoke
+    ranks = sections_of(folder)["ranks"]
+    assert ranks["status"] == "passed", [c for c in ranks["checks"] if not c["ok"]]
+    res = ranks["results"]
+    assert res["ranks"] == {"ranks": 2, "visible_gpus": 0, "backend": "gloo", "note": "smoke: 2 gloo ranks on the CPU",
+                            "world_size": 2}  # fmt: skip
+    tol = gpu_check.GROWTH_TOL["fp32"]
+    for stage in (1, 2, 3):  # the train section's runs, on 2 ranks: each rank's log, train.py's own world size
+        run = res[f"ranks-zero{stage}-fp32"]
+        assert run["exit_status"] == 0 and run["world_size"] == 2
+        assert [(g["stage"], g["family"], g["step"]) for g in run["growths"]] == [
+            ("depth-x2", "duplicate", 2), ("width", "masked", 4)
+        ]  # fmt: skip
+        for g in run["growths"]:
+            assert math.isfinite(g["loss_before"]) and abs(g["loss_after"] - g["loss_before"]) <= tol
+        losses = run["losses"]
+        assert len(losses) == 6 and all(map(math.isfinite, losses)) and losses[-1] < losses[0]
+        logs = folder / "logs" / "ranks" / f"ranks-zero{stage}-fp32"
+        assert (logs / "rank1.log").is_file() and "2 rank(s) on cpu" in (logs / "rank0.log").read_text()
+    # the ZeRO-3 run saved at step 3 (between its growths); a second train.py resumed it on 2 ranks to step 6
+    full, resumed = res["ranks-zero3-fp32"], res["ranks-resume-zero3-fp32"]
+    assert resumed["exit_status"] == 0 and resumed["world_size"] == resumed["checkpoint_world_size"] == 2
+    assert resumed["resumed_from"] == "ranks-zero3-fp32 step 3" and resumed["steps"] == [4, 5, 6]
+    assert resumed["uninterrupted_losses"] == full["losses"][3:]
+    for got, want in zip(resumed["losses"], full["losses"][3:], strict=True):
+        assert math.isfinite(got) and abs(got - want) <= 1e-6, (resumed["losses"], full["losses"])
+    assert resumed["max_abs_loss_diff"] <= 1e-6 and resumed["max_rel_lr_diff"] <= 1e-9
+    assert resumed["tolerance"] == 1e-6
+    # the growth still due after the resume (width at step 4) grew exactly, on the fixed batch the uninterrupted
+    # run's did: the same weights after the resume
+    (g,) = resumed["growths"]
+    (want,) = [x for x in full["growths"] if x["stage"] == "width"]
+    assert (g["stage"], g["step"]) == ("width", 4) and abs(g["loss_after"] - g["loss_before"]) <= tol
+    assert abs(g["loss_before"] - want["loss_before"]) <= 1e-6
+    compared = next(c for c in ranks["checks"] if c["name"] == "ranks-resume-zero3-fp32: the uninterrupted run's "
+                    "losses and LRs")  # fmt: skip
+    assert compared["ok"] and f"{resumed['losses'][0]:.6f} / {full['losses'][3]:.6f}" in compared["detail"]
+
+
+def test_offload_section_grows_live_with_the_optimizer_offloaded_on_2_ranks(tmp_path, builtin_data, capsys):
+    out = tmp_path / "gpu"
+    rc = gpu_check.main(["--smoke", "--out", str(out), "--data", str(builtin_data), "--sections", "offload"])
+    printed = capsys.readouterr().out
+    (folder,) = out.iterdir()
+    rec = sections_of(folder)["offload"]
+    assert rc == 0 and rec["status"] == "passed", (printed[-3000:], [c for c in rec["checks"] if not c["ok"]])
+    assert rec["budget_s"] == gpu_check.BUDGETS["smoke"]["offload"] and rec["seconds"] < rec["budget_s"]
+    res = rec["results"]
+    assert res["ranks"]["ranks"] == res["ranks"]["world_size"] == 2
+    run = res["offload-zero2-fp32"]
+    assert run["exit_status"] == 0 and run["world_size"] == 2
+    assert run["zero_optimization"]["stage"] == 2 and run["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert len(run["losses"]) == 6 and all(map(math.isfinite, run["losses"])) and run["losses"][-1] < run["losses"][0]
+    (g,) = run["growths"]  # one live growth (depth x2), exact with the optimizer state in CPU memory
+    assert (g["stage"], g["family"], g["step"]) == ("depth-x2", "duplicate", 2)
+    assert math.isfinite(g["loss_before"]) and abs(g["loss_after"] - g["loss_before"]) <= gpu_check.GROWTH_TOL["fp32"]
+    assert (folder / "logs" / "offload" / "offload-zero2-fp32" / "rank1.log").is_file()
+    assert list(json.loads((folder / "gpu_check.json").read_text())["sections"]) == ["offload"]
 
 
 def test_a_section_past_its_budget_is_killed_and_the_next_one_runs(tmp_path, builtin_data, capsys):

@@ -1,6 +1,7 @@
 """growlm-gpu-check's sections and growlm-bench's per-configuration records, without starting a process: the budgets
 and estimates --help states, bad input, how a section's record and status are made from what its process wrote,
-the compile section's skip, and a failing growlm-bench configuration recorded while the others are kept."""
+the compile section's skip, the multi-rank sections' rank count and offload config, and a failing growlm-bench
+configuration recorded while the others are kept."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 
 import pytest
 
-from growlm.eval.bench import gpu_check
+from growlm.eval.bench import gpu_check, gpu_check_ranks
 from growlm.eval.bench import throughput as bench
 from growlm.eval.bench.report import BenchError
 
@@ -25,8 +26,62 @@ def test_help_states_every_section_budget_and_its_h200_estimate(capsys):
         assert f"~{est:>3} s = {how}" in line
         assert est < gpu_check.BUDGETS["gpu"][name]  # the estimate fits its budget
     default = sum(gpu_check.BUDGETS["gpu"][s] for s in gpu_check.DEFAULT_SECTIONS)
-    assert default == 330 and default + 10 + 10 < 6 * 60  # with the parent's start and data: under 6 minutes
-    assert f"default set: budgets {default} s" in out and "an estimate" in out
+    assert default == 490 and default + 10 + 10 < 9 * 60  # with the parent's start and data: under 9 minutes
+    assert f"default set: budgets {default} s" in out and "an estimate" in out and "under 9 minutes" in out
+    assert "second set (e.g. a second lease): --sections compile,fp16,offload, budgets 480 s" in out
+
+
+def test_help_names_the_multi_gpu_sections_and_their_rank_rule(capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--help"])
+    out = capsys.readouterr().out
+    assert "ranks" in gpu_check.DEFAULT_SECTIONS and "offload" not in gpu_check.DEFAULT_SECTIONS
+    assert any(ln.startswith("  *ranks ") for ln in out.splitlines())  # in the default set
+    assert any(ln.startswith("   offload ") for ln in out.splitlines())
+    text = " ".join(out.split())  # argparse wraps the description
+    assert "the same growths and a save/resume on all GPUs (ranks)" in text and "ZeRO offload" in text
+    assert "the visible GPUs (at most 8) when there are 2 or more, else 1" in text
+    assert "'one GPU: cross-rank paths not exercised'" in text and "smoke: 2 gloo ranks on the CPU" in text
+    assert "their GPU budgets and estimates are estimates until a (multi-)GPU node measures them" in text
+    assert set(gpu_check.SECTION_FNS) == set(gpu_check.SECTIONS)
+    assert gpu_check.SECTION_FNS["ranks"] is gpu_check_ranks.section_ranks
+    assert gpu_check.SECTION_FNS["offload"] is gpu_check_ranks.section_offload
+
+
+@pytest.mark.parametrize(
+    ("gpus", "smoke", "ranks"),
+    [(0, False, 1), (1, False, 1), (2, False, 2), (3, False, 3), (8, False, 8), (16, False, 8), (0, True, 2),
+     (1, True, 2), (4, True, 2)],
+)  # fmt: skip
+def test_rank_count_is_the_visible_gpus_up_to_8_else_1_and_2_in_smoke_mode(gpus, smoke, ranks):
+    assert gpu_check_ranks.rank_count(gpus, smoke) == ranks
+
+
+def test_the_rank_note_says_when_cross_rank_paths_are_not_exercised():
+    assert gpu_check_ranks.ranks_note(1, 1, False) == "one GPU: cross-rank paths not exercised"
+    assert gpu_check_ranks.ranks_note(1, 0, False) == "one GPU: cross-rank paths not exercised"
+    assert gpu_check_ranks.ranks_note(4, 4, False) == "4 ranks on 4 of 4 visible GPUs, NCCL"
+    assert gpu_check_ranks.ranks_note(8, 16, False) == "8 ranks on 8 of 16 visible GPUs (at most 8), NCCL"
+    assert gpu_check_ranks.ranks_note(2, 0, True) == "smoke: 2 gloo ranks on the CPU"
+
+
+def test_the_save_resume_saves_between_the_two_growths():
+    for shapes in (gpu_check.GPU, gpu_check.SMOKE):
+        first, second = shapes.grow_steps
+        assert first < gpu_check_ranks.resume_step(shapes) < second <= shapes.train_steps
+    assert gpu_check_ranks.resume_step(gpu_check.SMOKE) == 3 and gpu_check_ranks.resume_step(gpu_check.GPU) == 5
+
+
+def test_the_offload_config_offloads_the_optimizer_at_zero_2_in_the_asked_precision():
+    from growlm.runtime.ds_config import check_ds_config_meaning
+
+    for precision in ("fp32", "bf16", "fp16"):
+        cfg = gpu_check_ranks.offload_config(precision)
+        zero = cfg["zero_optimization"]
+        assert zero["stage"] == 2 and zero["offload_optimizer"]["device"] == "cpu"
+        assert not cfg["optimizer"]["params"].get("torch_adam")  # DeepSpeed's CPU Adam steps the offloaded state
+        assert {k for k in ("bf16", "fp16") if cfg.get(k, {}).get("enabled")} == ({precision} - {"fp32"})
+        check_ds_config_meaning(cfg)
 
 
 def test_docs_state_every_section_budget_and_its_h200_estimate():
@@ -243,3 +298,45 @@ def test_bench_without_its_baseline_still_measures_train_py(monkeypatch, tmp_pat
     assert [(r["name"], r.get("failed", False)) for r in records] == [("pytorch-fp32", True), ("zero2-fp32", False)]
     assert records[1]["overhead_vs_baseline"] is None and records[0]["kind"] == "pytorch"
     assert "zero_stage" not in records[0]
+
+
+def fake_run(folder, records):
+    """A run folder whose metrics.jsonl holds ``records``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in records))
+
+
+def step_record(step, loss):
+    return {"event": "train", "step": step, "loss": loss, "lr": 1e-3 / step, "step_time_s": 0.1}
+
+
+@pytest.mark.parametrize(("drift", "ok"), [(0.0, True), (1e-3, False)])
+def test_a_resume_is_compared_with_the_uninterrupted_run_step_by_step(tmp_path, drift, ok):
+    r = FakeRunner(tmp_path, [])
+    r.section, r.ranks = "ranks", 2
+    src, out = r.work / "src", r.work / "ranks-resume-zero3-fp32"
+    fake_run(src, [step_record(s, 11 - 0.1 * s) for s in range(1, 7)])
+    tag = src / "checkpoints" / "global_step3"
+    tag.mkdir(parents=True)
+    (tag / "growlm_state.json").write_text(json.dumps({"world_size": 2}))
+    growth = {"event": "growth", "step": 4, "stage": "width", "family": "masked", "loss_before": 10.5,
+              "loss_after": 10.5, "seconds": 0.5}  # fmt: skip
+    fake_run(out, [step_record(4, 10.6), step_record(5, 10.5 + drift), step_record(6, 10.4), growth])
+    log = tmp_path / "logs" / "ranks" / out.name / "rank0.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("growlm: model L=4 d=64, ZeRO stage 3, fp32, 2 rank(s) on cpu, micro batch 4\n")
+    r.answers = [(0, out, None, 5.0)]
+    assert gpu_check_ranks.resume_run(r, "src", 3, 3) == 2
+    ((name, args),) = r.seen
+    assert name == out.name and args[args.index("--resume") + 1] == str(tag)
+    assert args[args.index("--max_steps") + 1] == "6" and "--growth_plan" in args and "--no_final_save" in args
+    rec = r.results[out.name]
+    assert rec["steps"] == [4, 5, 6] and rec["checkpoint_world_size"] == 2 and rec["world_size"] == 2
+    assert rec["losses"] == [10.6, 10.5 + drift, 10.4] and rec["uninterrupted_losses"] == [10.6, 10.5, 10.4]
+    assert rec["max_abs_loss_diff"] == pytest.approx(drift, abs=1e-12) and rec["max_rel_lr_diff"] == 0.0
+    checks = {c["name"]: c for c in r.checks}
+    compared = checks[f"{out.name}: the uninterrupted run's losses and LRs"]
+    assert compared["ok"] is ok and f"{10.5 + drift:.6f} / 10.500000" in compared["detail"]
+    assert checks[f"{out.name} continues at step 4"]["ok"] and checks[f"{out.name} world size"]["ok"]
+    assert checks[f"{out.name} width (masked) preserves the loss"]["ok"]
+    assert not out.exists()  # its run folder deleted (no --keep_work)
