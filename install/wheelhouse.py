@@ -1,4 +1,4 @@
-"""Collect a wheelhouse for GPU nodes without internet (``make wheelhouse``; the README's "GPU nodes without internet").
+"""Collect a wheelhouse for GPU nodes without internet (``make wheelhouse``; docs/install.md, its GPU section).
 
 Run on a machine with a package index, from a clone. The folder gets
 

@@ -1,7 +1,7 @@
 """Multi-node launching, simulated on this machine over loopback: two "nodes" of one rank each must train and
 checkpoint exactly like one node with two ranks (fp32, same losses, same saved weights and Adam state).
 
-Forms covered (README "Multi-node"): the deepspeed launcher with a hostfile and ``--no_ssh`` (one launcher per
+Forms covered (docs/multi-node.md): the deepspeed launcher with a hostfile and ``--no_ssh`` (one launcher per
 node, ``--node_rank``, master address/port), and ``mpirun`` with mpi4py discovery, each rank in its own UTS
 namespace so that MPI sees two host names, and on one host. Plus an unreachable master: a clear message and exit 2,
 not a hang.
@@ -113,7 +113,7 @@ def _uts_namespaces_work() -> bool:
 
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_mpirun_with_mpi4py_discovery_matches_torchrun_style_ranks(tmp_path, single_node, nodes):
-    """``mpirun -n 2`` on one host (README), and two simulated nodes of one rank each (``unshare --uts``, root)."""
+    """``mpirun -n 2`` on one host (docs/multi-node.md); two simulated nodes of one rank each (``unshare --uts``)."""
     pytest.importorskip("mpi4py", reason="mpi4py needs an MPI: make setup installs openmpi and growlm[mpi]")
     if shutil.which("mpirun") is None:
         pytest.skip("no mpirun (apt-get install openmpi-bin)")
