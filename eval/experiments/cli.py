@@ -254,7 +254,7 @@ def _map(args, s, out: Path, parallel: int) -> int:
 def _optimal(args, s, out: Path, parallel: int) -> int:
     """The experiment at the map's budget: its report (--report_only), or its data check, its rounds and its
     report. The design is read from the map's map.json; curves made from another design are refused."""
-    from growlm.eval.experiments import crossmap, optimal, runner  # lazy: as in main
+    from growlm.eval.experiments import crossmap, optimal, optimal_report, runner  # lazy: as in main
 
     m = crossmap.quick_map() if args.quick else crossmap.MAP
     where = args.map or Path("runs/isoflop_map_quick" if args.quick else DEFAULT_MAP_OUT[args.profile])
@@ -279,7 +279,9 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
         return _report_only(
             out,
             settings,
-            lambda done: optimal.write(s, done, out, note, runner.load_curves(r_out, r_s.as_dict(), with_data=False)),
+            lambda done: optimal_report.write(
+                s, done, out, note, runner.load_curves(r_out, r_s.as_dict(), with_data=False)
+            ),
             "--phase optimal",
         )
     data = args.data or crossmap.token_folder(s, m)
@@ -306,13 +308,13 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
     r_set = r_s.as_dict() | {"data": settings["data"]}
     if args.dry_run:
         print(f"growlm-experiment: then the refine runs (sizes between the ladder's), under {r_out}:")
-    elif optimal.write(s, done, out, note, runner.load_curves(r_out, r_set)):  # the report before the refine runs
+    elif optimal_report.write(s, done, out, note, runner.load_curves(r_out, r_set)):  # the report before refine
         return 2
     rc = _rounds(args, r_s, lambda d: optimal.refine_plan(s, st, d)[0], "refine", runner.load_curves(r_out, r_set),
                  data, r_out, r_set, parallel, unit="B")  # fmt: skip
     if rc is not None:
         return rc
-    return optimal.write(s, done, out, note, runner.load_curves(r_out, r_set))
+    return optimal_report.write(s, done, out, note, runner.load_curves(r_out, r_set))
 
 
 def _report_only(out: Path, settings, write, run: str) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +40,36 @@ def comparison_fields(deltas: list[float], need: float | None, same: list[float]
             "saving_vs_same_size_ci95_high": _r(shi), "saving_vs_same_size_n": len(same)}  # fmt: skip
 
 
-def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
-    """results.json's content from the finished curves.
+@dataclass(frozen=True)
+class _Finished:
+    """The finished runs of one report, looked up by what they are: the settings, the pilot's choices and the main
+    seeds that have every run."""
+
+    s: Settings
+    st: Any  # plan.pilot's choices: LRs, growth points, LR policies, comparator, crossovers
+    done: dict[str, dict]
+    seeds: list[int]
+
+    def scratch(self, size: str, b: float, seed: int) -> float | None:
+        """The final loss of ``size`` trained from scratch to ``b`` C on main seed ``seed`` (None: not run)."""
+        return plan.final_loss(self.done, RunSpec("main", "scratch", seed, b, self.st.lr[size], size=size))
+
+    def grown_spec(self, a: str, seed: int) -> RunSpec:
+        """The main run of arm ``a`` on ``seed``."""
+        st = self.st
+        return RunSpec("main", "grow", seed, 1.0, st.lr[a], arm=a, grow_flops=st.growth[a], policy=st.policy[a])
+
+    def grown(self, a: str, seed: int) -> float:
+        """The final loss of arm ``a`` on main seed ``seed``."""
+        return plan.final_loss(self.done, self.grown_spec(a, seed))
+
+    def curve(self, spec: RunSpec) -> dict:
+        """The curve of a finished run."""
+        return self.done[spec.name]["curve"]
+
+
+def _finished(s: Settings, done: dict[str, dict]) -> _Finished:
+    """The runs the report reads, once the pilot is complete and at least 2 main seeds have every run.
 
     Raises:
         ValueError: the pilot is incomplete, or fewer than 2 seeds have every main run.
@@ -53,47 +81,40 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
     seeds = [k for k in range(s.seeds) if all(sp.name in done for sp in main if sp.seed == k)]
     if len(seeds) < 2:
         raise ValueError(f"{len(seeds)} seeds have every main run; the report needs at least 2")
+    return _Finished(s, st, done, seeds)
 
-    def scratch(size: str, b: float, seed: int) -> float | None:
-        return plan.final_loss(done, RunSpec("main", "scratch", seed, b, st.lr[size], size=size))
 
-    def grown(a: str, seed: int) -> float:
-        return plan.final_loss(done, RunSpec("main", "grow", seed, 1.0, st.lr[a], arm=a, grow_flops=st.growth[a],
-                                   policy=st.policy[a]))  # fmt: skip
-
-    def run_of(spec: RunSpec) -> dict:
-        return done[spec.name]["curve"]
-
-    budget_means: dict[float, dict[str, float]] = {}
-    budget_seeds: dict[float, dict[str, int]] = {}
-    for b in s.budgets:
-        for size in s.sizes:
-            vals = [v for k in seeds if (v := scratch(size, b, k)) is not None]
+def _budget_means(f: _Finished) -> tuple[dict[float, dict[str, float]], dict[float, dict[str, int]]]:
+    """Per budget and scratch size, the mean final loss over the main seeds, and how many seeds it averages."""
+    means: dict[float, dict[str, float]] = {}
+    counts: dict[float, dict[str, int]] = {}
+    for b in f.s.budgets:
+        for size in f.s.sizes:
+            vals = [v for k in f.seeds if (v := f.scratch(size, b, k)) is not None]
             if vals:
-                budget_means.setdefault(b, {})[size] = statistics.fmean(vals)
-                budget_seeds.setdefault(b, {})[size] = len(vals)
-    env = an.envelope(budget_means)
-    env_points = [(b, loss) for b, (_, loss) in env.items()]
-    comp = st.comparator
-    comp_c = [scratch(comp, 1.0, k) for k in seeds]
+                means.setdefault(b, {})[size] = statistics.fmean(vals)
+                counts.setdefault(b, {})[size] = len(vals)
+    return means, counts
 
-    arms_out = []
+
+def _arm_rows(f: _Finished, env_points: list[tuple[float, float]], comp_c: list[float]) -> list[dict[str, Any]]:
+    """results.json's ``arms``: each growth arm against the comparator, the envelope and its own final size."""
+    s, st = f.s, f.st
+    rows = []
     for a in ARMS:
-        la = [grown(a.name, k) for k in seeds]
+        la = [f.grown(a.name, k) for k in f.seeds]
         deltas = [x - y for x, y in zip(la, comp_c, strict=True)]
         need = an.compute_to_reach(env_points, statistics.fmean(la))
         same = []
-        for k, x in zip(seeds, la, strict=True):
-            pts = [(b, v) for b in s.budgets if (v := scratch(a.stages[-1], b, k)) is not None]
+        for k, x in zip(f.seeds, la, strict=True):
+            pts = [(b, v) for b in s.budgets if (v := f.scratch(a.stages[-1], b, k)) is not None]
             same.append(an.saving(1.0, an.compute_to_reach(pts, x)))
         same_ok = [v for v in same if v is not None]
-        specs = [RunSpec("main", "grow", k, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name],
-                         policy=st.policy[a.name]) for k in seeds]  # fmt: skip
-        curves = [run_of(sp) for sp in specs]
-        arms_out.append({
-            "arm": a.name, "what": a.what, "final_size": a.stages[-1], "n_seeds": len(seeds), "lr": st.lr[a.name],
+        curves = [f.curve(f.grown_spec(a.name, k)) for k in f.seeds]
+        rows.append({
+            "arm": a.name, "what": a.what, "final_size": a.stages[-1], "n_seeds": len(f.seeds), "lr": st.lr[a.name],
             "lr_policy": st.policy[a.name],
-            "growth_at_C": [round(f / s.c_flops, 4) for f in st.growth[a.name]],
+            "growth_at_C": [round(g / s.c_flops, 4) for g in st.growth[a.name]],
             "growth_flags": st.growth_flags[a.name],
             "final_loss_mean": _r(statistics.fmean(la)),
             **comparison_fields(deltas, need, same_ok),
@@ -102,13 +123,18 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
             "loss_change_at_growth_mean": _r(statistics.fmean(
                 statistics.fmean(g["loss_after"] - g["loss_before"] for g in c["growth"]) for c in curves)),
         })  # fmt: skip
+    return rows
 
-    scratch_out = []
+
+def _scratch_rows(f: _Finished, budget_means: dict[float, dict[str, float]], comp_c: list[float]) -> list[dict]:
+    """results.json's ``scratch``: each size trained from scratch, against the comparator."""
+    s, st = f.s, f.st
+    rows = []
     for size in s.sizes:
-        lc = [scratch(size, 1.0, k) for k in seeds]
+        lc = [f.scratch(size, 1.0, k) for k in f.seeds]
         m, lo, hi = an.mean_ci95([x - y for x, y in zip(lc, comp_c, strict=True)])
-        walls = [run_of(RunSpec("main", "scratch", k, 1.0, st.lr[size], size=size))["wall_s"] for k in seeds]
-        scratch_out.append(
+        walls = [f.curve(RunSpec("main", "scratch", k, 1.0, st.lr[size], size=size))["wall_s"] for k in f.seeds]
+        rows.append(
             {
                 "size": size,
                 "lr": st.lr[size],
@@ -120,30 +146,49 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
                 "wall_s_mean": _r(statistics.fmean(walls), 2),
             }
         )
+    return rows
 
+
+def _lr_sweep(f: _Finished) -> dict[str, dict[str, float]]:
+    """The pilot's LR sweep at C: per size and arm, LR -> final loss (the chosen growth point and policy only)."""
     sweep: dict[str, dict[str, float]] = {}
-    for rec in done.values():
+    for rec in f.done.values():
         sp = rec["spec"]
         if sp.phase == "pilot" and sp.budget == 1.0 and not sp.tag and sp.policy == "continue":
             who = sp.size or sp.arm
-            if sp.kind == "grow" and sp.grow_flops != st.growth[sp.arm]:
+            if sp.kind == "grow" and sp.grow_flops != f.st.growth[sp.arm]:
                 continue
             sweep.setdefault(who, {})[f"{sp.lr:.2e}"] = _r(rec["curve"]["final"]["val_loss"])
-    order = [*s.sizes, *(a.name for a in ARMS)]
-    sweep = {k: dict(sorted(sweep[k].items(), key=lambda kv: float(kv[0]))) for k in order if k in sweep}
+    order = [*f.s.sizes, *(a.name for a in ARMS)]
+    return {k: dict(sorted(sweep[k].items(), key=lambda kv: float(kv[0]))) for k in order if k in sweep}
+
+
+def _lr_policy(f: _Finished) -> dict[str, dict[str, Any]]:
+    """Per arm, the pilot's final loss with the LR schedule continued and re-warmed after growth, and the choice."""
+    s, st = f.s, f.st
     policy = {}
     for a in ARMS:
         base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name])
-        policy[a.name] = {"continue": _r(plan.final_loss(done, base)),
-                          "rewarm": _r(plan.final_loss(done, replace(base, policy="rewarm"))),
+        policy[a.name] = {"continue": _r(plan.final_loss(f.done, base)),
+                          "rewarm": _r(plan.final_loss(f.done, replace(base, policy="rewarm"))),
                           "chosen": st.policy[a.name]}  # fmt: skip
-    pilot_env: dict[str, dict[str, float]] = {}  # budget -> size -> pilot-seed loss (every measured budget)
-    for rec in done.values():
+    return policy
+
+
+def _pilot_envelope(f: _Finished) -> dict[str, dict[str, float]]:
+    """Budget -> size -> the pilot seed's final loss at the size's chosen LR (every measured budget)."""
+    pilot_env: dict[str, dict[str, float]] = {}
+    for rec in f.done.values():
         sp = rec["spec"]
-        if sp.phase == "pilot" and sp.kind == "scratch" and sp.lr == st.lr[sp.size]:
+        if sp.phase == "pilot" and sp.kind == "scratch" and sp.lr == f.st.lr[sp.size]:
             pilot_env.setdefault(f"{sp.budget:g}", {})[sp.size] = _r(rec["curve"]["final"]["val_loss"])
-    pilot_env = {b: dict(sorted(v.items(), key=lambda kv: list(s.sizes).index(kv[0])))
-                 for b, v in sorted(pilot_env.items(), key=lambda kv: float(kv[0]))}  # fmt: skip
+    return {b: dict(sorted(v.items(), key=lambda kv: list(f.s.sizes).index(kv[0])))
+            for b, v in sorted(pilot_env.items(), key=lambda kv: float(kv[0]))}  # fmt: skip
+
+
+def _levers(f: _Finished, pilot_env: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+    """The pilot seed's levers, each against its base run."""
+    s, st = f.s, f.st
     levers = []
     for sp in plan.lever_specs(s, st):
         if sp.tag == "big":  # against the best scratch size at the same budget (pilot seed)
@@ -151,27 +196,52 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
             base = RunSpec("pilot", "scratch", s.pilot_seed, sp.budget, st.lr[best_size], size=best_size)
         else:
             base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[sp.arm], arm=sp.arm, grow_flops=st.growth[sp.arm])
-        lv, lb = plan.final_loss(done, sp), plan.final_loss(done, base)
+        lv, lb = plan.final_loss(f.done, sp), plan.final_loss(f.done, base)
         flags = plan.big_growth(st, arm(sp.arm))[1] if sp.tag == "big" else []
         levers.append({"lever": sp.tag, "what": plan.LEVERS[(sp.arm, sp.tag)], "arm": sp.arm, "budget_C": sp.budget,
-                       "growth_at_C": [round(f / s.c_flops, 4) for f in sp.grow_flops], "growth_flags": flags,
+                       "growth_at_C": [round(g / s.c_flops, 4) for g in sp.grow_flops], "growth_flags": flags,
                        "base": base.name, "loss": _r(lv), "base_loss": _r(lb), "effect": _r(lv - lb)})  # fmt: skip
-    levers_main = []  # the timing levers on the main seeds, paired with their arm's main runs
-    lever_runs = [sp for k in seeds for sp in plan.main_levers(s, st, k)]
+    return levers
+
+
+def _levers_main(f: _Finished, comp_c: list[float]) -> list[dict[str, Any]]:
+    """The timing levers on the main seeds, paired with their arm's main runs and with the comparator."""
+    s, st = f.s, f.st
+    levers_main = []
+    lever_runs = [sp for k in f.seeds for sp in plan.main_levers(s, st, k)]
     for tag in plan.MAIN_LEVERS:
         for a in ARMS:
             runs = [sp for sp in lever_runs if sp.arm == a.name and sp.tag == tag]
             if not runs:
                 continue
-            eff = [plan.final_loss(done, sp) - grown(a.name, sp.seed) for sp in runs]
+            eff = [plan.final_loss(f.done, sp) - f.grown(a.name, sp.seed) for sp in runs]
             m, lo, hi = an.mean_ci95(eff)
-            dm, dlo, dhi = an.mean_ci95([plan.final_loss(done, sp) - comp_c[seeds.index(sp.seed)] for sp in runs])
+            dm, dlo, dhi = an.mean_ci95([plan.final_loss(f.done, sp) - comp_c[f.seeds.index(sp.seed)] for sp in runs])
             levers_main.append({"lever": tag, "arm": a.name, "what": plan.LEVERS[(a.name, tag)], "n_seeds": len(eff),
-                                "growth_at_C": [round(f / s.c_flops, 4) for f in runs[0].grow_flops],
+                                "growth_at_C": [round(g / s.c_flops, 4) for g in runs[0].grow_flops],
                                 "effect_mean": _r(m), "effect_ci95_low": _r(lo), "effect_ci95_high": _r(hi),
                                 "effect_per_seed": [_r(e) for e in eff], "delta_vs_envelope_mean": _r(dm),
                                 "delta_vs_envelope_ci95_low": _r(dlo),
                                 "delta_vs_envelope_ci95_high": _r(dhi)})  # fmt: skip
+    return levers_main
+
+
+def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
+    """results.json's content from the finished curves: the envelope from the scratch runs, each arm and size
+    against the comparator, the pilot's LR sweep, policies and levers, the main-seed levers, and the eval noise.
+
+    Raises:
+        ValueError: the pilot is incomplete, or fewer than 2 seeds have every main run.
+    """
+    f = _finished(s, done)
+    seeds, st = f.seeds, f.st
+    budget_means, budget_seeds = _budget_means(f)
+    env = an.envelope(budget_means)
+    env_points = [(b, loss) for b, (_, loss) in env.items()]
+    comp = st.comparator
+    comp_c = [f.scratch(comp, 1.0, k) for k in seeds]
+    arms_out = _arm_rows(f, env_points, comp_c)
+    pilot_env = _pilot_envelope(f)
     ses = [rec["curve"]["final"]["val_se"] for rec in done.values() if rec["spec"].phase == "main"]
     best = min(arms_out, key=lambda r: r["delta_vs_envelope_mean"])
     tokens_c = s.c_flops / s.step_flops(s.target) * s.batch * s.seq_len
@@ -201,13 +271,13 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
         },  # fmt: skip
         "crossovers": {k: {"budget_C": _r(v["budget"]), "flag": v["flag"]} for k, v in st.crossovers.items()},
         "pilot_envelope": pilot_env,
-        "lr_sweep": sweep,
+        "lr_sweep": _lr_sweep(f),
         "lr_best": {k: v for k, v in st.lr.items()},
-        "lr_policy": policy,
-        "levers": levers,
-        "levers_main": levers_main,
+        "lr_policy": _lr_policy(f),
+        "levers": _levers(f, pilot_env),
+        "levers_main": _levers_main(f, comp_c),
         "arms": arms_out,
-        "scratch": scratch_out,
+        "scratch": _scratch_rows(f, budget_means, comp_c),
         "eval_noise": {
             "final_windows": s.final_windows,
             "val_se_mean": _r(statistics.fmean(ses), 5),
@@ -271,9 +341,8 @@ def _pct(x: float | None) -> str:
     return "n/a (outside the finished runs)" if x is None else f"{100 * x:+.1f}%"
 
 
-def markdown(s: Settings, r: dict) -> str:
-    """report.md from results.json's content."""
-    comp = r["comparator"]
+def _md_setup(s: Settings, r: dict) -> list[str]:
+    """report.md's title, setup and the envelope table."""
     budgets = list(r["envelope"])
     sizes = ", ".join(f"`{k}` ({v[0]} x {v[1]}, {v[2]} heads)" for k, v in s.sizes.items())
     lines = [
@@ -313,6 +382,13 @@ def markdown(s: Settings, r: dict) -> str:
         n2 = ", ".join(f"`{k}` {v}" for k, v in n2.items())
         lines.append(f"\nAt 2 C the seed counts are {n2} (the arms' final sizes on every seed, the others on the first "
                      f"{s.budgets_2c_seeds}); that row's means are over those seeds.")  # fmt: skip
+    return lines
+
+
+def _md_primary(s: Settings, r: dict) -> list[str]:
+    """report.md's primary comparison: each arm, each scratch size, the verdict."""
+    comp = r["comparator"]
+    lines: list[str] = []
     lines += [
         "",
         f"Comparator (chosen from the pilot, not per seed): `{comp['size']}`, loss at C {comp['loss_at_C_mean']:.4f} "
@@ -356,6 +432,12 @@ def markdown(s: Settings, r: dict) -> str:
                f"does not beat the envelope: its interval's upper bound is {best['delta_vs_envelope_ci95_high']:+.4f} "
                "nats")  # fmt: skip
     lines += ["", f"**Verdict.** The best arm, `{best['arm']}` ({_fmt_delta(best)} nats), {verdict}.", ""]
+    return lines
+
+
+def _md_pilot(s: Settings, r: dict) -> list[str]:
+    """report.md's pilot: the LR sweep, the pilot seed's envelope, the crossovers, the LR policies."""
+    lines: list[str] = []
     lines += [f"## Pilot (seed {r['pilot_seed']})", "", "LR sweep at C: final validation loss per peak LR "
               "(growth arms with LR policy 'continue'); the main runs use each row's best.", "",
               "| size / arm | " + " | ".join(["LR: loss"]) + " | best |", "|---|---|---|"]  # fmt: skip
@@ -384,6 +466,12 @@ def markdown(s: Settings, r: dict) -> str:
     ]
     for k, v in r["lr_policy"].items():
         lines.append(f"| `{k}` | {v['continue']:.4f} | {v['rewarm']:.4f} | {v['chosen']} |")
+    return lines
+
+
+def _md_levers(s: Settings, r: dict) -> list[str]:
+    """report.md's levers, on the pilot seed and on the main seeds."""
+    lines: list[str] = []
     lines += ["", "## Levers (pilot seed; one seed each, to be read against the seed s.d. "
               f"{r['comparator']['seed_sd']:.4f})", "", "| lever | budget (x C) | growth at (x C) | loss | base run | "
               "base loss | effect |", "|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -404,10 +492,21 @@ def markdown(s: Settings, r: dict) -> str:
                 f"{lv['effect_mean']:+.4f} [{lv['effect_ci95_low']:+.4f}, {lv['effect_ci95_high']:+.4f}] | "
                 f"{_fmt_delta(lv)} |"
             )
+    return lines
+
+
+def _md_plots(s: Settings, r: dict) -> list[str]:
+    """report.md's plots and run time."""
+    lines: list[str] = []
     lines += ["", "## Plots", "", "![loss against FLOPs](loss_vs_flops.png)", "", "![LR sweep](lr_sweep.png)", "",
               "![paired differences and wall-clock](deltas.png)", "",
               f"Run time (sum of the runs' wall-clock, {s.device}): pilot {r['wall_s_runs_total']['pilot']:.0f} s, "
               f"main {r['wall_s_runs_total']['main']:.0f} s. Machines the runs were timed on (runs per machine): "
               + "; ".join(f"{ph}: " + ", ".join(f"{m} ({n})" for m, n in ms.items())
                           for ph, ms in r["machines"].items()) + ".", ""]  # fmt: skip
-    return "\n".join(lines)
+    return lines
+
+
+def markdown(s: Settings, r: dict) -> str:
+    """report.md from results.json's content."""
+    return "\n".join([*_md_setup(s, r), *_md_primary(s, r), *_md_pilot(s, r), *_md_levers(s, r), *_md_plots(s, r)])

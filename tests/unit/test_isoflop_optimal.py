@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from isoflop_helpers import M, S, fake_loss, run_map
 
-from growlm.eval.experiments import crossmap, optimal, plan
+from growlm.eval.experiments import crossmap, optimal, optimal_report, plan
 from growlm.eval.experiments.protocol import RunSpec
 
 OFFSET = {"depth-x2": -0.02, "multi-1-2-4": 0.01, "gstack-x4": 0.08, "width-x2": 0.05, "msg-depth": 0.0}
@@ -146,7 +146,7 @@ def test_pilot_then_main_then_levers_and_the_report(mapped):
     assert st.primary == "depth-x2"
     main = [r["spec"] for r in done.values() if r["spec"].phase == "main"]
     assert len(main) == s.seeds * (3 * 3 + 1 + len(s.arm_list()))  # 3 sizes x 3 budgets, the target past B, arms
-    r = optimal.summarize(s, done)
+    r = optimal_report.summarize(s, done)
     assert (r["budget_flops"], r["target"], r["comparator"], r["n_seeds"]) == (64 * S.c_flops, "L4", "L4", s.seeds)
     assert r["envelope"]["1"]["best_size"] == "L4" and set(r["envelope"]) == {"0.25", "0.5", "1"}
     arm = {a["arm"]: a for a in r["arms"]}
@@ -156,7 +156,7 @@ def test_pilot_then_main_then_levers_and_the_report(mapped):
     assert arm["gstack-x4"]["delta_vs_envelope_mean"] == pytest.approx(0.08, abs=1e-9)
     assert not arm["gstack-x4"]["beats_envelope"] and r["best_arm"] == r["primary_arm"] == "depth-x2"
     assert r["primary_arm_beats_envelope"] and r["levers_skipped"] == [] and r["lr_at_edge"] == {}
-    assert r["levers_not_run"] == [] and "Levers not run yet" not in optimal.markdown(s, r)
+    assert r["levers_not_run"] == [] and "Levers not run yet" not in optimal_report.markdown(s, r)
     assert d["delta_vs_best_size_at_B_mean"] == d["delta_vs_envelope_mean"]  # the best size is the comparator
     assert d["saving_vs_same_size_mean"] > 0 and d["saving_vs_same_size_n"] == s.seeds  # read off L4 at 1 and 2 B
     assert {lv["lever"] for lv in r["levers"]} == {"early", "late", "reset", "nosym", "noise0.25", "noise4"}
@@ -167,7 +167,7 @@ def test_pilot_then_main_then_levers_and_the_report(mapped):
     l2 = RunSpec("main", "scratch", 0, 1.0, 1e-3, size="L2")
     assert r["epochs"][l2.name] == pytest.approx(optimal.epochs(s, l2), rel=1e-3)
     assert max(r["epochs"].values()) <= 2.0
-    md = optimal.markdown(s, r)
+    md = optimal_report.markdown(s, r)
     assert "**Verdict.** At B = 64 C the primary arm, `depth-x2` (the lowest pilot loss" in md
     assert "-0.0200 [-0.0200, -0.0200] nats), beats the envelope" in md and "not the target" not in md
     assert "| `width-x2` (L4n -> L4) | 0.05 |" in md
@@ -187,13 +187,13 @@ def test_a_best_size_on_the_main_seeds_other_than_the_comparator_gets_its_own_de
     monkeypatch.setitem(MAIN_OFFSET, "L8", -0.5)  # L8 best on the main seeds; the comparator stays the map's L4
     s = optimal.design(S, mapped)
     done, _, _ = run_all(s)
-    r = optimal.summarize(s, done)
+    r = optimal_report.summarize(s, done)
     assert r["comparator"] == "L4" and r["envelope_at_B"]["size"] == "L8"
     gap = r["envelope"]["1"]["losses"]["L8"] - r["envelope"]["1"]["losses"]["L4"]
     for a in r["arms"]:
         assert a["delta_vs_best_size_at_B_mean"] == pytest.approx(a["delta_vs_envelope_mean"] - gap, abs=2e-6)
         assert a["delta_vs_best_size_at_B_ci95_high"] > 0  # no arm beats L8
-    md = optimal.markdown(s, r)
+    md = optimal_report.markdown(s, r)
     assert "Over the main seeds the best size at B is `L8`" in md
     assert "Against that size (chosen after the fact on the same seeds, which favours the envelope)" in md
     dx = next(a for a in r["arms"] if a["arm"] == "depth-x2")
@@ -204,10 +204,10 @@ def test_a_best_lr_at_an_end_of_the_widened_grid_is_reported(mapped, monkeypatch
     monkeypatch.setitem(BEST_LR, "msg-depth", 1.6e-2)  # past the grid 5e-4 .. 2e-3 widened twice, to 8e-3
     s = optimal.design(S, mapped)
     done, st, _ = run_all(s)
-    r = optimal.summarize(s, done)
+    r = optimal_report.summarize(s, done)
     assert list(r["lr_sweep"]["msg-depth"]) == ["5.00e-04", "1.00e-03", "2.00e-03", "4.00e-03", "8.00e-03"]
     assert st.lr["msg-depth"] == 8e-3 and r["lr_at_edge"] == {"msg-depth": "highest"}
-    md = optimal.markdown(s, r)
+    md = optimal_report.markdown(s, r)
     assert "tuned only up to the grid (the sweep widens 2 times at most): `msg-depth` (8.0e-03, the highest" in md
 
 
@@ -215,27 +215,27 @@ def test_a_target_that_is_not_the_best_size_at_b_is_said_so(mapped):
     s = optimal.design(S, mapped, target="L4", budget=8.0)  # L2 is the map's best at 8 C
     assert s.design["comparator"] == "L2"
     done, _, _ = run_all(s)
-    md = optimal.markdown(s, optimal.summarize(s, done, optimal.choice_note(s, mapped)))
+    md = optimal_report.markdown(s, optimal_report.summarize(s, done, optimal.choice_note(s, mapped)))
     assert "The comparator `L2` is not the target" in md and "chosen by flags" in md
 
 
 def test_the_report_needs_a_complete_pilot_and_two_seeds(mapped):
     s = optimal.design(S, mapped)
     with pytest.raises(ValueError, match="the pilot is incomplete"):
-        optimal.summarize(s, {})
+        optimal_report.summarize(s, {})
     done, st, _ = run_all(replace(s, seeds=2))
     main = [n for n, r in done.items() if r["spec"].phase == "main" and r["spec"].seed == 1]
     for n in main:
         del done[n]
     with pytest.raises(ValueError, match="1 seeds have every main run"):
-        optimal.summarize(replace(s, seeds=2), done)
+        optimal_report.summarize(replace(s, seeds=2), done)
     done, _, _ = run_all(replace(s, seeds=2))
     for n in [n for n, r in done.items() if r["spec"].tag]:
         del done[n]
-    r = optimal.summarize(replace(s, seeds=2), done)
+    r = optimal_report.summarize(replace(s, seeds=2), done)
     assert r["levers"] == [] and r["levers_not_run"] == ["early", "late", "reset", "nosym", "noise0.25", "noise4"]
     assert "Levers not run yet (they follow the main seeds; `--phase optimal` resumes them): early, late," in (
-        optimal.markdown(replace(s, seeds=2), r)
+        optimal_report.markdown(replace(s, seeds=2), r)
     )
 
 
@@ -323,14 +323,16 @@ def test_a_primary_arm_tuned_only_up_to_its_grid_gets_an_lr_lever_one_step_past_
     s = optimal.design(S, mapped)
     done, st, _ = run_all(s)
     assert st.primary == "depth-x2" and st.lr_edge["depth-x2"] == edge and st.lr["depth-x2"] == tuned
-    r = optimal.summarize(s, done)
+    r = optimal_report.summarize(s, done)
     lever = next(lv for lv in r["levers"] if lv["lever"] == tag)
     # the fabricated loss: 0.05 nats per factor 2 from the best LR, a lever 0.005: one step on gains 0.045
     assert lever["arm"] == "depth-x2" and lever["effect"] == pytest.approx(-0.045, abs=1e-9)
     step = tuned * (2 if tag == "lr-x2" else 0.5)
     assert lever["what"] == f"depth-x2 at peak LR {step:.1e}, one grid step past its best ({tag[3:]}; the sweep's end)"
     assert done[lever["base"]]["spec"].lr == tuned and other not in {lv["lever"] for lv in r["levers"]}
-    assert "One grid step past the end, `depth-x2`'s pilot loss changes by -0.0450 nats" in optimal.markdown(s, r)
+    assert "One grid step past the end, `depth-x2`'s pilot loss changes by -0.0450 nats" in optimal_report.markdown(
+        s, r
+    )
 
 
 def test_the_sizes_between_the_ladders_are_the_midpoint_depths_around_the_comparator(mapped):
@@ -355,7 +357,7 @@ def test_the_refined_envelope_can_take_a_win_back_and_the_report_says_so(mapped,
     assert sorted(sp.seed for sp in (r["spec"] for r in refined.values()) if sp.size == "L3") == [
         *range(s.seeds), 100, 100, 100,
     ]  # fmt: skip
-    r = optimal.summarize(s, done, refined=refined)
+    r = optimal_report.summarize(s, done, refined=refined)
     rf = r["refine"]
     assert rf["complete"] and rf["runs_not_run"] == [] and rf["best_size_at_B"] == "L3"
     assert list(rf["sizes"]["L3"]["lr_sweep"]) == ["5.00e-04", "1.00e-03", "2.00e-03"]
@@ -364,35 +366,35 @@ def test_the_refined_envelope_can_take_a_win_back_and_the_report_says_so(mapped,
     assert not dx["beats"]
     assert r["primary_arm_beats_envelope"] and r["primary_arm_beats_refined_envelope"] is False
     assert set(rf["epochs"]) == set(refined) and all(0 < e <= 2 for e in rf["epochs"].values())
-    md = optimal.markdown(s, r)
+    md = optimal_report.markdown(s, r)
     assert "## The envelope refined at B: sizes between the ladder's" in md
     assert "the primary arm `depth-x2` (+0.0100 [+0.0100, +0.0100] nats) does not beat it: its interval's" in md
     # a refine curve from another token folder is refused, never compared with these runs
     moved = {**refined, "L3-x": {**refined[next(iter(refined))], "settings": {"data": {"train_windows": 9}}}}
     with pytest.raises(ValueError, match="the refine curve L3-x comes from another token folder"):
-        optimal.summarize(s, done, refined=moved)
+        optimal_report.summarize(s, done, refined=moved)
     # without the between sizes winning, the refined best is the ladder's and the primary arm keeps its win
     monkeypatch.setitem(REFINE_OFFSET, "L3", 0.02)
-    r = optimal.summarize(s, done, refined=run_refine(s, st)[0])
+    r = optimal_report.summarize(s, done, refined=run_refine(s, st)[0])
     assert r["refine"]["best_size_at_B"] == "L4" and r["primary_arm_beats_refined_envelope"] is True
 
 
 def test_refine_runs_not_yet_run_are_listed_and_the_report_without_them_leaves_refine_out(mapped):
     s = optimal.design(S, mapped)
     done, _, _ = run_all(s)
-    r = optimal.summarize(s, done, refined={})
+    r = optimal_report.summarize(s, done, refined={})
     assert not r["refine"]["complete"] and len(r["refine"]["runs_not_run"]) == 6  # the two pilot sweeps
     assert r["refine"]["runs_left"] == 6 + 2 * s.seeds and r["primary_arm_beats_refined_envelope"] is None
     left = f"Refine runs not run yet ({6 + 2 * s.seeds}; `--phase optimal` runs them after the levers)."
-    assert left in optimal.markdown(s, r) and "refine" not in optimal.summarize(s, done)
+    assert left in optimal_report.markdown(s, r) and "refine" not in optimal_report.summarize(s, done)
     # L1 the comparator (4 C, below the map's L1 -> L2 crossover at 6 C): sqrt(1 x 2) rounds onto L1, no refine run
     s = optimal.design(S, mapped, target="L2", budget=4.0)
     assert s.design["comparator"] == "L1" and optimal.between_sizes(s) == {}
     done, st, _ = run_all(s)
     assert optimal.refine_plan(s, st, {}) == ([], {})
-    r = optimal.summarize(s, done, refined={})
+    r = optimal_report.summarize(s, done, refined={})
     assert r["refine"]["complete"] and r["refine"]["best_size_at_B"] == r["envelope_at_B"]["size"]
-    assert "the refined envelope is the envelope" in optimal.markdown(s, r)
+    assert "the refined envelope is the envelope" in optimal_report.markdown(s, r)
 
 
 @pytest.mark.parametrize(
