@@ -12,6 +12,9 @@ Layout: every matrix is an ``nn.Linear`` weight (out, in), so GPT-2's Conv1D (in
 W -> f(W^T)^T: width's kron(P, W) becomes kron(P^T, W). head_dim Q never changes (it sets the rotary frequencies);
 query head p reads key/value head p // (H / K). Symbols: V vocab, L n_layer, d n_embd, H n_head, K n_kv_head,
 g = H / K query heads per key/value head, Q head_dim, F n_inner.
+
+Over 600 lines by design: a family is one operators file (the families' layout, DESIGN.md "Layers"), and the
+Llama-shaped families have more operators than GPT-2 (heads and key/value heads apart from width, the FFN alone).
 """
 
 from __future__ import annotations
@@ -239,6 +242,70 @@ def _head_units(heads: Tensor, q: int) -> Tensor:
     return (heads[:, None] * q + torch.arange(q)[None, :]).flatten()
 
 
+def _rows(index: Tensor) -> Map:
+    """Rows gathered from their sources: x[index]."""
+    return lambda x: x[index.to(x.device)]
+
+
+def _rows_new_zero(index: Tensor, fresh: Tensor) -> Map:
+    """Rows gathered from their sources, the rows of new heads (``fresh``) zeroed."""
+
+    def f(x: Tensor) -> Tensor:
+        y = x[index.to(x.device)]
+        if not y.is_meta:
+            y[fresh.to(x.device)] = 0.0
+        return y
+
+    return f
+
+
+def _rows_noisy(index: Tensor, fresh: Tensor, name: str, noise_std: float, seed: int) -> Map:
+    """Rows gathered from their sources, N(0, (noise_std rms(W))^2) added to the new heads' rows (``fresh``; none
+    at noise_std 0), seeded by ``name`` and ``seed``."""
+
+    def f(x: Tensor) -> Tensor:
+        y = x[index.to(x.device)]
+        if noise_std == 0 or y.is_meta or fresh.numel() == 0:
+            return y
+        z = seeded_normal((fresh.numel(), x.shape[1]), noise_std * rms(x), f"{name}/new heads", seed, x)
+        y[fresh.to(x.device)] += z.to(y.dtype)
+        return y
+
+    return f
+
+
+def _placed(axis: int, pos: Tensor, n: int) -> Map:
+    """Old tensor's units at ``pos`` along ``axis`` (0 or 1; of new length n), zeros elsewhere."""
+
+    def f(x: Tensor) -> Tensor:
+        shape = list(x.shape)
+        shape[axis] = n
+        out = x.new_zeros(shape)
+        if out.is_meta:
+            return out
+        if axis == 0:
+            out[pos.to(x.device)] = x
+        else:
+            out[:, pos.to(x.device)] = x
+        return out
+
+    return f
+
+
+def _o_map(q_rows: Tensor, new_units: Tensor, scale_new: float | None) -> Map:
+    """o_proj columns gathered from their sources (``q_rows``); new heads' columns (``new_units``) zeroed (None) or
+    scaled."""
+
+    def f(x: Tensor) -> Tensor:
+        y = x[:, q_rows.to(x.device)]
+        if y.is_meta:
+            return y
+        y[:, new_units.to(x.device)] = 0.0 if scale_new is None else y[:, new_units.to(x.device)] * scale_new
+        return y
+
+    return f
+
+
 def llama_heads_growth(
     old: LlamaConfig, n_head: int, n_kv_head: int, *, symmetry: str = "none", noise_std: float = 0.3, seed: int = 0
 ) -> RuleSet:
@@ -281,101 +348,44 @@ def llama_heads_growth(
     old_q_pos = _head_units(llama_head_index(old.n_head, old.n_kv_head, n_head, n_kv_head), q)
     new_units = _head_units(torch.nonzero(is_new).flatten(), q)
     new_kv_units = torch.arange(old.n_kv_head * q, n_kv_head * q)
-    noisy = symmetry == "noise" and noise_std > 0
-
-    def rows(index: Tensor) -> Map:
-        return lambda x: x[index.to(x.device)]
-
-    def rows_new_zero(index: Tensor, fresh: Tensor) -> Map:
-        """Rows gathered from their sources, the rows of new heads (``fresh``) zeroed."""
-
-        def f(x: Tensor) -> Tensor:
-            y = x[index.to(x.device)]
-            if not y.is_meta:
-                y[fresh.to(x.device)] = 0.0
-            return y
-
-        return f
-
-    def rows_noisy(index: Tensor, fresh: Tensor, name: str) -> Map:
-        """Rows gathered from their sources, N(0, (noise_std rms(W))^2) added to the new heads' rows (``noisy``)."""
-
-        def f(x: Tensor) -> Tensor:
-            y = x[index.to(x.device)]
-            if not noisy or y.is_meta or fresh.numel() == 0:
-                return y
-            z = seeded_normal((fresh.numel(), x.shape[1]), noise_std * rms(x), f"{name}/new heads", seed, x)
-            y[fresh.to(x.device)] += z.to(y.dtype)
-            return y
-
-        return f
-
-    def placed(axis: int, pos: Tensor, n: int) -> Map:
-        """Old tensor's units at ``pos`` along ``axis`` (of new length n), zeros elsewhere."""
-
-        def f(x: Tensor) -> Tensor:
-            shape = list(x.shape)
-            shape[axis] = n
-            out = x.new_zeros(shape)
-            if out.is_meta:
-                return out
-            if axis == 0:
-                out[pos.to(x.device)] = x
-            else:
-                out[:, pos.to(x.device)] = x
-            return out
-
-        return f
-
-    def o_map(scale_new: float | None) -> Map:
-        """o_proj columns gathered from their sources; new heads' columns zeroed (None) or scaled."""
-
-        def f(x: Tensor) -> Tensor:
-            y = x[:, q_rows.to(x.device)]
-            if y.is_meta:
-                return y
-            y[:, new_units.to(x.device)] = 0.0 if scale_new is None else y[:, new_units.to(x.device)] * scale_new
-            return y
-
-        return f
-
+    std = noise_std if symmetry == "noise" else 0.0  # of the new heads' q and k/v rows (0: none)
     nq, nkv = n_head * q, n_kv_head * q
     rules: dict[str, Rule] = {}
     for i in range(old.n_layer):
         name = block_name(i, "self_attn.q_proj.weight")
         rules[name] = Rule(
-            weight=rows_noisy(q_rows, new_units, name),
-            exp_avg=rows_new_zero(q_rows, new_units),
-            exp_avg_sq=rows(q_rows),
-            place=placed(0, old_q_pos, nq),
+            weight=_rows_noisy(q_rows, new_units, name, std, seed),
+            exp_avg=_rows_new_zero(q_rows, new_units),
+            exp_avg_sq=_rows(q_rows),
+            place=_placed(0, old_q_pos, nq),
         )
         for s in ("self_attn.k_proj.weight", "self_attn.v_proj.weight"):
             name = block_name(i, s)
             rules[name] = Rule(
-                weight=rows_noisy(kv_rows, new_kv_units, name),
-                exp_avg=rows_new_zero(kv_rows, new_kv_units),
-                exp_avg_sq=rows(kv_rows),
-                place=placed(0, torch.arange(old.n_kv_head * q), nkv),
+                weight=_rows_noisy(kv_rows, new_kv_units, name, std, seed),
+                exp_avg=_rows_new_zero(kv_rows, new_kv_units),
+                exp_avg_sq=_rows(kv_rows),
+                place=_placed(0, torch.arange(old.n_kv_head * q), nkv),
             )
         if old.qkv_bias:  # a bias follows its rows (copied, no noise: the rows' noise breaks the symmetry)
             rules[block_name(i, "self_attn.q_proj.bias")] = Rule(
-                weight=rows(q_rows),
-                exp_avg=rows_new_zero(q_rows, new_units),
-                exp_avg_sq=rows(q_rows),
-                place=placed(0, old_q_pos, nq),
+                weight=_rows(q_rows),
+                exp_avg=_rows_new_zero(q_rows, new_units),
+                exp_avg_sq=_rows(q_rows),
+                place=_placed(0, old_q_pos, nq),
             )
             for s in ("self_attn.k_proj.bias", "self_attn.v_proj.bias"):
                 rules[block_name(i, s)] = Rule(
-                    weight=rows(kv_rows),
-                    exp_avg=rows_new_zero(kv_rows, new_kv_units),
-                    exp_avg_sq=rows(kv_rows),
-                    place=placed(0, torch.arange(old.n_kv_head * q), nkv),
+                    weight=_rows(kv_rows),
+                    exp_avg=_rows_new_zero(kv_rows, new_kv_units),
+                    exp_avg_sq=_rows(kv_rows),
+                    place=_placed(0, torch.arange(old.n_kv_head * q), nkv),
                 )
         rules[block_name(i, "self_attn.o_proj.weight")] = Rule(
-            weight=o_map(None),
-            exp_avg=o_map(None),
-            exp_avg_sq=o_map(1.0 / ZERO_ENTRY_UPDATE**2),
-            place=placed(1, old_q_pos, nq),
+            weight=_o_map(q_rows, new_units, None),
+            exp_avg=_o_map(q_rows, new_units, None),
+            exp_avg_sq=_o_map(q_rows, new_units, 1.0 / ZERO_ENTRY_UPDATE**2),
+            place=_placed(1, old_q_pos, nq),
         )
     rules.update(_same_names(old, rules))
     notes = ()
