@@ -61,13 +61,13 @@ _WRITERS = 2  # writer threads
 
 class Written:
     """The files written into one tag folder, off the caller's thread: ``_WRITERS`` writer threads save the objects
-    (while the caller computes the next parameter; torch ops, file writes and hashing release the GIL), each with
-    torch's own file writer, then hash the file it just wrote from the page cache and record its size and sha256
-    (for runtime.manifest.write_manifest(known=...), which then does not read the files again; hashing through a
-    Python file object instead made torch copy every tensor's bytes once more and was the slower way); a further
-    thread fsyncs each written file, so the final sync of runtime.atomic.commit_dir finds them already on disk. At
-    most ``_MAX_QUEUED`` objects wait for the writers (memory: a few tensors of the largest parameters). ``wait()``
-    before reading a written file or writing the manifest; it re-raises an error of any thread.
+    (while the caller computes the next parameter; torch ops, file writes and hashing release the GIL), then hash
+    the file they just wrote, read back from the page cache, and record its size and sha256 (for
+    runtime.manifest.write_manifest(known=...), which then does not read the files again; hashing inside the write
+    path, through a wrapper of the file, was the slower way); a further thread fsyncs each written file, so the final
+    sync of runtime.atomic.commit_dir finds them already on disk. At most ``_MAX_QUEUED`` objects wait for the
+    writers (memory: a few tensors of the largest parameters). ``wait()`` before reading a written file or writing
+    the manifest; it re-raises an error of any thread.
 
     Args:
         tag_dir: the tag folder the recorded paths are relative to.
@@ -89,10 +89,13 @@ class Written:
 
     def _save_now(self, obj: Any, path: Path) -> None:
         """Writer thread: save one file, hash it as written (read back from the page cache), then hand it to the
-        fsync thread."""
-        torch.save(obj, path)
-        f = open(path, "rb")  # noqa: SIM115 (closed by the fsync thread)
+        fsync thread. Saved through a Python file object, so that a full disk or a write error is Python's OSError
+        with its errno (torch's own path writer reports only "iostream error")."""
+        f = open(path, "w+b")  # noqa: SIM115 (closed by the fsync thread)
         try:
+            torch.save(obj, f)
+            f.flush()
+            f.seek(0)
             h = hashlib.sha256()
             nbytes = 0
             while chunk := f.read(1 << 22):
