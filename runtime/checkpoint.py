@@ -527,7 +527,7 @@ def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int
         collectives.barrier()
     except Exception as e:  # disk full, quota, permissions; or a rank lost meanwhile (the barrier failed)
         failed = write_error(e, save_dir)  # read before the half-written .tmp-<tag> goes (it holds the space)
-        if (failed is not None or rank == 0) and not final.exists():
+        if not final.exists():  # every rank: one still writing when another's failure removed it makes it again
             shutil.rmtree(tmp_dir, ignore_errors=True)  # everything else stays
         if failed is None:
             raise
