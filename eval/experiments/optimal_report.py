@@ -79,19 +79,19 @@ def refine_summary(
     return out
 
 
-def _scratch_loss(done: Mapping[str, dict], st: Any, z: str, b: float, k: int) -> float | None:
+def _scratch_loss(done: Mapping[str, dict], st: State, z: str, b: float, k: int) -> float | None:
     """The final loss of size ``z`` trained from scratch to ``b`` B on main seed ``k`` (None: not run)."""
     return plan.final_loss(done, RunSpec("main", "scratch", k, b, st.lr[z], size=z))
 
 
-def _arm_spec(st: Any, a: str, k: int) -> RunSpec:
+def _arm_spec(st: State, a: str, k: int) -> RunSpec:
     """The main run of arm ``a`` on seed ``k``."""
     return RunSpec("main", "grow", k, 1.0, st.lr[a], arm=a, grow_flops=st.growth[a], policy=st.policy[a])
 
 
 def _arm_rows(
     s: Settings,
-    st: Any,
+    st: State,
     done: Mapping[str, dict],
     seeds: list[int],
     bud: tuple[float, ...],
@@ -125,7 +125,7 @@ def _arm_rows(
     return arms
 
 
-def _scratch_rows(s: Settings, st: Any, done: Mapping[str, dict], seeds: list[int], bud: tuple[float, ...],
+def _scratch_rows(s: Settings, st: State, done: Mapping[str, dict], seeds: list[int], bud: tuple[float, ...],
                   means: dict[float, dict[str, float]], comp_b: list[float]) -> list[dict]:  # fmt: skip
     """results.json's ``scratch``: each envelope size against the comparator."""
     d = s.design
@@ -152,7 +152,7 @@ def _lr_sweep(done: Mapping[str, dict]) -> dict[str, dict[str, float]]:
     return sweep
 
 
-def _lr_policy(s: Settings, st: Any, done: Mapping[str, dict]) -> dict[str, dict[str, Any]]:
+def _lr_policy(s: Settings, st: State, done: Mapping[str, dict]) -> dict[str, dict[str, Any]]:
     """Per arm, the pilot's loss with the LR schedule continued and re-warmed after growth, and the choice."""
     policy = {}
     for a in s.arm_list():
@@ -163,7 +163,7 @@ def _lr_policy(s: Settings, st: Any, done: Mapping[str, dict]) -> dict[str, dict
     return policy
 
 
-def _levers(s: Settings, st: Any, done: Mapping[str, dict], lever_runs: list[RunSpec]) -> list[dict[str, Any]]:
+def _levers(s: Settings, st: State, done: Mapping[str, dict], lever_runs: list[RunSpec]) -> list[dict[str, Any]]:
     """The pilot seed's levers that have run, each against the arm's pilot run (once the main runs are complete)."""
     levers = []
     if st.main_complete:
@@ -180,7 +180,7 @@ def _levers(s: Settings, st: Any, done: Mapping[str, dict], lever_runs: list[Run
     return levers
 
 
-def _refine(s: Settings, st: Any, done: Mapping[str, dict], refined: Mapping[str, dict] | None, seeds: list[int],
+def _refine(s: Settings, st: State, done: Mapping[str, dict], refined: Mapping[str, dict] | None, seeds: list[int],
             data: Any) -> dict | None:  # fmt: skip
     """The refine runs' summary (``refine_summary``), None when not read or the experiment is incomplete.
 
