@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from growlm.runtime.processes import LAUNCHER_PID_ENV, kill_group, wait_procs
+from growlm.runtime.processes import LAUNCHER_PID_ENV, SPAWN_LOCK, kill_group, wait_procs
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -60,8 +60,9 @@ class RankProcess(Protocol):
 
 
 def start_rank(argv: list[str], env: dict[str, str], cwd: str | os.PathLike | None, log_path: Path) -> RankProcess:
-    """Start ``argv`` as a fresh process in a new session, stdout and stderr to ``log_path`` (truncated)."""
-    with open(log_path, "w") as log:
+    """Start ``argv`` as a fresh process in a new session, stdout and stderr to ``log_path`` (truncated), holding
+    ``runtime.processes.SPAWN_LOCK`` while it starts."""
+    with SPAWN_LOCK, open(log_path, "w") as log:
         return subprocess.Popen(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 

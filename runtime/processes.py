@@ -36,6 +36,10 @@ import psutil
 
 DRIVER_PID_ENV = "GROWLM_DRIVER_PID"
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+# held while a child is being started (``runtime.launch.start_rank``): a watchdog that takes it and never gives it
+# back knows every child this process will ever have is already there to be found (``kill_descendants``)
+SPAWN_LOCK = threading.Lock()
 
 
 def kill_group(pgid: int) -> None:
@@ -87,6 +91,48 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the ranks' watchdog and kill_stale still apply
         pass
+
+
+def descendant_groups(pid: int) -> list[int]:
+    """The process groups of every descendant of ``pid`` (ranks start in sessions of their own), collected before
+    anything is killed (a killed parent's children are re-parented and could no longer be found); zombies and the
+    caller's own group are left out."""
+    try:
+        procs = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    groups = set()
+    for q in procs:
+        try:
+            if q.status() != psutil.STATUS_ZOMBIE:  # an exited child not reaped yet is no one to kill
+                groups.add(os.getpgid(q.pid))
+        except (ProcessLookupError, psutil.NoSuchProcess):  # ended meanwhile
+            continue
+    groups.discard(os.getpgrp())
+    return sorted(groups)
+
+
+def adopt_orphans() -> None:
+    """Make this process the subreaper of its descendants (Linux ``PR_SET_CHILD_SUBREAPER``): a descendant whose
+    parent is killed is re-parented to this process instead of init, so ``kill_descendants`` still finds it."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux
+        pass
+
+
+def kill_descendants(timeout_s: float = 30.0) -> list[int]:
+    """SIGKILL the process groups of every descendant of this process and wait until they are gone; first take
+    ``SPAWN_LOCK`` for good, so no child started meanwhile escapes (call it only on the way out). Repeats until no
+    descendant is left (with ``adopt_orphans``, one started by a descendant while it was being killed comes back
+    here), at most ``timeout_s`` seconds; returns the groups still alive then ([] normally)."""
+    SPAWN_LOCK.acquire()
+    deadline = time.monotonic() + timeout_s
+    while groups := descendant_groups(os.getpid()):
+        left = kill_groups_and_wait(groups, max(0.0, deadline - time.monotonic()))
+        if left or time.monotonic() >= deadline:
+            return left
+    return []
 
 
 def exit_with_parent(parent: int, poll_s: float = 1.0) -> None:

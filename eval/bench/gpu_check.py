@@ -59,7 +59,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 from safetensors.torch import load_file
 
@@ -78,7 +77,7 @@ from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import select_accelerator
 from growlm.runtime.machine import device_description
 from growlm.runtime.metrics_file import read_records
-from growlm.runtime.processes import alive, kill_groups_and_wait
+from growlm.runtime.processes import adopt_orphans, alive, descendant_groups, kill_descendants, kill_groups_and_wait
 
 # |compiled loss - eager loss| allowed at every step: inductor fuses and reorders float operations
 COMPILE_TOL = {"fp32": 1e-3, "bf16": 5e-2, "fp16": 1e-2}
@@ -192,24 +191,6 @@ def device_slug(name: str) -> str:
 # processes: a section's child and everything it started
 
 
-def descendant_groups(pid: int) -> list[int]:
-    """The process groups of every descendant of ``pid`` (train.py ranks start in sessions of their own), collected
-    before anything is killed (a killed parent's children are re-parented and could no longer be found); the
-    caller's own group is left out."""
-    try:
-        procs = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-    groups = set()
-    for q in procs:
-        try:
-            groups.add(os.getpgid(q.pid))
-        except ProcessLookupError:  # ended meanwhile
-            continue
-    groups.discard(os.getpgrp())
-    return sorted(groups)
-
-
 def run_child(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float) -> tuple[int, bool]:
     """Run ``cmd`` in a new session (``runtime.launch.start_rank``), output to ``log``; after ``timeout_s`` seconds
     SIGKILL its process group and those of all its descendants and wait until they are gone.
@@ -239,12 +220,15 @@ def run_child(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float) 
 
 def die_with_parent(parent_pid: int, poll_s: float = 0.5) -> None:
     """In a section's process: a daemon thread that, once process ``parent_pid`` (growlm-gpu-check) is gone, kills
-    every process this one started and then this one's own process group."""
+    every process this one started, including one being started at that moment and the orphans of killed ones
+    (``runtime.processes.kill_descendants``, with this process their subreaper), and then this one's own process
+    group."""
+    adopt_orphans()
 
     def watch() -> None:
         while alive(parent_pid):
             time.sleep(poll_s)
-        kill_groups_and_wait(descendant_groups(os.getpid()), timeout_s=10)
+        kill_descendants()
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="growlm-gpu-check-parent-watchdog", daemon=True).start()
