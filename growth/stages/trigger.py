@@ -2,8 +2,7 @@
 training compute, d log10 L / d log10 C, has flattened to a threshold: the small model has stopped being the
 compute-efficient way down (Shen et al. 2022, "Staged Training for Transformer Language Models", arXiv 2203.06211,
 section 4). Pure functions of numbers, and ``stage_due``, the decision whether a plan stage's trigger fires now
-(which reads a reference run's validation curve once); eval.experiments.scaling predicts where the trigger fires and
-what a growth saves.
+(which reads a reference run's validation curve once).
 """
 
 from __future__ import annotations
