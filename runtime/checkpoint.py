@@ -5,9 +5,10 @@ scheduler, loss scaler) plus growlm's files inside it:
 
 * ``growlm_state.json``: the run state DeepSpeed does not know (runtime.run_state.RunState). The same object is
   DeepSpeed's client state.
-* ``rng_state_rank{r}.pt``: per-rank RNG states (python, numpy, torch CPU and accelerator), tensors and numbers only.
+* ``rng_state_rank{r}.pt``: per-rank RNG states (python, numpy, torch CPU and accelerator), tensors and numbers only
+  (runtime.rng).
 * ``growlm_manifest.json``: size and sha256 of every other file (runtime.manifest), hashed by the ranks in
-  parallel, each its share (``split_files``), and written by rank 0.
+  parallel, each its share (runtime.checkpoint_shares), and written by rank 0.
 
 Nothing is ever overwritten or half-written: ranks write into ``.tmp-<tag>``, rank 0 renames it to ``<tag>`` once
 every rank has finished (runtime.atomic.commit_dir), and only then replaces the ``latest`` pointer. A crash leaves at
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import random
 import re
 import shlex
 import shutil
@@ -51,11 +51,11 @@ from growlm.runtime.atomic import (
     write_error,
     write_text,
 )
+from growlm.runtime.checkpoint_shares import VERIFY_MARGIN_S, share_timeout_s, split_files, tag_files
 from growlm.runtime.crash_points import hold_point
 from growlm.runtime.dist import select_accelerator
 from growlm.runtime.engine import repair_adam_steps
 from growlm.runtime.manifest import (
-    MANIFEST_FILE,
     ManifestError,
     check_sizes,
     hash_files,
@@ -64,6 +64,7 @@ from growlm.runtime.manifest import (
     verify_manifest,
     write_manifest,
 )
+from growlm.runtime.rng import rng_file, rng_state, set_rng_state
 from growlm.runtime.run_state import STATE_FILE, STATE_FORMAT, RunState, RunStateError
 
 __all__ = [
@@ -317,74 +318,6 @@ def open_for_resume(path: str | os.PathLike) -> OpenCheckpoint:
     return OpenCheckpoint(ckpt_dir, tag, state)
 
 
-# ----- files per rank: who hashes and checks what ------------------------------------------------------------------
-
-VERIFY_MARGIN_S = 120.0  # seconds a rank's wait for the others gets beyond the slowest share's reading
-MIN_READ_BYTES_PER_S = 25e6  # the slowest reading a share's wait allows for: a loaded network filesystem
-_RANK_FILE = re.compile(r"^(?:zero_pp_rank_(\d+)_.*|rng_state_rank(\d+)\.pt)$")
-
-
-def file_rank(rel: str) -> int | None:
-    """The rank a tag folder's file belongs to by its name (DeepSpeed's ``zero_pp_rank_R_...`` optimizer and ZeRO-3
-    model-state shards, growlm's ``rng_state_rankR.pt``: data-parallel rank R, which is the global rank in growlm),
-    or None for a file every rank may read (``mp_rank_00_model_states.pt``, ``growlm_state.json``, the universal
-    layout's ``zero/`` files)."""
-    found = _RANK_FILE.match(rel)
-    if found is None:
-        return None
-    return int(found.group(1) if found.group(1) is not None else found.group(2))
-
-
-def split_files(sizes: dict[str, int], world_size: int, *, by_name: bool = True) -> list[list[str]]:
-    """Each rank's share of a tag folder's files, for hashing on save and checking on resume.
-
-    Args:
-        sizes: relative path -> bytes, every file to share out.
-        world_size: the ranks sharing the work.
-        by_name: a file named for a rank below ``world_size`` (``file_rank``) goes to that rank: the rank that
-            wrote it, and on a resume at the saved world size the only rank that loads it. Off (a resume at another
-            world size, a universal checkpoint): every file is shared.
-
-    Returns:
-        ``world_size`` sorted lists of relative paths, together holding each file once. The shared files go, largest
-        first, to the rank with the fewest bytes so far (ties: the lowest rank), so no rank's share exceeds the
-        even split by more than the largest file; the result depends only on the arguments, so every rank computes
-        the same split.
-    """
-    shares: list[list[str]] = [[] for _ in range(world_size)]
-    load = [0] * world_size
-    shared = []
-    for rel, size in sizes.items():
-        r = file_rank(rel) if by_name else None
-        if r is not None and r < world_size:
-            shares[r].append(rel)
-            load[r] += size
-        else:
-            shared.append(rel)
-    for rel in sorted(shared, key=lambda f: (-sizes[f], f)):
-        r = min(range(world_size), key=lambda i: (load[i], i))
-        shares[r].append(rel)
-        load[r] += sizes[rel]
-    return [sorted(s) for s in shares]
-
-
-def share_timeout_s(sizes: dict[str, int], shares: list[list[str]]) -> float:
-    """How long a rank waits for the others to hash or check their shares: ``VERIFY_MARGIN_S`` plus the largest
-    share's bytes read at ``MIN_READ_BYTES_PER_S``, so the limit follows the checkpoint's size (a 100 GB checkpoint
-    over 8 ranks: about 120 + 500 s; over 64: 120 + 63 s) instead of the process group's fixed timeout."""
-    largest = max((sum(sizes[f] for f in share) for share in shares), default=0)
-    return VERIFY_MARGIN_S + largest / MIN_READ_BYTES_PER_S
-
-
-def tag_files(tag_dir: Path) -> dict[str, int]:
-    """Relative path -> bytes of every file under a tag folder except its manifest and ``.tmp-`` names."""
-    return {
-        p.relative_to(tag_dir).as_posix(): p.stat().st_size
-        for p in sorted(tag_dir.rglob("*"))
-        if p.is_file() and p.name != MANIFEST_FILE and not p.name.startswith(TMP_PREFIX)
-    }
-
-
 def verify_shares(ckpt: OpenCheckpoint, *, rank: int, world_size: int) -> list[str]:
     """Check a checkpoint opened with ``open_for_resume`` before it is loaded, each rank its share of the files (a
     collective): the files this rank loads and only those (``split_files``: its own optimizer shard and RNG file at
@@ -433,46 +366,6 @@ def verify_shares(ckpt: OpenCheckpoint, *, rank: int, world_size: int) -> list[s
     return mine
 
 
-# ----- RNG --------------------------------------------------------------------------------------------------------
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's RNG states as tensors and numbers only (loadable with ``weights_only=True``): python
-    ``random`` (version, int64 key, gauss), numpy's legacy MT19937 (key, pos, has_gauss, cached_gaussian), torch CPU
-    and (if present) CUDA."""
-    version, key, gauss = random.getstate()
-    kind, np_key, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    state = {
-        "python": {"version": version, "key": torch.tensor(key, dtype=torch.int64), "gauss": gauss},
-        "numpy": {
-            "kind": kind,
-            "key": torch.from_numpy(np_key.astype(np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached),
-        },
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what ``rng_state`` returned (or the pickled tuples of files written before this version)."""
-    py, npy = state["python"], state["numpy"]
-    if isinstance(py, dict):
-        py = (py["version"], tuple(int(v) for v in py["key"].tolist()), py["gauss"])
-    if isinstance(npy, dict):
-        key = npy["key"].numpy().astype(np.uint32)
-        npy = (npy["kind"], key, npy["pos"], npy["has_gauss"], npy["cached_gaussian"])
-    random.setstate(py)
-    np.random.set_state(npy)
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
 # ----- save and load ----------------------------------------------------------------------------------------------
 
 
@@ -519,7 +412,7 @@ def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int
         collectives.barrier()
         doc = state.to_json()
         engine.save_checkpoint(str(save_dir), tag=tmp_tag, client_state={"growlm": doc}, save_latest=False)
-        with atomic_path(tmp_dir / f"rng_state_rank{rank}.pt", overwrite=True) as tmp:
+        with atomic_path(rng_file(tmp_dir, rank), overwrite=True) as tmp:
             torch.save(rng_state(), tmp)
         if rank == 0:
             write_text(tmp_dir / STATE_FILE, state.dumps(), overwrite=True)
@@ -615,9 +508,9 @@ def load(engine: Any, ckpt: OpenCheckpoint, *, rank: int, world_size: int) -> Ru
     rank's RNG (when the world size is the saved one).
 
     The caller has opened it with ``open_checkpoint``, or ``open_for_resume`` and ``verify_shares`` (manifest and
-    pickles checked) and checked, with
-    ``check_compatible``, that it fits the engine. DeepSpeed's ``load_checkpoint`` unpickles its files without
-    restriction: ``open_checkpoint`` has refused any that is not plain tensor data.
+    pickles checked) and checked, with ``check_compatible``, that it fits the engine. DeepSpeed's
+    ``load_checkpoint`` unpickles its files without restriction: ``open_checkpoint`` has refused any that is not
+    plain tensor data.
 
     Returns:
         The checkpoint's RunState.
@@ -643,11 +536,6 @@ def load(engine: Any, ckpt: OpenCheckpoint, *, rank: int, world_size: int) -> Ru
         if rng_path.is_file() or not ckpt.state.universal:  # missing: refused by safe_load, naming the file
             set_rng_state(safe_load(rng_path, f"rank {rank}'s RNG state"))
     return ckpt.state
-
-
-def rng_file(tag_dir: str | os.PathLike, rank: int) -> Path:
-    """The RNG state file of rank ``rank`` in a tag folder."""
-    return Path(tag_dir) / f"rng_state_rank{rank}.pt"
 
 
 def check_rng_files(ckpt: OpenCheckpoint, world_size: int) -> None:

@@ -37,7 +37,7 @@ import torch
 
 from growlm import PACKAGE_DIR
 from growlm.model.config import GPTConfig, param_count
-from growlm.runtime import checkpoint, collectives
+from growlm.runtime import checkpoint, checkpoint_shares, collectives
 from growlm.runtime.commands import HelpFormatter, add_version
 from growlm.runtime.dist import init_distributed
 from growlm.runtime.ds_config import shipped_ds_config
@@ -90,12 +90,12 @@ def worker(args: argparse.Namespace) -> None:
                  "zero_stage": args.zero_stage, "device": device_description()}  # fmt: skip
     with Phase(rec, "save"):
         final = checkpoint.save(engine, args.ckpt, state, rank=info.rank)
-    sizes = checkpoint.tag_files(final)
+    sizes = checkpoint_shares.tag_files(final)
     files = (final / "growlm_manifest.json").stat().st_size
     rec["checkpoint_bytes"] = sum(sizes.values()) + files
-    rec["own_bytes"] = sum(b for f, b in sizes.items() if checkpoint.file_rank(f) == info.rank)
-    rec["shared_bytes"] = sum(b for f, b in sizes.items() if checkpoint.file_rank(f) is None)
-    rec["share_bytes"] = sum(sizes[f] for f in checkpoint.split_files(sizes, info.world_size)[info.rank])
+    rec["own_bytes"] = sum(b for f, b in sizes.items() if checkpoint_shares.file_rank(f) == info.rank)
+    rec["shared_bytes"] = sum(b for f, b in sizes.items() if checkpoint_shares.file_rank(f) is None)
+    rec["share_bytes"] = sum(sizes[f] for f in checkpoint_shares.split_files(sizes, info.world_size)[info.rank])
     with Phase(rec, "open"):
         ckpt = checkpoint.open_for_resume(final)
     with Phase(rec, "verify"):
@@ -107,7 +107,7 @@ def worker(args: argparse.Namespace) -> None:
         checkpoint.check_pickles(final)
     rec["resume_read_bytes"] = rec["open_read_bytes"] + rec["verify_read_bytes"] + rec["load_read_bytes"]
     if args.damage is not None:  # test only: one byte of that rank's optimizer shard changed, every rank refuses
-        victim = next(f for f in sizes if checkpoint.file_rank(f) == args.damage and "optim" in f)
+        victim = next(f for f in sizes if checkpoint_shares.file_rank(f) == args.damage and "optim" in f)
         collectives.barrier()  # every rank is done reading the whole checkpoint (old_verify) before one is damaged
         if info.rank == 0:
             with open(final / victim, "r+b") as f:

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from growlm.runtime import checkpoint, collectives
+from growlm.runtime import checkpoint, checkpoint_shares, collectives
 from growlm.runtime.manifest import ManifestError, check_sizes, read_manifest, verify_files, write_manifest
 
 ZERO2 = {
@@ -34,41 +34,41 @@ def one_rank_group():
 
 
 def test_file_rank_names_the_rank_a_file_belongs_to():
-    assert checkpoint.file_rank("zero_pp_rank_12_mp_rank_00_optim_states.pt") == 12
-    assert checkpoint.file_rank("zero_pp_rank_3_mp_rank_00_model_states.pt") == 3  # ZeRO-3's module shards
-    assert checkpoint.file_rank("rng_state_rank7.pt") == 7
+    assert checkpoint_shares.file_rank("zero_pp_rank_12_mp_rank_00_optim_states.pt") == 12
+    assert checkpoint_shares.file_rank("zero_pp_rank_3_mp_rank_00_model_states.pt") == 3  # ZeRO-3's module shards
+    assert checkpoint_shares.file_rank("rng_state_rank7.pt") == 7
     for shared in ("mp_rank_00_model_states.pt", "growlm_state.json", "zero/h.0.attn.c_attn.weight/fp32.pt"):
-        assert checkpoint.file_rank(shared) is None
+        assert checkpoint_shares.file_rank(shared) is None
 
 
 def test_each_rank_gets_its_own_files_and_a_balanced_part_of_the_shared_ones():
-    shares = checkpoint.split_files(ZERO2, 2)
+    shares = checkpoint_shares.split_files(ZERO2, 2)
     assert shares == [
         sorted(["mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt", "rng_state_rank0.pt"]),
         sorted(["growlm_state.json", "zero_pp_rank_1_mp_rank_00_optim_states.pt", "rng_state_rank1.pt"]),
     ]
     assert sorted(f for s in shares for f in s) == sorted(ZERO2)  # each file once
     # at 4 ranks of a 2-rank checkpoint's names (another world size): everything is shared, split by size
-    shares = checkpoint.split_files(ZERO2, 4, by_name=False)
+    shares = checkpoint_shares.split_files(ZERO2, 4, by_name=False)
     loads = [sum(ZERO2[f] for f in s) for s in shares]
     assert sorted(f for s in shares for f in s) == sorted(ZERO2)
     assert max(loads) <= sum(ZERO2.values()) / 4 + max(ZERO2.values())
     assert loads == [400, 100, 100, 7]
     # a file named for a rank beyond the world is shared, not dropped
-    assert sorted(f for s in checkpoint.split_files(ZERO2, 1) for f in s) == sorted(ZERO2)
+    assert sorted(f for s in checkpoint_shares.split_files(ZERO2, 1) for f in s) == sorted(ZERO2)
     # universal: many parameter files, split evenly by bytes
     universal = {f"zero/p{i}/{k}.pt": 1000 + i for i in range(8) for k in ("fp32", "exp_avg", "exp_avg_sq")}
-    loads = [sum(universal[f] for f in s) for s in checkpoint.split_files(universal, 4)]
+    loads = [sum(universal[f] for f in s) for s in checkpoint_shares.split_files(universal, 4)]
     assert max(loads) - min(loads) <= max(universal.values())
 
 
 def test_the_wait_follows_the_largest_share():
-    shares = checkpoint.split_files(ZERO2, 2)
+    shares = checkpoint_shares.split_files(ZERO2, 2)
     largest = 400 + 100 + 2
-    assert checkpoint.share_timeout_s(ZERO2, shares) == checkpoint.VERIFY_MARGIN_S + largest / 25e6
+    assert checkpoint_shares.share_timeout_s(ZERO2, shares) == checkpoint_shares.VERIFY_MARGIN_S + largest / 25e6
     # 100 GB over 8 ranks
     big = {f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt": 12_500_000_000 for r in range(8)}
-    limit = checkpoint.share_timeout_s(big, checkpoint.split_files(big, 8))
+    limit = checkpoint_shares.share_timeout_s(big, checkpoint_shares.split_files(big, 8))
     assert limit == pytest.approx(120 + 500)
 
 

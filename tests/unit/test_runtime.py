@@ -18,10 +18,9 @@ from growlm.runtime.checkpoint import (
     CheckpointError,
     check_pickles,
     open_checkpoint,
-    rng_state,
     safe_load,
-    set_rng_state,
 )
+from growlm.runtime.rng import rng_state, set_rng_state
 from growlm.runtime.run_state import STATE_FILE, VERSION, RunState, RunStateError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
