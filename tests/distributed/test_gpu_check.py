@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from growlm import PACKAGE_DIR
-from growlm.eval.bench import gpu_check
+from growlm.eval.bench import gpu_check, gpu_check_runs, gpu_check_sections
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_smoke_runs_every_default_section_and_fp16_and_writes_the_results(smoke)
             ("depth-x2", "duplicate", 2), ("width", "masked", 4)
         ]  # fmt: skip
         for g in run["growths"]:
-            assert abs(g["loss_after"] - g["loss_before"]) <= gpu_check.GROWTH_TOL["fp32"]
+            assert abs(g["loss_after"] - g["loss_before"]) <= gpu_check_runs.GROWTH_TOL["fp32"]
             assert g["equivalent_steps"] == pytest.approx(g["seconds"] / run["step_time_s_median"])
         assert len(run["losses"]) == 6 and run["losses"][-1] < run["losses"][0]
         assert (folder / "logs" / "train" / f"train-zero{stage}-fp32" / "rank0.log").is_file()
@@ -111,7 +111,7 @@ def test_smoke_ranks_grows_at_every_zero_stage_on_2_ranks_and_resumes_exactly(sm
     res = ranks["results"]
     assert res["ranks"] == {"ranks": 2, "visible_gpus": 0, "backend": "gloo", "note": "smoke: 2 gloo ranks on the CPU",
                             "world_size": 2}  # fmt: skip
-    tol = gpu_check.GROWTH_TOL["fp32"]
+    tol = gpu_check_runs.GROWTH_TOL["fp32"]
     for stage in (1, 2, 3):  # the train section's runs, on 2 ranks: each rank's log, train.py's own world size
         run = res[f"ranks-zero{stage}-fp32"]
         assert run["exit_status"] == 0 and run["world_size"] == 2
@@ -160,7 +160,9 @@ def test_offload_section_grows_live_with_the_optimizer_offloaded_on_2_ranks(tmp_
     assert len(run["losses"]) == 6 and all(map(math.isfinite, run["losses"])) and run["losses"][-1] < run["losses"][0]
     (g,) = run["growths"]  # one live growth (depth x2), exact with the optimizer state in CPU memory
     assert (g["stage"], g["family"], g["step"]) == ("depth-x2", "duplicate", 2)
-    assert math.isfinite(g["loss_before"]) and abs(g["loss_after"] - g["loss_before"]) <= gpu_check.GROWTH_TOL["fp32"]
+    assert (
+        math.isfinite(g["loss_before"]) and abs(g["loss_after"] - g["loss_before"]) <= gpu_check_runs.GROWTH_TOL["fp32"]
+    )
     assert (folder / "logs" / "offload" / "offload-zero2-fp32" / "rank1.log").is_file()
     assert list(json.loads((folder / "gpu_check.json").read_text())["sections"]) == ["offload"]
 
@@ -241,12 +243,12 @@ def test_the_micro_batch_fits_the_memory_model():
 
     cfg = from_preset("gpt2-medium")
     n = 141 * 10**9  # an H200's memory in bytes
-    b = gpu_check.fit_micro_batch(cfg, 1024, n, recompute=False)
+    b = gpu_check_sections.fit_micro_batch(cfg, 1024, n, recompute=False)
     per_seq = 24 * 34 * 1024 * 1024 + 12 * 1024 * cfg.vocab_size  # layers + the LM head
     state = 16 * 354_823_168
     assert b == 2 ** int(math.log2((0.85 * n - state) // per_seq)) == 64
-    assert gpu_check.fit_micro_batch(cfg, 1024, n, recompute=True) >= 2 * b  # recomputation fits more
-    assert gpu_check.fit_micro_batch(cfg, 1024, 1, recompute=False) == 1
+    assert gpu_check_sections.fit_micro_batch(cfg, 1024, n, recompute=True) >= 2 * b  # recomputation fits more
+    assert gpu_check_sections.fit_micro_batch(cfg, 1024, 1, recompute=False) == 1
 
 
 def test_make_gpu_check_runs_it_in_the_environment_at_hand():

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from growlm.eval.bench import gpu_check, gpu_check_ranks
+from growlm.eval.bench import gpu_check, gpu_check_ranks, gpu_check_runs, gpu_check_sections
 from growlm.eval.bench import throughput as bench
 from growlm.eval.bench.report import BenchError
 
@@ -43,9 +43,9 @@ def test_help_names_the_multi_gpu_sections_and_their_rank_rule(capsys):
     assert "the visible GPUs (at most 8) when there are 2 or more, else 1" in text
     assert "'one GPU: cross-rank paths not exercised'" in text and "smoke: 2 gloo ranks on the CPU" in text
     assert "their GPU budgets and estimates are estimates until a (multi-)GPU node measures them" in text
-    assert set(gpu_check.SECTION_FNS) == set(gpu_check.SECTIONS)
-    assert gpu_check.SECTION_FNS["ranks"] is gpu_check_ranks.section_ranks
-    assert gpu_check.SECTION_FNS["offload"] is gpu_check_ranks.section_offload
+    assert set(gpu_check_sections.SECTION_FNS) == set(gpu_check.SECTIONS)
+    assert gpu_check_sections.SECTION_FNS["ranks"] is gpu_check_ranks.section_ranks
+    assert gpu_check_sections.SECTION_FNS["offload"] is gpu_check_ranks.section_offload
 
 
 @pytest.mark.parametrize(
@@ -66,10 +66,12 @@ def test_the_rank_note_says_when_cross_rank_paths_are_not_exercised():
 
 
 def test_the_save_resume_saves_between_the_two_growths():
-    for shapes in (gpu_check.GPU, gpu_check.SMOKE):
+    for shapes in (gpu_check_runs.GPU, gpu_check_runs.SMOKE):
         first, second = shapes.grow_steps
         assert first < gpu_check_ranks.resume_step(shapes) < second <= shapes.train_steps
-    assert gpu_check_ranks.resume_step(gpu_check.SMOKE) == 3 and gpu_check_ranks.resume_step(gpu_check.GPU) == 5
+    assert (
+        gpu_check_ranks.resume_step(gpu_check_runs.SMOKE) == 3 and gpu_check_ranks.resume_step(gpu_check_runs.GPU) == 5
+    )
 
 
 def test_the_offload_config_offloads_the_optimizer_at_zero_2_in_the_asked_precision():
@@ -171,12 +173,12 @@ def test_the_report_keeps_a_killed_sections_partial_record(tmp_path):
     assert "| env | passed | 12 | 60.0 |" in md and "| train | interrupted | - | - |" in md
 
 
-class FakeRunner(gpu_check.Runner):
+class FakeRunner(gpu_check_runs.Runner):
     """A Runner whose train.py runs are replaced by answers given in advance."""
 
     def __init__(self, tmp_path, answers):
         (tmp_path / "sections").mkdir()
-        super().__init__(gpu_check.SMOKE, "compile", tmp_path, tmp_path / "work", None, True, False)
+        super().__init__(gpu_check_runs.SMOKE, "compile", tmp_path, tmp_path / "work", None, True, False)
         self.work.mkdir()
         self.answers, self.seen = answers, []
 
@@ -188,7 +190,7 @@ class FakeRunner(gpu_check.Runner):
 def test_compile_refused_by_train_py_is_a_skip_with_its_reason(tmp_path):
     reason = "--compile: torch.compile runs on CUDA or the CPU, and this run is on xpu; drop --compile"
     r = FakeRunner(tmp_path, [(2, tmp_path / "work" / "c", reason, 4.0)])
-    gpu_check.section_compile(r)
+    gpu_check_sections.section_compile(r)
     ((name, args),) = r.seen
     assert name == "compile-zero2-fp32" and args[-1] == "--compile" and "--no_final_save" in args
     assert args[args.index("--n_embd") + 1] == "32"  # the smoke shape, no growth plan
@@ -202,7 +204,7 @@ def test_compile_refused_by_train_py_is_a_skip_with_its_reason(tmp_path):
 
 def test_a_failed_compiled_run_fails_the_section_and_the_eager_run_still_runs(tmp_path):
     r = FakeRunner(tmp_path, [(1, tmp_path / "c", None, 4.0), (1, tmp_path / "e", None, 3.0)])
-    gpu_check.section_compile(r)
+    gpu_check_sections.section_compile(r)
     assert [n for n, _ in r.seen] == ["compile-zero2-fp32", "eager-zero2-fp32"]
     assert "--compile" not in r.seen[1][1] and r.skipped is None
     assert [(c["name"], c["ok"]) for c in r.checks] == [("compile-zero2-fp32 ran", False),
