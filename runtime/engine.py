@@ -70,29 +70,6 @@ def optimizer_for_device(ds_cfg: dict, device_type: str) -> dict:
     return {**ds_cfg, "optimizer": {**opt, "params": {**params, "fused": True}}}
 
 
-_uninitialised_depth = 0  # > 0 inside weights_uninitialised: build_engine then builds in place (_built_in_place)
-
-
-@contextlib.contextmanager
-def weights_uninitialised() -> Iterator[None]:
-    """Build modules without drawing their initial weights (``model.registry.init_skipped``: every family's and
-    torch's ``reset_parameters`` do nothing inside this block), so a parameter holds whatever ``torch.empty`` gave it,
-    and ``build_engine`` builds the module directly on
-    the rank's device in its training dtype (``_built_in_place``). Only for a module whose every parameter is written
-    right after (a live growth writes every parameter of the grown model, growth.ops.rules.check_rules): it saves the
-    random draws of N(0, 0.02) over every weight and torch's own throwaway init of lm_head (a (V, d) kaiming_uniform_
-    replaced by the tied embedding right after) and of the embeddings; measured for the 208.7M-parameter GPT (24 x 768)
-    on one rank: 0.41 s of normal_ and 0.44 s of kaiming_uniform_ out of an 8.5 s build, and the first touch of pages
-    that the growth overwrites anyway."""
-    global _uninitialised_depth
-    _uninitialised_depth += 1
-    try:
-        with init_skipped():
-            yield
-    finally:
-        _uninitialised_depth -= 1
-
-
 TRAINING_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -101,11 +78,12 @@ def _built_in_place(device: str, dtype: torch.dtype) -> Iterator[None]:
     """Create the module's parameters and buffers on ``device`` in floating dtype ``dtype`` (torch's default device
     and default dtype for the block; explicit dtypes, such as the float32 rotary frequencies, are kept).
 
-    Used only when every weight is overwritten next (``weights_uninitialised``), outside ZeRO-3 (whose ``zero.Init``
-    already creates each partition on the device in the training dtype). Otherwise the module would be built on the
-    host in fp32 and then cast and moved by DeepSpeed (``_cast_module_mixed_precision``, ``module.to(device)``):
-    4 + 2 bytes per parameter at once on every rank's host, about 42 GB per rank (336 GB on an 8-GPU node) for a 7B
-    target. Built in place, DeepSpeed's cast and move find nothing to do and the host holds none of it."""
+    Used only when every weight is overwritten next (``build_engine(..., uninitialised=True)``), outside ZeRO-3 (whose
+    ``zero.Init`` already creates each partition on the device in the training dtype). Otherwise the module would be
+    built on the host in fp32 and then cast and moved by DeepSpeed (``_cast_module_mixed_precision``,
+    ``module.to(device)``): 4 + 2 bytes per parameter at once on every rank's host, about 42 GB per rank (336 GB on an
+    8-GPU node) for a 7B target. Built in place, DeepSpeed's cast and move find nothing to do and the host holds none of
+    it."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -141,6 +119,7 @@ def build_engine(
     ds_config: dict,
     *,
     partitioned: bool = False,
+    uninitialised: bool = False,
     activation_checkpointing: bool = False,
     compile_model: bool = False,
 ) -> Any:
@@ -153,9 +132,15 @@ def build_engine(
         ds_config: the DeepSpeed config dict (optimizer, scheduler, ZeRO stage, precision).
         partitioned: build the module inside ``deepspeed.zero.Init`` (ZeRO-3), so no rank ever holds it whole; its
             initial values are then not the family's init (zero.Init draws each partition on its own), which is
-            fine when every parameter is written next, as growth does. Not partitioned and inside
-            ``weights_uninitialised`` (a live growth), the module is built directly on the rank's device in the
-            config's training dtype (``_built_in_place``), never on the host.
+            fine when every parameter is written next, as growth does.
+        uninitialised: every parameter is written right after (a live growth writes every parameter of the grown
+            model, growth.ops.rules.check_rules): the module's initial weights are not drawn
+            (``model.registry.init_skipped``: a parameter holds whatever ``torch.empty`` gave it) and, not
+            partitioned, it is built directly on the rank's device in the config's training dtype
+            (``_built_in_place``), never on the host. This saves the random draws of N(0, 0.02) over every weight
+            and torch's throwaway init of lm_head and the embeddings (measured for the 208.7M-parameter GPT, 24 x
+            768, on one rank: 0.41 s of normal_ and 0.44 s of kaiming_uniform_ out of an 8.5 s build) and the
+            first touch of pages the growth overwrites anyway.
         activation_checkpointing: recompute each block's activations in backward (the model's
             ``activation_checkpointing``; a grown model's engine is built with the same setting, so new blocks get it
             too).
@@ -179,14 +164,15 @@ def build_engine(
     weight_decay = ds_config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)
     split: dict[str, float] = dict.fromkeys(BUILD_SPLIT, 0.0)
     t = time.perf_counter()
-    if partitioned:
-        with _timed(deepspeed.zero.Init, "_post_init_method", split, "zero3_partition"):
-            with deepspeed.zero.Init(config_dict_or_path=ds_config):
-                model = build_model(cfg, masks, activation_checkpointing=activation_checkpointing)
-    elif _uninitialised_depth:  # every weight is written next: no host copy, no fp32 copy (_built_in_place)
-        with _built_in_place(get_accelerator().current_device_name(), TRAINING_DTYPES[precision_of(ds_config)]):
-            model = build_model(cfg, masks, activation_checkpointing=activation_checkpointing)
-    else:
+    with contextlib.ExitStack() as stack:
+        if uninitialised:  # every weight is written next: no init draws
+            stack.enter_context(init_skipped())
+        if partitioned:
+            stack.enter_context(_timed(deepspeed.zero.Init, "_post_init_method", split, "zero3_partition"))
+            stack.enter_context(deepspeed.zero.Init(config_dict_or_path=ds_config))
+        elif uninitialised:  # and no host copy, no fp32 copy (_built_in_place)
+            device, dtype = get_accelerator().current_device_name(), TRAINING_DTYPES[precision_of(ds_config)]
+            stack.enter_context(_built_in_place(device, dtype))
         model = build_model(cfg, masks, activation_checkpointing=activation_checkpointing)
     split["module"] = time.perf_counter() - t - split["zero3_partition"]
     t = time.perf_counter()

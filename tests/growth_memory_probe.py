@@ -11,6 +11,7 @@ live ``GPT`` modules (gc.get_objects), RSS (VmRSS, bytes) before and after, and 
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import sys
@@ -101,7 +102,7 @@ else:
         result = grow_engine(
             engine,
             family_plan,
-            lambda c, m: build_engine(c, m, ds_cfg, partitioned=partitioned),
+            functools.partial(build_engine, ds_config=ds_cfg, partitioned=partitioned),
             policy=OptimizerPolicy(moments="carry"),
             schedule_rule=ScheduleRule(),
         )

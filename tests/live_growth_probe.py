@@ -15,6 +15,7 @@ the fp16 loss scaler before/after.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from dataclasses import replace
@@ -130,7 +131,7 @@ old_module = engine.module
 result = grow_engine(
     engine,
     plan,
-    lambda c, m: build_engine(c, m, ds_cfg, partitioned=zero_stage == 3),
+    functools.partial(build_engine, ds_config=ds_cfg, partitioned=zero_stage == 3),
     policy=policy,
     schedule_rule=rule,
     ramp_steps=3,

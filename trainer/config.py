@@ -114,7 +114,9 @@ class RunConfig:
         """The --resume checkpoint's RunState as read from its folder (None for a fresh run)."""
         return self.resume.state if self.resume is not None else None
 
-    def build_engine(self, model: ModelConfig, masks: MaskSpec | None, *, partitioned: bool) -> Any:
+    def build_engine(
+        self, model: ModelConfig, masks: MaskSpec | None, *, partitioned: bool, uninitialised: bool = False
+    ) -> Any:
         """``runtime.engine.build_engine`` for ``model`` (with growth ``masks``) under this run's DeepSpeed config,
         activation checkpointing and --compile: the one place the run's engine arguments are written, for its first
         engine and for each grown one (a collective, like build_engine)."""
@@ -123,6 +125,7 @@ class RunConfig:
             masks,
             self.ds_config,
             partitioned=partitioned,
+            uninitialised=uninitialised,
             activation_checkpointing=self.activation_checkpointing,
             compile_model=self.compile,
         )

@@ -9,6 +9,7 @@ carries".
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +67,7 @@ def grow(p: Progress, stage: Stage, run: RunConfig, data: Batches) -> GrowthEven
     result = grow_engine(
         p.engine,
         stage.rules(old, run.growth.seed),
-        lambda c, m: run.build_engine(c, m, partitioned=run.zero_stage == 3),
+        functools.partial(run.build_engine, partitioned=run.zero_stage == 3),
         policy=stage.optimizer,
         schedule_rule=stage.schedule,
         ramp_steps=stage.ramp_steps or None,

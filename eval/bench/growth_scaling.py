@@ -32,6 +32,7 @@ the file already holds, so a long measurement can be stopped and resumed. Writes
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import sys
@@ -107,7 +108,7 @@ def worker(case: str, stage: int, precision: str, out: str, seq_len: int, small:
     rec["rss_before_bytes"], rec["peak_before_bytes"] = rss_bytes(), peak_rss_bytes()
     rec["peak_reset"] = reset_peak_rss()
     plan = make_rules(old_cfg, new_cfg, "duplicate")
-    build = lambda c, m: build_engine(c, m, ds_cfg, partitioned=stage == 3)  # noqa: E731
+    build = functools.partial(build_engine, ds_config=ds_cfg, partitioned=stage == 3)
     collectives.barrier()
     t0, c0 = time.perf_counter(), time.process_time()
     result = grow_engine(engine, plan, build, policy=OptimizerPolicy(), schedule_rule=ScheduleRule())

@@ -25,6 +25,7 @@ grown tensors, checkpoint reads). Prints a table and writes a JSON list. Run ``p
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import shlex
@@ -71,7 +72,7 @@ def worker(case: str, stage: int, precision: str, out: str, seq_len: int, small:
     ds_cfg["scheduler"]["params"]["total_num_steps"] = 100
     shapes = (SMALL if small else SCENARIOS)[case]
     old_cfg, new_cfg = (GPTConfig(n_positions=seq_len, **s) for s in shapes)
-    build = lambda c, m: build_engine(c, m, ds_cfg, partitioned=stage == 3)  # noqa: E731
+    build = functools.partial(build_engine, ds_config=ds_cfg, partitioned=stage == 3)
     rec: dict = {"params_from": param_count(old_cfg), "params_to": param_count(new_cfg)}
     torch.manual_seed(0)
     engine = build_engine(old_cfg, None, ds_cfg)  # GPT-2's init (zero.Init would leave garbage: runtime.engine)

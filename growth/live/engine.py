@@ -11,9 +11,9 @@ itself is unpartitioned, as always in those stages).
 
 The new engine is built for the grown config by ``deepspeed.initialize`` (ZeRO-3: inside ``zero.Init``, so it is
 partitioned as it is built), without the random weight init its parameters would get only to be overwritten
-(runtime.engine.weights_uninitialised); growlm never asks DeepSpeed to load old-shape buffers into it (DESIGN.md,
-"Checkpoint failure kinds: parameter count changed"). What DeepSpeed leaves undone is done here, each beside its
-DeepSpeed call:
+(``runtime.engine.build_engine(..., uninitialised=True)``); growlm never asks DeepSpeed to load old-shape buffers into
+it (DESIGN.md, "Checkpoint failure kinds: parameter count changed"). What DeepSpeed leaves undone is done here, each
+beside its DeepSpeed call:
 
 * optimizer state is created lazily by the first ``step()``: ``ensure_adam_state`` creates exp_avg, exp_avg_sq and
   the Adam step in the inner torch optimizer first, so the moments can be written and the step carried;
@@ -52,7 +52,7 @@ from growlm.model.config import largest_param_numel, param_count
 from growlm.model.masks import MaskSpec
 from growlm.runtime import collectives
 from growlm.runtime.crash_points import hold_point
-from growlm.runtime.engine import inner_optimizer, release_engine, repair_adam_steps, weights_uninitialised
+from growlm.runtime.engine import inner_optimizer, release_engine, repair_adam_steps
 from growlm.runtime.memory import growth_working_set_bytes, model_state_split, placed_bytes, shortfall
 from growlm.runtime.process_memory import (
     CUDA_MEMORY_KEYS,
@@ -175,7 +175,7 @@ class GrowthResult:
 def grow_engine(
     old: Any,
     plan: RuleSet,
-    build: Callable[[Any, MaskSpec | None], Any],
+    build: Callable[..., Any],
     *,
     policy: OptimizerPolicy,
     schedule_rule: ScheduleRule,
@@ -187,7 +187,8 @@ def grow_engine(
     Args:
         old: the running DeepSpeed engine (after at least one optimizer step).
         plan: the growth plan from the old engine's config (growth.ops.make_rules).
-        build: ``build(config, masks)`` -> a new DeepSpeed engine for that config (its scheduler from the ds config).
+        build: ``build(config, masks, uninitialised=True)`` -> a new DeepSpeed engine for that config (its
+            scheduler from the ds config), its weights left for the growth to write (``runtime.engine.build_engine``).
         policy: Adam-state policy (growth.ops.apply.OptimizerPolicy).
         schedule_rule: where the LR schedule goes (growth.ops.schedule_rule.ScheduleRule).
         ramp_steps: mask ramp length for the masked family (default: the plan's).
@@ -225,8 +226,7 @@ def grow_engine(
     secs: dict[str, float] = {}
     nbytes: dict[str, int] = {}
     t, rss = time.perf_counter(), rss_bytes()
-    with weights_uninitialised():  # every parameter is written by transfer() below: no throwaway random init
-        new = build(plan.new, masks)
+    new = build(plan.new, masks, uninitialised=True)  # every parameter is written by transfer() below
     t_adam = time.perf_counter()
     ensure_adam_state(new, adam_step_of(old))
     split = {**getattr(new, "growlm_build_seconds", {}), "adam_state": time.perf_counter() - t_adam}

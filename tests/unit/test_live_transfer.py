@@ -1,5 +1,6 @@
-"""Live growth's data path without processes: which rules a rank applies to its own shard (growth.live.transfer),
-bucket bounds, and the build without random init (runtime.engine.weights_uninitialised)."""
+"""Live growth's data path without processes: which rules a rank applies to its own shard (growth.live.transfer), bucket
+bounds, and the build without random init (model.registry.init_skipped, which runtime.engine.build_engine uses for a
+grown model)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from growlm.growth.ops.rules import Rule, identity, zeros
 from growlm.growth.ops.stores import ParamState
 from growlm.model.config import GPTConfig
 from growlm.model.gpt2.model import GPT
-from growlm.runtime.engine import weights_uninitialised
+from growlm.model.registry import init_skipped
 
 OLD = GPTConfig(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=97)
 
@@ -58,13 +59,13 @@ def test_buckets_stay_within_the_limit_unless_one_parameter_is_larger():
     assert _buckets(list(sizes), sizes, 0) == [[k] for k in sizes]
 
 
-def test_weights_uninitialised_skips_init_inside_and_restores_it():
+def test_init_skipped_skips_init_inside_and_restores_it():
     torch.manual_seed(0)
     state = torch.random.get_rng_state()
-    with weights_uninitialised():
+    with init_skipped():
         GPT(OLD)
     assert torch.equal(torch.random.get_rng_state(), state)  # no random draw at all
-    with pytest.raises(RuntimeError), weights_uninitialised():
+    with pytest.raises(RuntimeError), init_skipped():
         raise RuntimeError("restored on error too")
     model = GPT(OLD)
     assert not torch.equal(torch.random.get_rng_state(), state)

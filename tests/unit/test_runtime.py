@@ -353,9 +353,9 @@ class _Built(Exception):
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_a_grown_model_is_built_on_the_ranks_device_in_its_training_dtype(monkeypatch, precision, arch):
-    """Inside weights_uninitialised (a live growth, every weight written next) build_engine creates the module on the
+    """With uninitialised=True (a live growth, every weight written next) build_engine creates the module on the
     accelerator's current device in the config's training dtype, so no rank holds a host fp32 copy (6 bytes per
-    parameter for DeepSpeed to cast and move); a fresh run's build (outside the block) keeps the family's init on the
+    parameter for DeepSpeed to cast and move); a fresh run's build (without the flag) keeps the family's init on the
     host in fp32. The device is faked as "meta": whatever is not built in place stays on the CPU and is seen."""
     import deepspeed
     import deepspeed.accelerator
@@ -380,8 +380,8 @@ def test_a_grown_model_is_built_on_the_ranks_device_in_its_training_dtype(monkey
     if precision != "fp32":
         ds_cfg[precision] = {"enabled": True}
     dtype = engine.TRAINING_DTYPES[precision]
-    with engine.weights_uninitialised(), pytest.raises(_Built) as built:
-        engine.build_engine(cfg, None, ds_cfg)
+    with pytest.raises(_Built) as built:
+        engine.build_engine(cfg, None, ds_cfg, uninitialised=True)
     tensors = [*built.value.args[0].parameters(), *built.value.args[0].buffers()]
     assert {(t.device.type, t.dtype) for t in tensors if t.is_floating_point()} == {("meta", dtype)}
     assert torch.get_default_dtype() == torch.float32 and torch.empty(1).device.type == "cpu"  # restored
