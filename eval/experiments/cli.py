@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--phase", choices=("all", "pilot", "map", "optimal"), default="all",
                    help="'pilot': stop after the pilot; 'map': the crossover map instead (every size at 1..64 C, "
                         "its own --out); 'optimal': the experiment at the map's budget B and target (pilot, main, "
-                        "levers; its own --out) (default: %(default)s)")  # fmt: skip
+                        "levers, then the refine and wide-envelope runs in sub-folders; its own --out) (default: "
+                        "%(default)s)")  # fmt: skip
     p.add_argument("--map", type=Path, default=None,
                    help="--phase optimal: the crossover map's folder, with its map.json (default: the map's --out "
                         "default, eval/results/isoflop_map)")  # fmt: skip
@@ -312,9 +313,44 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
         return 2
     rc = _rounds(args, r_s, lambda d: optimal.refine_plan(s, st, d)[0], "refine", runner.load_curves(r_out, r_set),
                  data, r_out, r_set, parallel, unit="B")  # fmt: skip
-    if rc is not None:
+    if rc is not None and not (args.dry_run and rc == 0):
         return rc
-    return optimal_report.write(s, done, out, note, runner.load_curves(r_out, r_set))
+    refined = runner.load_curves(r_out, r_set)
+    if any(sp.name not in refined for sp in optimal.refine_plan(s, st, refined)[0]):  # a dry run: refine first
+        return 0
+    if not args.dry_run and (rc := optimal_report.write(s, done, out, note, refined)):
+        return rc
+    return _wide(args, s, st, r_s, refined, out, settings, data, parallel)
+
+
+def _wide(args, s, st, r_s, refined, out: Path, settings, data, parallel: int) -> int:
+    """The wide envelope's runs (eval.experiments.wide) after the experiment and its refine runs: the
+    pre-registration written first (never replaced), then the rounds."""
+    from growlm.eval.experiments import optimal, runner, wide  # lazy: as in main
+    from growlm.runtime.atomic import write_json  # lazy: as in main
+
+    _, r_lrs = optimal.refine_plan(s, st, refined)
+    known = {z: tuple(s.sizes[z]) for z in s.design["envelope"]} | {z: tuple(r_s.sizes[z]) for z in r_lrs}
+    known_lr = {z: st.lr[z] for z in s.design["envelope"]} | r_lrs
+    try:
+        w_s = wide.wide_settings(s, known)
+    except ValueError as e:
+        return fail(str(e))
+    w_out = out / wide.WIDE
+    pre = wide.preregistration(s, st.primary, {z: w_s.sizes[z] for z in w_s.design["wide"]["shapes"]})
+    where = w_out / "preregistration.json"
+    if where.is_file() and json.loads(where.read_text()) != pre:
+        return fail(f"{where} fixes another comparison than this design's; move the wide/ folder away to start the "
+                    "wide envelope anew")  # fmt: skip
+    if args.dry_run:
+        print(f"growlm-experiment: then the wide envelope (its comparison fixed first in {where}), under {w_out}:")
+    elif not where.is_file():
+        w_out.mkdir(parents=True, exist_ok=True)
+        write_json(where, pre)
+    w_set = w_s.as_dict() | {"data": settings["data"]}
+    rc = _rounds(args, w_s, lambda d: wide.wide_plan(s, known_lr, known, d)[0], "wide",
+                 runner.load_curves(w_out, w_set), data, w_out, w_set, parallel, unit="B")  # fmt: skip
+    return rc or 0
 
 
 def _report_only(out: Path, settings, write, run: str) -> int:

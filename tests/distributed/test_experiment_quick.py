@@ -153,7 +153,21 @@ def test_quick_optimal_phase_runs_pilot_main_and_levers_from_a_map_and_rebuilds_
     printed = capsys.readouterr().out.splitlines()
     i = next(k for k, x in enumerate(printed) if x.startswith(f"{len(curves)} runs done, 0 to run"))
     assert "then the refine runs" in printed[i + 1]
-    assert printed[-1].startswith(f"{len(refined)} runs done, 0 to run")
+    assert printed[i + 2].startswith(f"{len(refined)} runs done, 0 to run")
+    # then the wide envelope at B: its comparison fixed first, every new shape swept on the pilot seed, then screened
+    widened = _mtimes(out / "wide")
+    pre = json.loads((out / "wide" / "preregistration.json").read_text())
+    assert "then the wide envelope" in printed[i + 3] and printed[-1].startswith(f"{len(widened)} runs done, 0 to run")
+    assert pre["primary_arm"] == r["primary_arm"] and len(pre["main_seeds"]) == 10
+    new = {x["name"] for x in pre["envelope_shapes"]} - set(r["settings"]["sizes"]) - set(rf["sizes"])
+    assert new and {Path(n).stem.split("-B1-")[0] for n in widened} == new
+    assert {Path(n).stem.rsplit("-s", 1)[1] for n in widened} == {"100", "0", "1"}
+    # a pre-registration that fixes another comparison is never replaced: refused in one line
+    (out / "wide" / "preregistration.json").write_text(json.dumps({**pre, "primary_arm": "msg-depth"}))
+    capsys.readouterr()
+    assert experiment.main(argv) == 2
+    assert capsys.readouterr().err.strip().endswith("move the wide/ folder away to start the wide envelope anew")
+    (out / "wide" / "preregistration.json").write_text(json.dumps(pre))
     shutil.copytree(out / "curves", tmp_path / "copy" / "curves")
     if refined:
         shutil.copytree(out / "refine" / "curves", tmp_path / "copy" / "refine" / "curves")

@@ -1,0 +1,193 @@
+"""The wide envelope at B (``growlm-experiment --phase optimal``, after the refine runs; sub-folder ``wide/``): every
+shape a user could reasonably train at the experiment's budget B, not only the depth ladder's, so that a growth arm
+is compared with the best model that could have been trained instead. Pure (no torch).
+
+Why: the depth ladder holds one width. At B the loss is flat over a range of parameter counts, so shapes of other
+widths could be better than the ladder's best by the margin a growth arm wins by.
+
+- **Shapes** (``wide_shapes``): every (n_layer, n_embd) with n_layer in 1 .. 2 x the comparator's depth and n_embd
+  in ``WIDTH_FACTORS`` x the comparator's width (rounded to a multiple of its head size), whose parameter count
+  (without position embeddings) lies within a factor ``PARAM_FACTOR`` of the comparator's; n_head = n_embd / the
+  comparator's head size (one head size for every shape). A shape the ladder or the refine runs already trained
+  keeps its name and its runs; the others are named ``D<n_layer>W<n_embd>``.
+- **Pilot** (the pilot seed, at B): each new shape's LR swept on a factor-2 grid centred on ``centre_lr`` (the LR
+  of the trained size of the nearest depth at the comparator's width, times comparator width / n_embd: Adam's
+  hidden-matrix LR scales as 1 / width, Yang et al. 2021, "Tensor Programs V", arXiv 2203.03466, table 3), widened
+  while the best sits at an edge (``plan.lr_sweep``).
+- **Screen**: each new shape at its LR on the main seeds ``SCREEN_SEEDS`` (the ladder's sizes have every main seed).
+
+The comparison itself (the best shapes on every main seed, runs past B, ten seeds) is fixed in advance by the
+pre-registration file the phase writes before any new main seed runs (``preregistration``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from growlm.eval.experiments import plan
+from growlm.eval.experiments.protocol import RunSpec, Settings
+from growlm.model.config import param_count
+
+WIDE = "wide"  # the phase, and the sub-folder of the output folder, of the wide envelope's runs
+WIDTH_FACTORS = (0.75, 1.0, 1.25, 1.5, 2.0)  # the shapes' widths, x the comparator's
+PARAM_FACTOR = 2.25  # a shape's parameters within this factor of the comparator's (either way)
+SCREEN_SEEDS = (0, 1)  # the main seeds every new shape runs on before the best ones are chosen
+N_BEST = 3  # the shapes (best mean loss at B over the screen seeds) that run on every main seed
+PAST_B = (1.25, 1.5, 2.0)  # the budgets past B (x B) of the best shapes, on every main seed: the compute to reach
+N_SEEDS = 10  # main seeds of the primary comparison
+
+
+def n_params(shape: tuple[int, int, int], s: Settings) -> int:
+    """Parameters of a shape (n_layer, n_embd, n_head) under the experiment's vocabulary, without position
+    embeddings (the count the report gives)."""
+    probe = replace(s, sizes={"x": tuple(shape)})
+    return param_count(probe.config("x"), include_position_embeddings=False)
+
+
+def wide_shapes(s: Settings, known: Mapping[str, tuple[int, int, int]]) -> dict[str, tuple[int, int, int]]:
+    """The wide envelope's shapes (the module docstring's rule), by name, ordered by (n_layer, n_embd).
+
+    Args:
+        s: the experiment's settings (its design's comparator and sizes).
+        known: the sizes trained already (the ladder's and the refine runs'): a shape among them keeps its name.
+
+    Returns:
+        name -> (n_layer, n_embd, n_head) for every shape in the band, the comparator included.
+    """
+    comp = s.design["comparator"]
+    depth, width, heads = s.sizes[comp]
+    head = width // heads
+    budget = n_params(s.sizes[comp], s)
+    names = {tuple(v): z for z, v in known.items()}
+    out = {}
+    for n_layer in range(1, 2 * depth + 1):
+        for f in WIDTH_FACTORS:
+            n_embd = max(head, round(f * width / head) * head)
+            shape = (n_layer, n_embd, n_embd // head)
+            if 1 / PARAM_FACTOR <= n_params(shape, s) / budget <= PARAM_FACTOR:
+                out[names.get(shape, f"D{n_layer}W{n_embd}")] = shape
+    return out
+
+
+def centre_lr(shape: tuple[int, int, int], comp_width: int, lrs: Mapping[tuple[int, int, int], float]) -> float:
+    """The centre of a new shape's LR grid (the module docstring): the tuned LR of the trained size at the
+    comparator's width whose depth is nearest (ties: the shallower), times comparator width / the shape's width.
+
+    Args:
+        shape: (n_layer, n_embd, n_head).
+        comp_width: the comparator's n_embd.
+        lrs: tuned peak LR of each trained size, by shape.
+
+    Raises:
+        ValueError: no trained size has the comparator's width.
+    """
+    same = {k[0]: v for k, v in lrs.items() if k[1] == comp_width}
+    if not same:
+        raise ValueError(f"no trained size is {comp_width} wide")
+    d = min(same, key=lambda x: (abs(x - shape[0]), x))
+    return same[d] * comp_width / shape[1]
+
+
+def wide_settings(s: Settings, known: Mapping[str, tuple[int, int, int]]) -> Settings:
+    """The wide runs' settings: the experiment's with the new shapes added (``design["wide"]``: every shape's name
+    and the rule's constants); stored in their curves, so they never mix with the experiment's own.
+
+    Raises:
+        ValueError: a new shape's name is taken in the profile by a size of another shape.
+    """
+    shapes = wide_shapes(s, known)
+    new = {z: v for z, v in shapes.items() if z not in known}
+    clash = [z for z, v in new.items() if z in s.sizes and tuple(s.sizes[z]) != v]
+    if clash:
+        raise ValueError(f"the wide shapes {clash} are named like sizes of another shape in the profile")
+    rule = {"shapes": list(shapes), "width_factors": list(WIDTH_FACTORS), "param_factor": PARAM_FACTOR,
+            "screen_seeds": list(SCREEN_SEEDS)}  # fmt: skip
+    return replace(s, sizes={**s.sizes, **known, **new}, design={**s.design, "wide": rule})
+
+
+@dataclass
+class WideState:
+    """What the finished wide runs decided so far."""
+
+    shapes: dict[str, tuple[int, int, int]]  # every shape of the wide envelope
+    new: list[str]  # the shapes this phase trains (not trained by the ladder or the refine runs)
+    lr: dict[str, float]  # shape -> peak LR (the trained sizes' from their own sweeps)
+    lr_edge: dict[str, str]  # new shape -> 'highest' | 'lowest': its best LR at that end of its widened sweep
+    pilot_complete: bool
+    screen_complete: bool
+
+
+def wide_plan(
+    s: Settings, known_lr: Mapping[str, float], known: Mapping[str, tuple[int, int, int]], done: Mapping[str, dict]
+) -> tuple[list[RunSpec], WideState]:
+    """The wide runs needed now given the finished ones (``done``: the wide curves): each new shape's LR sweep on
+    the pilot seed at B, then each new shape at its best LR on ``SCREEN_SEEDS``.
+
+    Args:
+        s: the experiment's settings.
+        known_lr: the tuned LR of every trained size (the experiment's sizes and the refine runs'), by name.
+        known: the trained sizes' shapes, by name.
+        done: the finished wide runs, by name.
+
+    Raises:
+        plan.CurveMismatch: a wide curve has a needed run's name but another spec.
+    """
+    w_s = wide_settings(s, known)
+    shapes = {z: w_s.sizes[z] for z in w_s.design["wide"]["shapes"]}
+    new = [z for z in shapes if z not in known]
+    comp_width = s.sizes[s.design["comparator"]][1]
+    by_shape = {tuple(known[z]): lr for z, lr in known_lr.items() if z in known}
+    st = WideState(shapes, new, {z: known_lr[z] for z in shapes if z in known}, {}, False, False)
+    specs: list[RunSpec] = []
+    for z in new:
+        c = centre_lr(shapes[z], comp_width, by_shape)
+        need, lr = plan.lr_sweep(replace(s, lrs=(c / 2, c, c * 2)), done, RunSpec(WIDE, "scratch", s.pilot_seed, 1.0,
+                                                                                  0.0, size=z))  # fmt: skip
+        specs += need
+        if lr is not None:
+            st.lr[z] = lr
+            swept = sorted(sp.lr for sp in need)
+            for end, x in (("lowest", swept[0]), ("highest", swept[-1])):
+                if math.isclose(lr, x):
+                    st.lr_edge[z] = end
+    if any(z not in st.lr for z in new):
+        return specs, st
+    st.pilot_complete = True
+    screen = [RunSpec(WIDE, "scratch", k, 1.0, st.lr[z], size=z) for k in SCREEN_SEEDS for z in new]
+    specs += screen
+    st.screen_complete = all(plan.final_loss(done, sp) is not None for sp in screen)
+    return specs, st
+
+
+def preregistration(s: Settings, primary: str, shapes: Mapping[str, tuple[int, int, int]]) -> dict[str, Any]:
+    """The comparison the wide envelope decides, fixed before any new main seed runs (written to
+    ``wide/preregistration.json`` by growlm-experiment and committed with it).
+
+    Args:
+        s: the experiment's settings.
+        primary: the primary arm (chosen on the pilot seed before any main seed ran).
+        shapes: the wide envelope's shapes (``wide_shapes``).
+    """
+    return {
+        "primary_arm": primary,
+        "budget_C": s.design["budget_C"],
+        "main_seeds": list(range(N_SEEDS)),
+        "envelope_shapes": [{"name": z, "n_layer": v[0], "n_embd": v[1], "n_head": v[2]} for z, v in shapes.items()],
+        "best_shapes": f"the {N_BEST} shapes with the lowest mean final loss at B over main seeds "
+                       f"{list(SCREEN_SEEDS)}, each at its pilot LR; they run on every main seed at B and at "
+                       f"{list(PAST_B)} x B",
+        "comparator": "the best shape at B: the lowest mean final loss over every main seed among the best shapes "
+                      "(chosen after the main seeds ran, which favours the envelope)",
+        "primary_comparison": f"per main seed, the {primary} arm's final validation loss at B minus the "
+                              "comparator's (paired by seed: the same batches); mean, 95% t-interval, a two-sided "
+                              "sign test and a two-sided Wilcoxon signed-rank test over the main seeds",
+        "saving": "per main seed, 1 - B / the compute the best shapes need to reach the arm's loss on that seed: "
+                  "the envelope of the best shapes' runs at B and past B (their lowest loss at each budget), log "
+                  "budget interpolated linearly between the two budgets whose losses bracket the arm's (none when "
+                  "no pair brackets it); mean and 95% t-interval over the main seeds",
+        "goal": "a saving of at least 10% of compute with the interval above 0; if the win does not survive, that "
+                "is the result",
+    }  # fmt: skip

@@ -1,0 +1,116 @@
+"""The wide envelope at B (eval/experiments/wide.py): the shapes of the committed experiment's design, the LR
+centres, the rounds (pilot sweeps, then the screen seeds) on fabricated runs, and the pre-registration."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from growlm import PACKAGE_DIR
+from growlm.eval.experiments import plan, wide
+from growlm.eval.experiments.protocol import PROFILES, RunSpec
+
+RESULTS = Path(PACKAGE_DIR) / "eval" / "results" / "isoflop_optimal" / "results.json"
+KNOWN = {"L1": (1, 64, 4), "L2": (2, 64, 4), "L4": (4, 64, 4), "L3": (3, 64, 4)}  # the ladder's and refine's sizes
+KNOWN_LR = {"L1": 4e-3, "L2": 2e-3, "L4": 2e-3, "L3": 2.83e-3}
+
+
+@pytest.fixture(scope="module")
+def s():
+    """The committed experiment's settings (comparator L2, 2 x 64, at B = 32 C)."""
+    r = json.loads(RESULTS.read_text())
+    sizes = {k: tuple(v) for k, v in r["settings"]["sizes"].items()}
+    return replace(PROFILES["cpu"], sizes=sizes, seeds=5,
+                   design={"comparator": r["comparator"], "budget_C": r["budget_C"]})  # fmt: skip
+
+
+def test_the_shapes_span_every_width_and_depth_within_the_parameter_band(s):
+    shapes = wide.wide_shapes(s, KNOWN)
+    comp = wide.n_params((2, 64, 4), s)
+    assert comp == 120_576
+    assert len(shapes) >= 10 and len({v[1] for v in shapes.values()}) >= 3  # the issue's floor: 10 shapes, 3 widths
+    assert shapes == {
+        "L1": (1, 64, 4), "D1W80": (1, 80, 5), "D1W96": (1, 96, 6), "D1W128": (1, 128, 8), "D2W48": (2, 48, 3),
+        "L2": (2, 64, 4), "D2W80": (2, 80, 5), "D2W96": (2, 96, 6), "D3W48": (3, 48, 3), "L3": (3, 64, 4),
+        "D3W80": (3, 80, 5), "D4W48": (4, 48, 3), "L4": (4, 64, 4),
+    }  # fmt: skip
+    for n_layer, n_embd, n_head in shapes.values():
+        assert n_embd // n_head == 16 and 1 <= n_layer <= 4
+        assert 1 / wide.PARAM_FACTOR <= wide.n_params((n_layer, n_embd, n_head), s) / comp <= wide.PARAM_FACTOR
+    # just outside the band: 1 x 48 (44k), 4 x 80 (337k)
+    assert wide.n_params((1, 48, 3), s) / comp < 1 / wide.PARAM_FACTOR
+    assert wide.n_params((4, 80, 5), s) / comp > wide.PARAM_FACTOR
+    # without the refine runs, 3 x 64 is a new shape with a name of its own
+    assert "D3W64" in wide.wide_shapes(s, {z: v for z, v in KNOWN.items() if z != "L3"})
+
+
+def test_a_new_shapes_lr_grid_is_centred_on_the_nearest_depths_lr_scaled_by_width():
+    lrs = {KNOWN[z]: lr for z, lr in KNOWN_LR.items()}
+    assert wide.centre_lr((2, 128, 8), 64, lrs) == pytest.approx(1e-3)  # L2's 2e-3 x 64 / 128
+    assert wide.centre_lr((3, 48, 3), 64, lrs) == pytest.approx(2.83e-3 * 64 / 48)
+    assert wide.centre_lr((6, 64, 4), 64, lrs) == pytest.approx(2e-3)  # deeper than any: L4's
+    assert wide.centre_lr((3, 48, 3), 64, {k: v for k, v in lrs.items() if k[0] != 3}) == pytest.approx(
+        2e-3 * 64 / 48
+    )  # depths 2 and 4 tie: the shallower
+    with pytest.raises(ValueError, match="no trained size is 96 wide"):
+        wide.centre_lr((1, 48, 3), 96, lrs)
+
+
+def fake_loss(sp: RunSpec, best: dict[str, float]) -> float:
+    """A shape's loss: 2.5, plus 0.05 per factor 2 away from its best LR (default: its grid's centre)."""
+    return 2.5 + 0.05 * abs(math.log2(sp.lr / best[sp.size])) + 0.001 * sp.seed
+
+
+def test_the_rounds_sweep_each_new_shapes_lr_then_run_the_screen_seeds(s):
+    lrs = {KNOWN[z]: lr for z, lr in KNOWN_LR.items()}
+    new = [z for z in wide.wide_shapes(s, KNOWN) if z not in KNOWN]
+    best = {z: wide.centre_lr(wide.wide_shapes(s, KNOWN)[z], 64, lrs) for z in new}
+    best["D1W128"] *= 8  # three grid steps above the centre: the sweep widens upwards twice and ends at its edge
+    done: dict[str, dict] = {}
+    rounds = []
+    while True:
+        specs, st = wide.wide_plan(s, KNOWN_LR, KNOWN, done)
+        todo = [sp for sp in dict.fromkeys(specs) if sp.name not in done]
+        if not todo:
+            break
+        rounds.append(todo)
+        for sp in todo:
+            done[sp.name] = {"spec": sp, "curve": {"final": {"val_loss": fake_loss(sp, best)}}}
+    assert st.pilot_complete and st.screen_complete and st.new == new and len(new) == 9
+    assert [len(r) for r in rounds] == [27, 1, 1, 18]  # 9 sweeps of 3, D1W128 widened twice, 9 shapes x 2 seeds
+    assert all(sp.phase == wide.WIDE and sp.budget == 1.0 and sp.seed == s.pilot_seed for sp in rounds[0])
+    assert {(sp.size, sp.seed) for sp in rounds[-1]} == {(z, k) for z in new for k in wide.SCREEN_SEEDS}
+    assert all(st.lr[z] == pytest.approx(best[z]) for z in new)
+    assert st.lr_edge == {"D1W128": "highest"} and st.lr["L2"] == 2e-3  # the trained sizes keep their LRs
+    assert sorted(sp.lr / best["D1W128"] * 8 for sp in specs if sp.size == "D1W128" and sp.seed == s.pilot_seed) == [
+        pytest.approx(x) for x in (0.5, 1, 2, 4, 8)
+    ]  # fmt: skip
+    # a curve of a needed run's name made with another spec is refused, never read as this run's
+    name = rounds[0][0].name
+    done[name] = {**done[name], "spec": replace(rounds[0][0], seed=7)}
+    with pytest.raises(plan.CurveMismatch):
+        wide.wide_plan(s, KNOWN_LR, KNOWN, done)
+
+
+def test_the_wide_settings_add_the_new_shapes_and_name_the_rule(s):
+    w_s = wide.wide_settings(s, KNOWN)
+    assert w_s.design["wide"]["shapes"] == list(wide.wide_shapes(s, KNOWN))
+    assert w_s.sizes["D2W80"] == (2, 80, 5) and w_s.sizes["L3"] == (3, 64, 4)
+    assert s.design.get("wide") is None  # the experiment's own settings (and so its curves) are unchanged
+    clash = replace(s, sizes={**s.sizes, "D2W80": (2, 80, 2)})
+    with pytest.raises(ValueError, match=r"the wide shapes \['D2W80'\] are named like sizes of another shape"):
+        wide.wide_settings(clash, KNOWN)
+
+
+def test_the_preregistration_fixes_the_arm_the_seeds_and_the_tests(s):
+    shapes = wide.wide_shapes(s, KNOWN)
+    pre = wide.preregistration(s, "depth-x2", shapes)
+    assert pre["primary_arm"] == "depth-x2" and pre["main_seeds"] == list(range(10)) and pre["budget_C"] == 32.0
+    assert [x["name"] for x in pre["envelope_shapes"]] == list(shapes)
+    assert pre["envelope_shapes"][0] == {"name": "L1", "n_layer": 1, "n_embd": 64, "n_head": 4}
+    assert "sign test" in pre["primary_comparison"] and "Wilcoxon" in pre["primary_comparison"]
+    assert json.loads(json.dumps(pre)) == pre
