@@ -11,7 +11,7 @@ growlm_state.json and the manifest included; rank 0, before the rename and the `
 ``checkpoint.written:<tag>`` (runtime.checkpoint.save: this rank has written its files into ``.tmp-<tag>``, before
 the barrier that ends the writing; every rank), ``grow.commit`` (growth.offline.pipeline.grow_checkpoint: converted
 and grown tensors written in the temporary output, before growlm_state.json, the manifest, ``latest`` and the
-rename), ``live.applied`` (growth.live.engine.grow_engine: every parameter written into the new engine, old engine
+rename), ``live.applied`` (growth.live.grow.grow_engine: every parameter written into the new engine, old engine
 not yet destroyed; every rank), ``train.step:<N>`` (trainer.run.train: step N done and logged, before its validation
 and save; every rank), ``tokens.finish`` (data.tokens.TokenFolderWriter: the token folder complete in
 ``.tmp-<name>``, before the rename; growlm-prepare and the small-vocabulary builder), ``train.stopped:<N>``

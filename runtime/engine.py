@@ -2,7 +2,7 @@
 need its internals.
 
 ``build_engine`` is the one place a ``deepspeed.initialize`` is made, for a fresh run, a resumed run (the checkpoint
-is loaded into it by runtime.checkpoint) and a live growth (growth.live.engine builds the grown engine with it).
+is loaded into it by runtime.checkpoint) and a live growth (growth.live.grow builds the grown engine with it).
 deepspeed is imported lazily: runtime.dist.select_accelerator must run before its first import.
 """
 

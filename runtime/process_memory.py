@@ -1,6 +1,6 @@
 """This process's memory, read and released: resident and peak host memory (Linux /proc and getrusage), the CUDA
 caching allocator's counters and peaks, and the calls that hand freed memory back (glibc's heap, CUDA's and the
-pinned host cache). Used by the live growth (growth.live.engine), the trainer's records and the benchmarks; the
+pinned host cache). Used by the live growth (growth.live.grow), the trainer's records and the benchmarks; the
 formulas that predict memory are in runtime.memory."""
 
 from __future__ import annotations

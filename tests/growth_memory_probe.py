@@ -25,7 +25,7 @@ info = init_distributed(120)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from growlm.growth.live.engine import collect_old_engine, grow_engine  # noqa: E402
+from growlm.growth.live.grow import collect_old_engine, grow_engine  # noqa: E402
 from growlm.growth.ops import make_rules  # noqa: E402
 from growlm.growth.ops.apply import OptimizerPolicy  # noqa: E402
 from growlm.growth.ops.schedule_rule import ScheduleRule  # noqa: E402

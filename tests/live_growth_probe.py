@@ -30,7 +30,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from deepspeed.accelerator import get_accelerator  # noqa: E402
 
-from growlm.growth.live.engine import EngineStore, adam_step_of, grow_engine  # noqa: E402
+from growlm.growth.live.grow import EngineStore, adam_step_of, grow_engine  # noqa: E402
 from growlm.growth.ops import make_rules  # noqa: E402
 from growlm.growth.ops.apply import OptimizerPolicy, grow_param  # noqa: E402
 from growlm.growth.ops.schedule_rule import ScheduleRule, place_schedule  # noqa: E402

@@ -82,7 +82,7 @@ def _preload() -> None:
     from torch.utils.tensorboard import SummaryWriter  # noqa: F401  (rank 0's logger)
     from transformers import GPT2Config, GPT2LMHeadModel  # noqa: F401  (HF export, --init_from, references)
 
-    import growlm.growth.live.engine  # noqa: F401
+    import growlm.growth.live.grow  # noqa: F401
     import growlm.model.gpt2.hf  # noqa: F401
     import growlm.trainer.cli  # noqa: F401
 

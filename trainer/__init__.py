@@ -8,7 +8,7 @@ loop.py           the training step: micro batches, gradient accumulation, optim
 evaluation.py     periodic validation and the before/after sliding-window perplexity
 checkpointing.py  save/restore of the whole run through runtime.checkpoint and RunState
 init_from.py      --init_from: a transformers GPT-2 or Llama folder checked, then loaded into the fresh engine's masters
-growth_events.py  the growth trigger, the live growth (growth.live.engine.grow_engine) and its record
+growth_events.py  the growth trigger, the live growth (growth.live.grow.grow_engine) and its record
 logger.py         the one logger of metrics.jsonl, TensorBoard and the console
 driver/           growlm-run: a plan whose stages run on their own resources (above the rest of trainer)
 run.py            wires them: validate, build, train, close (``run(args)``)

@@ -1,5 +1,5 @@
 """Growth events of a run with --growth_plan: the trigger of the next stage (step, tokens or validation-loss slope),
-the live growth itself (growth.live.engine.grow_engine, which makes its checks through
+the live growth itself (growth.live.grow.grow_engine, which makes its checks through
 growth.ops.preparation.prepare_growth), and
 its record (metrics.jsonl "growth" event, TensorBoard, console, and the RunState growth history).
 
@@ -13,7 +13,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from growlm.growth.live.engine import GROWTH_PHASES, GrowthResult, collect_old_engine, grow_engine
+from growlm.growth.live.grow import GROWTH_PHASES, GrowthResult, collect_old_engine, grow_engine
 from growlm.growth.stages.plan import Stage
 from growlm.growth.stages.trigger import stage_due
 from growlm.model.config import ModelConfig, param_count
@@ -23,7 +23,7 @@ from growlm.trainer.config import RunConfig
 from growlm.trainer.logger import MetricsLogger
 from growlm.trainer.loop import Batches, Progress, fixed_batch_loss
 
-# growth/<key> in TensorBoard: the growth, then its cost per phase (growth.live.engine.GrowthResult) and the peak RSS
+# growth/<key> in TensorBoard: the growth, then its cost per phase (growth.live.grow.GrowthResult) and the peak RSS
 GROWTH_SCALARS = ("loss_before", "loss_after", "seconds", "bytes_moved", "params_to", "peak_rss_bytes_all_ranks")
 GROWTH_SCALARS += tuple(f"{phase}_{unit}" for phase in GROWTH_PHASES for unit in ("s", "bytes"))
 
@@ -59,7 +59,7 @@ def grow(p: Progress, stage: Stage, run: RunConfig, data: Batches) -> GrowthEven
     shape, stage index, placed schedule, slope history (cleared) and growth history.
 
     Raises:
-        GrowthError: see growth.live.engine.grow_engine.
+        GrowthError: see growth.live.grow.grow_engine.
     """
     x, y = data.micro_batch(p.consumed, 0)
     loss_before = fixed_batch_loss(p.engine, x, y, data.info)
@@ -88,8 +88,8 @@ def grow(p: Progress, stage: Stage, run: RunConfig, data: Batches) -> GrowthEven
 
 def growth_record(p: Progress, stage: Stage, event: GrowthEvent, seq_len: int) -> dict[str, Any]:
     """The "growth" record of metrics.jsonl for ``event``, a growth into ``p.model`` at ``p.step``: shapes, losses,
-    cost (``seconds``, ``bytes_moved``; per phase of growth.live.engine.GROWTH_PHASES ``<phase>_s`` and
-    ``<phase>_bytes``, as growth.live.engine.GrowthResult defines them; ``build_<part>_s``: the engine build split;
+    cost (``seconds``, ``bytes_moved``; per phase of growth.live.grow.GROWTH_PHASES ``<phase>_s`` and
+    ``<phase>_bytes``, as growth.live.grow.GrowthResult defines them; ``build_<part>_s``: the engine build split;
     ``collectives``: gather collectives), memory (``max_rss_bytes_before`` / ``max_rss_bytes``: rank 0's host peak
     RSS before and after; ``peak_rss_bytes_all_ranks``: the largest host peak RSS of any rank; ``<key>_per_rank`` for
     each of runtime.process_memory.CUDA_MEMORY_KEYS: every rank's CUDA allocated / reserved bytes before, at the

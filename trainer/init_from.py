@@ -15,7 +15,7 @@ give every tensor's name and shape without reading it). ``load_weights`` then wr
 built engine, at any ZeRO stage and precision: into the fp32 MASTER weights the optimizer steps (ZeRO-1/2/3 and
 DeepSpeed's bf16 optimizer through ``deepspeed.utils.safe_set_full_fp32_param``: each rank keeps only its own
 partition; ZeRO stage 0 through the fp16/bf16 wrapper's master tensors), then copies the masters into the working
-copies the forward pass uses (growth.live.engine.refresh_working_copies). Loading into the module before
+copies the forward pass uses (growth.live.grow.refresh_working_copies). Loading into the module before
 ``deepspeed.initialize`` would not do: the engine casts the module to bf16/fp16 first and builds its masters from the
 rounded values (DESIGN.md, "Checkpoint failure kinds: stale fp32 master").
 """
@@ -35,7 +35,7 @@ from safetensors import SafetensorError, safe_open
 
 from growlm.data import tokenizer as tok
 from growlm.eval.metrics.load import model_type_problem
-from growlm.growth.live.engine import refresh_working_copies
+from growlm.growth.live.grow import refresh_working_copies
 from growlm.growth.ops.rules import param_shapes
 from growlm.growth.stages.plan import StageList
 from growlm.model.config import ModelConfig, from_preset
@@ -370,7 +370,7 @@ def load_weights(engine: Any, src: InitFolder) -> None:
     (step 0) and the LR schedule untouched.
 
     ZeRO-1/2/3 and DeepSpeed's bf16 optimizer: ``safe_set_full_fp32_param`` (each rank writes its own partition of
-    the master), then the masters are copied into the working parameters (growth.live.engine.refresh_working_copies).
+    the master), then the masters are copied into the working parameters (growth.live.grow.refresh_working_copies).
     ZeRO stage 0: the module parameter is the master (fp32) or has one (fp16/bf16 wrappers); both are written.
     """
     import deepspeed.utils as dsu  # lazy: deepspeed picks its accelerator at import

@@ -204,7 +204,7 @@ def check_stages_fit_memory(growth: StageList, stage_index: int, ds_cfg: dict) -
     model's parameters, gradients and Adam state (runtime.memory, ZeRO paper Fig. 1, by the config's ZeRO stage,
     precision and WORLD_SIZE; the Adam part on the host when the optimizer is offloaded) and the growth's working set,
     against the device's total memory (the host's divided by the ranks on this node). The growth itself checks free
-    memory again when it happens (growth.live.engine.check_growth_fits).
+    memory again when it happens (growth.live.grow.check_growth_fits).
 
     Raises:
         UsageError: the first stage that cannot fit, with its figures.

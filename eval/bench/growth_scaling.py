@@ -2,14 +2,14 @@
 
 The same model (52.5M parameters: 14 x 512, 8 heads, a 16,384-token vocabulary) is grown live, depth x2 (96.6M) and
 width x2 (193M), at ZeRO-2 and ZeRO-3, on 1, 2, 4 and 8 real ranks (gloo on CPU, NCCL on GPUs) of one machine. Each
-rank builds the engine, takes one training step, grows it (``growth.live.engine.grow_engine`` then
+rank builds the engine, takes one training step, grows it (``growth.live.grow.grow_engine`` then
 ``collect_old_engine``) and computes one loss with the grown engine (a forward pass: a training step of ZeRO-3 on a
 CPU holds far more than its model states, and 8 such ranks do not fit a 24 GiB machine); ``loss_before`` is the
 same forward pass of the old engine after its step, which the function-preserving growth keeps. Recorded per rank:
 
 * ``growth_s``: wall seconds of the growth (the barrier before it to the old engine freed); ``growth_cpu_s``: the
   process's CPU seconds in that time (every thread, ``time.process_time``), the work a rank does whatever else shares
-  its cores; ``phase_s``: the growth's phases (growth.live.engine.GROWTH_PHASES);
+  its cores; ``phase_s``: the growth's phases (growth.live.grow.GROWTH_PHASES);
 * ``rss_base_bytes`` (VmRSS of the process before any model: interpreter, torch, DeepSpeed, the process group),
   ``rss_before_bytes`` (after the old engine's step), ``peak_rss_bytes`` (the growth's own peak: the kernel's
   high-water mark VmHWM, reset just before the growth by writing 5 to ``/proc/self/clear_refs`` and read right
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from growlm.growth.live.engine import collect_old_engine, grow_engine
+from growlm.growth.live.grow import collect_old_engine, grow_engine
 from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.schedule_rule import ScheduleRule

@@ -3,7 +3,7 @@
 Per row (a growth case at one ZeRO stage and precision) two real ranks (gloo on CPU, NCCL on GPUs) are launched;
 they train a 60-80M-parameter GPT for one step, then:
 
-* live: ``growth.live.engine.grow_engine`` grows it 2x (width or depth, staged-training duplication) into a new engine,
+* live: ``growth.live.grow.grow_engine`` grows it 2x (width or depth, staged-training duplication) into a new engine,
   then ``collect_old_engine`` frees the old one;
 * save -> load, in the same processes: the grown engine is saved with ``save_checkpoint``, released, and a fresh
   engine of the grown model (``runtime.engine.build_engine``; at ZeRO-3 inside ``zero.Init``, the cheaper of the
@@ -12,7 +12,7 @@ they train a 60-80M-parameter GPT for one step, then:
 
 Recorded per row (the slower rank's seconds, the larger rank's bytes): ``live_s``, ``save_load_s`` (save + build +
 load; ``fresh_build_s`` is the fresh engine's build inside it), ``ratio`` = live_s / save_load_s, the phases of the
-live growth (growth.live.engine.GROWTH_PHASES) and the split of its engine build (runtime.engine.BUILD_SPLIT +
+live growth (growth.live.grow.GROWTH_PHASES) and the split of its engine build (runtime.engine.BUILD_SPLIT +
 adam_state), ``rss_after_bytes`` (VmRSS after the live growth, old engine freed) and ``rss_fresh_bytes`` (VmRSS
 with the fresh engine loaded instead, same processes, after the grown engine was released and freed). The ranks run
 with ``THP_MEM_ALLOC_ENABLE=1`` (torch's CPU allocator asks for transparent huge pages for tensors of 2 MiB and
@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from growlm import PACKAGE_DIR
-from growlm.growth.live.engine import collect_old_engine, grow_engine
+from growlm.growth.live.grow import collect_old_engine, grow_engine
 from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.schedule_rule import ScheduleRule
@@ -86,7 +86,7 @@ def worker(case: str, stage: int, precision: str, out: str, seq_len: int, small:
     result = grow_engine(engine, plan, build, policy=OptimizerPolicy(), schedule_rule=ScheduleRule())
     new = result.engine
     del engine
-    result = collect_old_engine(result)  # the replaced engine is freed here (growth.live.engine)
+    result = collect_old_engine(result)  # the replaced engine is freed here (growth.live.grow)
     rec["live_s"] = time.perf_counter() - t0
     rec.update(bytes_moved=result.bytes_moved, collectives=result.collectives, peak_rss_bytes=result.peak_rss_bytes)
     rec["cuda_memory"] = result.cuda_memory  # this rank's CUDA bytes before / at the growth's peak / after (or None)

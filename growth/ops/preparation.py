@@ -1,4 +1,4 @@
-"""The one growth preparation, shared by every growth path: live growth (growth.live.engine.grow_engine, fired by the
+"""The one growth preparation, shared by every growth path: live growth (growth.live.grow.grow_engine, fired by the
 training loop's stage trigger), offline growth (growth.offline.pipeline.grow_checkpoint, the growlm-grow command) and
 the
 single-process state (growth.ops.single_process.grow_state).

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from growlm.growth.live import engine
+from growlm.growth.live import grow as engine
 from growlm.runtime.process_memory import (
     CUDA_MEMORY_KEYS,
     cuda_max_allocated_bytes,

@@ -15,7 +15,7 @@ import torch
 from cli_utils import one_error_line, train_fails
 
 from growlm.growth.errors import GrowthError
-from growlm.growth.live import engine as live
+from growlm.growth.live import grow as live
 from growlm.growth.live.transfer import BUCKET_BYTES
 from growlm.growth.offline import cli as grow_cli
 from growlm.growth.offline.universal import UniversalStore
@@ -26,7 +26,7 @@ from growlm.growth.stages.plan import parse_stages
 from growlm.model.config import GPTConfig, from_preset, largest_param_numel, param_count
 from growlm.runtime import collectives, memory
 from growlm.trainer.driver import cli as run_cli
-from growlm.trainer.driver import machine
+from growlm.trainer.driver import fits_here as machine
 from growlm.trainer.driver.segments import make_segments
 
 HUGE_PLAN = """

@@ -3,10 +3,11 @@ resources (``resources``): stages on the previous stage's resources grow live in
 resources the job stops with a checkpoint (train.py --stop_before_stage), the checkpoint is grown and resharded
 offline (growth.offline.pipeline), and train.py is relaunched on the new resources with the DeepSpeed launcher.
 
-Modules: ``cli`` (the command line and the dry run), ``resources`` (each stage's nodes, ranks, hostfile),
-``segments`` (the plan cut into jobs, their DeepSpeed configs and launcher commands), ``memory`` (model-state bytes
-per rank, ZeRO paper), ``phases`` (train -> save -> grow -> relaunch with a crash-safe progress file). Its children
-die with it (runtime.processes). DESIGN.md, "Multi-stage driver", describes the phases and the crash safety.
+Modules: ``cli`` (the command line), ``dry_run`` (what a run would do, printed), ``resources`` (each stage's nodes,
+ranks, hostfile), ``segments`` (the plan cut into jobs, their DeepSpeed configs and launcher commands), ``fits_here``
+(the jobs on this machine checked against its GPUs and memory), ``phases`` (train -> save -> grow -> relaunch with a
+crash-safe progress file). Its children die with it (runtime.processes). DESIGN.md, "Multi-stage driver", describes the
+phases and the crash safety.
 """
 
 from growlm.trainer.driver.cli import main

@@ -33,7 +33,7 @@ from growlm.runtime.lock import LockHeldError, hold_lock
 from growlm.runtime.manifest import ManifestError
 from growlm.trainer import cli as train
 from growlm.trainer.driver.dry_run import print_dry_run
-from growlm.trainer.driver.machine import check_jobs_fit_here
+from growlm.trainer.driver.fits_here import check_jobs_fit_here
 from growlm.trainer.driver.phases import PROGRESS_VERSION, Run, drive
 from growlm.trainer.driver.segments import (
     DriverError,
