@@ -22,7 +22,7 @@ from growlm.growth.stages.plan import StageList
 from growlm.model.config import PRESETS, ModelConfig, from_preset
 from growlm.model.masks import MaskSpec
 from growlm.model.registry import FAMILIES, family
-from growlm.runtime import checkpoint
+from growlm.runtime import checkpoint, resume_checks
 from growlm.runtime.ds_config import DSConfigError, check_ds_config, load_ds_config, zero_stage_of
 from growlm.runtime.engine import build_engine, precision_of
 from growlm.runtime.run_state import RunState
@@ -487,11 +487,17 @@ def resolve(args: argparse.Namespace) -> RunConfig:
     if args.eval_stride is not None and args.eval_stride > seq_len:
         raise UsageError(f"--eval_stride {args.eval_stride} must be at most seq_len {seq_len} (the window length)")
     if resume is not None:
-        checkpoint.check_compatible(
-            state, model_config=cfg.to_dict(), world_size=launched_world, zero_stage=zero_stage, path=resume.tag_dir
+        resume_checks.check_compatible(
+            state,
+            model_config=cfg.to_dict(),
+            world_size=launched_world,
+            zero_stage=zero_stage,
+            path=resume.tag_dir,
+            precision=precision,
+            ds_config=args.ds_config,
         )
         try:
-            checkpoint.check_rng_files(resume, launched_world)
+            resume_checks.check_rng_files(resume, launched_world)
         except checkpoint.CheckpointError as e:
             raise checkpoint.CheckpointError(f"--resume {e}") from None
     data_dir = validate_data_dir(args.data)

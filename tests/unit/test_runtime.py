@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -388,3 +389,24 @@ def test_a_grown_model_is_built_on_the_ranks_device_in_its_training_dtype(monkey
     with pytest.raises(_Built) as built:
         engine.build_engine(cfg, None, ds_cfg)
     assert {(p.device.type, p.dtype) for p in built.value.args[0].parameters()} == {("cpu", torch.float32)}
+
+
+@pytest.mark.bad_input
+def test_a_resume_in_another_precision_is_refused_before_deepspeed_looks_for_its_files(tmp_path):
+    """An fp32 checkpoint resumed by a bf16 run: DeepSpeed would look for bf16_zero_* optimizer files the fp32 run
+    never wrote and fail with a FileNotFoundError traceback; refused first, naming the config that fits."""
+    from growlm.runtime.resume_checks import check_compatible
+
+    state = replace(RunState.from_json(TRAIN_V1.read_text()), precision="fp32")
+    shape = state.model_config.to_dict()
+    same = {"model_config": shape, "world_size": state.world_size, "zero_stage": 2, "path": tmp_path}
+    with pytest.raises(CheckpointError) as e:
+        check_compatible(state, **same, precision="bf16", ds_config="ds_configs/zero2_bf16.json")
+    assert str(e.value) == (
+        f"{tmp_path} was saved in fp32 and this run's DeepSpeed config (ds_configs/zero2_bf16.json) trains in "
+        "bf16: DeepSpeed keeps the optimizer state per precision. Resume with a config of the saved precision "
+        "(--ds_config, e.g. ds_configs/zero2_fp32.json)"
+    )
+    check_compatible(state, **same, precision="fp32")  # the saved precision
+    check_compatible(replace(state, precision=None), **same, precision="bf16")  # a state that does not say
+    check_compatible(replace(state, universal=True), **same, precision="bf16")  # growlm-grow's: loads at any
