@@ -411,7 +411,7 @@ def _train_locked(cfg: RunConfig, info: DistInfo, run_data: RunData) -> int:
             log.console(f"growlm: {stop.reason(signum)}: training finished; skipping the evaluation after it")
             status = stop.exit_status(signum)
         else:
-            perplexity_after(ev, p, cfg, log, before)
+            status = perplexity_after(ev, p, cfg, log, before)
     log.console(f"growlm: training tokens/s (last interval, all ranks): {meter.tokens_per_s:,.0f}")
     log.console(f"growlm: TensorBoard logs: {cfg.out_dir / 'tb'}  (tensorboard --logdir {cfg.out_dir / 'tb'})")
     if log.enabled and (cfg.save_dir / checkpoint.LATEST).exists():

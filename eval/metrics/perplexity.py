@@ -21,6 +21,16 @@ from tqdm import tqdm
 
 from growlm.eval.metrics.errors import EvalInputError, check_token_ids, token_id_error
 
+STOP_CHECK_EVERY = 8  # forward calls between two stop checks of ``token_nll`` (a collective each)
+
+
+class EvalStopped(Exception):
+    """``token_nll``'s ``stop_check`` asked it to stop; ``signum`` is the signal the ranks agreed on."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped for signal {signum}")
+        self.signum = signum
+
 
 @dataclass(frozen=True)
 class Window:
@@ -125,6 +135,7 @@ def token_nll(
     device: torch.device | str = "cpu",
     progress: bool = False,
     vocab_size: int | None = None,
+    stop_check: Callable[[], int] | None = None,
 ) -> NLL:
     """Total NLL of a token sequence under a causal LM, windows shared among data-parallel ranks.
 
@@ -141,6 +152,8 @@ def token_nll(
         progress: show a tqdm bar.
         vocab_size: the model's V; when given, every id is checked against it before the first forward call (else
             each batch's ids are checked against the logits' width, see ``checked_logits``).
+        stop_check: called before the first forward call and every ``STOP_CHECK_EVERY`` calls after, at the same
+            calls on every rank (so it may be a collective): a non-zero return (a signal number) stops the scoring.
 
     Returns:
         NLL summed over all N - 1 predictions of the text (all ranks get the same value).
@@ -148,6 +161,7 @@ def token_nll(
     Raises:
         ValueError: see ``sliding_windows``; world_size > 1 without all_reduce_sum.
         EvalInputError: a token id outside the model's vocabulary (the tokenizer is not the model's).
+        EvalStopped: ``stop_check`` returned a signal number (on every rank at the same call).
     """
     if world_size > 1 and all_reduce_sum is None:
         raise ValueError("world_size > 1 needs all_reduce_sum to combine the ranks' sums")
@@ -162,6 +176,8 @@ def token_nll(
     if progress:
         iterator = tqdm(iterator, desc="eval", leave=False)
     for i in iterator:
+        if stop_check is not None and i % STOP_CHECK_EVERY == 0 and (signum := stop_check()):
+            raise EvalStopped(signum)
         batch, weight = (mine[i], 1.0) if i < len(mine) else (mine[0] if mine else per_rank[0][0], 0.0)
         rows = np.stack([np.asarray(tokens[w.begin : w.end + 1], dtype=np.int64) for w in batch])
         rows = torch.from_numpy(rows).to(device)  # (B, T + 1)

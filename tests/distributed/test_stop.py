@@ -176,3 +176,62 @@ def test_sigterm_with_no_final_save_stops_without_a_checkpoint(tmp_path, small_v
                            "tokens": last * 4 * 32, "flops": records[-2]["flops"]}  # fmt: skip
     assert checkpoint.existing_tags(out / "checkpoints") == []
     assert f"growlm: SIGTERM received: stopped after step {last} of {LONG}; no checkpoint of this step" in log
+
+
+def _wait_for_text(log: Path, text: str, alive, deadline_s: float = 180.0) -> None:
+    """Wait until ``log`` holds ``text``; fail (with the log's tail) if ``alive()`` turns false first or the
+    deadline passes."""
+    deadline = time.monotonic() + deadline_s
+    while text not in (log.read_text(errors="replace") if log.is_file() else ""):
+        assert alive(), f"the job ended before printing {text!r}:\n{log.read_text(errors='replace')[-3000:]}"
+        assert time.monotonic() < deadline, f"no {text!r} in {deadline_s} s:\n{log.read_text(errors='replace')[-3000:]}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_sigterm_during_the_held_out_evaluation_ends_it_within_a_few_batches(tmp_path, small_vocab_data, when):
+    """The evaluation before and after training scores held-out tokens at every token (--eval_stride 1, one window
+    per forward call: seconds to a minute for the tiny model); a SIGTERM during it ends it at the ranks' next
+    stop check (every 8 forward calls), not after it: before training the run then stops before its first step with
+    nothing saved, after training it ends without the evaluation's "val" record, with the checkpoint of its last
+    step, and with status 143 (not 0)."""
+    out = tmp_path / "run"
+    args = [a for a in _args(tmp_path, small_vocab_data, out) if a != "--no_final_eval"]
+    args[args.index("--max_steps") + 1] = "2"
+    tokens = (
+        "20000" if when == "before" else "4000"
+    )  # about 45 s and 9 s at stride 1 (the evaluation before runs whole)
+    argv = [sys.executable, str(REPO / "train.py"), *args, "--eval_stride", "1", "--eval_batch_size", "1",
+            "--final_eval_tokens", tokens]  # fmt: skip
+    log = tmp_path / "rank0.log"
+    rank = launch.start_rank(argv, launch.rank_env(0, 1, free_port(), base_env()), REPO, log)
+    try:
+        alive = lambda: rank.returncode is None  # noqa: E731
+        if when == "before":
+            _wait_for_text(log, "growlm: model", alive)  # the run's announcement: its handlers are installed
+        else:
+            _wait_for_text(log, f"growlm: saved checkpoint {out / 'checkpoints' / 'global_step2'}", alive)
+        os.kill(rank.pid, signal.SIGTERM)
+        codes, _, timed_out = wait_procs([rank], GONE_WITHIN_S, GONE_WITHIN_S)
+    finally:
+        if rank.returncode is None:
+            os.killpg(rank.pid, signal.SIGKILL)
+            rank.wait()
+    text = log.read_text(errors="replace")
+    assert not timed_out and codes == [143], text[-2000:]
+    records = read_records(out)
+    if when == "before":
+        assert "growlm: SIGTERM received: the evaluation before training stopped early" in text
+        assert "held-out perplexity before training" not in text
+        assert "stopped before training (at step 0); nothing to save" in text
+        assert [r for r in records if r["event"] == "train"] == [] and checkpoint.existing_tags(
+            out / "checkpoints"
+        ) == []
+    else:
+        assert "growlm: SIGTERM received: training finished; the evaluation after it stopped early" in text
+        assert "held-out perplexity after" not in text and [r["step"] for r in records if r["event"] == "train"] == [
+            1,
+            2,
+        ]
+        assert [r for r in records if r["event"] == "val"] == []
+        assert checkpoint.existing_tags(out / "checkpoints") == ["global_step2"]
