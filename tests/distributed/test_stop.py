@@ -160,14 +160,8 @@ def test_sigterm_with_no_final_save_stops_without_a_checkpoint(tmp_path, small_v
     out = tmp_path / "one"
     argv = [sys.executable, str(REPO / "train.py"), *_args(tmp_path, small_vocab_data, out), "--no_final_save"]
     rank = launch.start_rank(argv, launch.rank_env(0, 1, free_port(), base_env()), REPO, tmp_path / "rank0.log")
-    try:
-        _wait_for_steps(out, 2, lambda: rank.returncode is None, tmp_path / "rank0.log")
-        os.kill(rank.pid, signal.SIGTERM)
-        codes, _, timed_out = wait_procs([rank], GONE_WITHIN_S, GONE_WITHIN_S)
-    finally:
-        if rank.returncode is None:
-            os.killpg(rank.pid, signal.SIGKILL)
-            rank.wait()
+    codes, timed_out = _sigterm_after(rank, lambda: _wait_for_steps(out, 2, lambda: rank.returncode is None,
+                                                                    tmp_path / "rank0.log"))  # fmt: skip
     log = (tmp_path / "rank0.log").read_text(errors="replace")
     assert not timed_out and codes == [143], log[-2000:]
     records = read_records(out)
@@ -176,6 +170,20 @@ def test_sigterm_with_no_final_save_stops_without_a_checkpoint(tmp_path, small_v
                            "tokens": last * 4 * 32, "flops": records[-2]["flops"]}  # fmt: skip
     assert checkpoint.existing_tags(out / "checkpoints") == []
     assert f"growlm: SIGTERM received: stopped after step {last} of {LONG}; no checkpoint of this step" in log
+
+
+def _sigterm_after(rank, wait) -> tuple[list[int], bool]:
+    """Call ``wait()`` (it returns at the moment to stop), SIGTERM ``rank`` and reap it within ``GONE_WITHIN_S``;
+    its process group is SIGKILLed if anything fails. Returns (exit codes, timed out)."""
+    try:
+        wait()
+        os.kill(rank.pid, signal.SIGTERM)
+        codes, _, timed_out = wait_procs([rank], GONE_WITHIN_S, GONE_WITHIN_S)
+    finally:
+        if rank.returncode is None:
+            os.killpg(rank.pid, signal.SIGKILL)
+            rank.wait()
+    return codes, timed_out
 
 
 def _wait_for_text(log: Path, text: str, alive, deadline_s: float = 180.0) -> None:
@@ -205,18 +213,9 @@ def test_sigterm_during_the_held_out_evaluation_ends_it_within_a_few_batches(tmp
             "--final_eval_tokens", tokens]  # fmt: skip
     log = tmp_path / "rank0.log"
     rank = launch.start_rank(argv, launch.rank_env(0, 1, free_port(), base_env()), REPO, log)
-    try:
-        alive = lambda: rank.returncode is None  # noqa: E731
-        if when == "before":
-            _wait_for_text(log, "growlm: model", alive)  # the run's announcement: its handlers are installed
-        else:
-            _wait_for_text(log, f"growlm: saved checkpoint {out / 'checkpoints' / 'global_step2'}", alive)
-        os.kill(rank.pid, signal.SIGTERM)
-        codes, _, timed_out = wait_procs([rank], GONE_WITHIN_S, GONE_WITHIN_S)
-    finally:
-        if rank.returncode is None:
-            os.killpg(rank.pid, signal.SIGKILL)
-            rank.wait()
+    # before: the run's announcement (its handlers are installed); after: the last step's save
+    ready = "growlm: model" if when == "before" else f"growlm: saved checkpoint {out / 'checkpoints' / 'global_step2'}"
+    codes, timed_out = _sigterm_after(rank, lambda: _wait_for_text(log, ready, lambda: rank.returncode is None))
     text = log.read_text(errors="replace")
     assert not timed_out and codes == [143], text[-2000:]
     records = read_records(out)
