@@ -320,13 +320,14 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
         return 0
     if not args.dry_run and (rc := optimal_report.write(s, done, out, note, refined)):
         return rc
-    return _wide(args, s, st, r_s, refined, out, settings, data, parallel)
+    return _wide(args, s, st, r_s, done, refined, out, settings, data, parallel)
 
 
-def _wide(args, s, st, r_s, refined, out: Path, settings, data, parallel: int) -> int:
+def _wide(args, s, st, r_s, done, refined, out: Path, settings, data, parallel: int) -> int:
     """The wide envelope's runs (eval.experiments.wide) after the experiment and its refine runs: the
     pre-registration written first (never replaced), then the rounds."""
-    from growlm.eval.experiments import optimal, runner, wide  # lazy: as in main
+    from growlm.eval.experiments import optimal, plan, runner, wide  # lazy: as in main
+    from growlm.eval.experiments.protocol import RunSpec  # lazy: as in main
     from growlm.runtime.atomic import write_json  # lazy: as in main
 
     _, r_lrs = optimal.refine_plan(s, st, refined)
@@ -336,8 +337,20 @@ def _wide(args, s, st, r_s, refined, out: Path, settings, data, parallel: int) -
         w_s = wide.wide_settings(s, known)
     except ValueError as e:
         return fail(str(e))
+    shapes = {z: w_s.sizes[z] for z in w_s.design["wide"]["shapes"]}
+    if (need := wide.max_train_windows(s, shapes)) > 2 * s.design["train_windows"]:
+        return fail(f"the wide envelope's longest run reads {need:,} training windows, more than twice the "
+                    f"{s.design['train_windows']:,} of the data: choose a smaller --budget")  # fmt: skip
+
+    def known_loss(z: str, k: int, b: float) -> float | None:
+        if z in r_lrs:
+            return plan.final_loss(refined, RunSpec(optimal.REFINE, "scratch", k, b, r_lrs[z], size=z))
+        return plan.final_loss(done, RunSpec("main", "scratch", k, b, st.lr[z], size=z))
+
+    a = st.primary
+    primary = RunSpec("main", "grow", 0, 1.0, st.lr[a], arm=a, grow_flops=st.growth[a], policy=st.policy[a])
     w_out = out / wide.WIDE
-    pre = wide.preregistration(s, st.primary, {z: w_s.sizes[z] for z in w_s.design["wide"]["shapes"]})
+    pre = wide.preregistration(s, st.primary, shapes)
     where = w_out / "preregistration.json"
     if where.is_file() and json.loads(where.read_text()) != pre:
         return fail(f"{where} fixes another comparison than this design's; move the wide/ folder away to start the "
@@ -348,7 +361,7 @@ def _wide(args, s, st, r_s, refined, out: Path, settings, data, parallel: int) -
         w_out.mkdir(parents=True, exist_ok=True)
         write_json(where, pre)
     w_set = w_s.as_dict() | {"data": settings["data"]}
-    rc = _rounds(args, w_s, lambda d: wide.wide_plan(s, known_lr, known, d)[0], "wide",
+    rc = _rounds(args, w_s, lambda d: wide.wide_plan(s, known_lr, known, d, known_loss, primary)[0], "wide",
                  runner.load_curves(w_out, w_set), data, w_out, w_set, parallel, unit="B")  # fmt: skip
     return rc or 0
 

@@ -15,20 +15,23 @@ widths could be better than the ladder's best by the margin a growth arm wins by
   hidden-matrix LR scales as 1 / width, Yang et al. 2021, "Tensor Programs V", arXiv 2203.03466, table 3), widened
   while the best sits at an edge (``plan.lr_sweep``).
 - **Screen**: each new shape at its LR on the main seeds ``SCREEN_SEEDS`` (the ladder's sizes have every main seed).
+- **Best shapes**: the ``N_BEST`` shapes with the lowest mean final loss at B over ``SCREEN_SEEDS`` run on every
+  main seed (``n_seeds``) at B and at each of ``PAST_B`` x B (a run the experiment or the refine runs already
+  made is not repeated), and the primary arm runs on the main seeds the experiment did not have.
 
-The comparison itself (the best shapes on every main seed, runs past B, ten seeds) is fixed in advance by the
-pre-registration file the phase writes before any new main seed runs (``preregistration``).
+The comparison itself is fixed in advance by the pre-registration file the phase writes before any of its runs
+(``preregistration``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from growlm.eval.experiments import plan
-from growlm.eval.experiments.protocol import RunSpec, Settings
+from growlm.eval.experiments.protocol import RunSpec, Settings, run_steps
 from growlm.model.config import param_count
 
 WIDE = "wide"  # the phase, and the sub-folder of the output folder, of the wide envelope's runs
@@ -37,7 +40,12 @@ PARAM_FACTOR = 2.25  # a shape's parameters within this factor of the comparator
 SCREEN_SEEDS = (0, 1)  # the main seeds every new shape runs on before the best ones are chosen
 N_BEST = 3  # the shapes (best mean loss at B over the screen seeds) that run on every main seed
 PAST_B = (1.25, 1.5, 2.0)  # the budgets past B (x B) of the best shapes, on every main seed: the compute to reach
-N_SEEDS = 10  # main seeds of the primary comparison
+SEED_FACTOR = 2  # main seeds of the primary comparison: this times the experiment's (10 for its 5)
+
+
+def n_seeds(s: Settings) -> int:
+    """The main seeds of the wide envelope's comparison: ``SEED_FACTOR`` times the experiment's."""
+    return SEED_FACTOR * s.seeds
 
 
 def n_params(shape: tuple[int, int, int], s: Settings) -> int:
@@ -118,19 +126,35 @@ class WideState:
     lr_edge: dict[str, str]  # new shape -> 'highest' | 'lowest': its best LR at that end of its widened sweep
     pilot_complete: bool
     screen_complete: bool
+    screen_loss: dict[str, float] = field(default_factory=dict)  # shape -> mean final loss at B over SCREEN_SEEDS
+    best: list[str] = field(default_factory=list)  # the N_BEST shapes, best first (once the screen is complete)
+    complete: bool = False
+
+
+KnownLoss = Callable[[str, int, float], "float | None"]  # (trained size, seed, budget x B) -> its run's final loss
 
 
 def wide_plan(
-    s: Settings, known_lr: Mapping[str, float], known: Mapping[str, tuple[int, int, int]], done: Mapping[str, dict]
+    s: Settings,
+    known_lr: Mapping[str, float],
+    known: Mapping[str, tuple[int, int, int]],
+    done: Mapping[str, dict],
+    known_loss: KnownLoss | None = None,
+    primary: RunSpec | None = None,
 ) -> tuple[list[RunSpec], WideState]:
     """The wide runs needed now given the finished ones (``done``: the wide curves): each new shape's LR sweep on
-    the pilot seed at B, then each new shape at its best LR on ``SCREEN_SEEDS``.
+    the pilot seed at B, then each new shape at its best LR on ``SCREEN_SEEDS``, then (with ``known_loss``) the
+    best shapes on every main seed at B and past B and ``primary`` on the main seeds the experiment did not have.
 
     Args:
         s: the experiment's settings.
         known_lr: the tuned LR of every trained size (the experiment's sizes and the refine runs'), by name.
         known: the trained sizes' shapes, by name.
         done: the finished wide runs, by name.
+        known_loss: the final loss of a trained size's run the experiment or the refine runs made (None: not run);
+            without it the plan stops after the screen.
+        primary: the primary arm's main run on seed 0 (its LR, growth points and LR policy); its runs here take
+            the seeds from ``s.seeds`` to ``n_seeds(s)``.
 
     Raises:
         plan.CurveMismatch: a wide curve has a needed run's name but another spec.
@@ -159,7 +183,32 @@ def wide_plan(
     screen = [RunSpec(WIDE, "scratch", k, 1.0, st.lr[z], size=z) for k in SCREEN_SEEDS for z in new]
     specs += screen
     st.screen_complete = all(plan.final_loss(done, sp) is not None for sp in screen)
+    if not st.screen_complete or known_loss is None:
+        return specs, st
+
+    def loss(z: str, k: int, b: float) -> float | None:
+        """A shape's final loss on seed ``k`` at ``b`` x B: its own run here, else the experiment's or refine's."""
+        mine = plan.final_loss(done, RunSpec(WIDE, "scratch", k, b, st.lr[z], size=z))
+        return mine if mine is not None or z not in known else known_loss(z, k, b)
+
+    for z in shapes:
+        got = [loss(z, k, 1.0) for k in SCREEN_SEEDS]
+        if all(v is not None for v in got):
+            st.screen_loss[z] = sum(got) / len(got)
+    st.best = sorted(st.screen_loss, key=lambda z: (st.screen_loss[z], z))[:N_BEST]
+    more = [RunSpec(WIDE, "scratch", k, b, st.lr[z], size=z) for z in st.best for b in (1.0, *PAST_B)
+            for k in range(n_seeds(s)) if loss(z, k, b) is None]  # fmt: skip
+    if primary is not None:
+        more += [replace(primary, phase=WIDE, seed=k) for k in range(s.seeds, n_seeds(s))]
+    specs += more
+    st.complete = all(plan.final_loss(done, sp) is not None for sp in more)
     return specs, st
+
+
+def max_train_windows(s: Settings, shapes: Mapping[str, tuple[int, int, int]]) -> int:
+    """The most training windows a wide run reads: the cheapest shape at the largest budget past B."""
+    w_s = replace(s, sizes={**s.sizes, **shapes})
+    return max(run_steps(w_s, RunSpec(WIDE, "scratch", 0, max(PAST_B), 0.0, size=z))[-1] * s.batch for z in shapes)
 
 
 def preregistration(s: Settings, primary: str, shapes: Mapping[str, tuple[int, int, int]]) -> dict[str, Any]:
@@ -174,7 +223,7 @@ def preregistration(s: Settings, primary: str, shapes: Mapping[str, tuple[int, i
     return {
         "primary_arm": primary,
         "budget_C": s.design["budget_C"],
-        "main_seeds": list(range(N_SEEDS)),
+        "main_seeds": list(range(n_seeds(s))),
         "envelope_shapes": [{"name": z, "n_layer": v[0], "n_embd": v[1], "n_head": v[2]} for z, v in shapes.items()],
         "best_shapes": f"the {N_BEST} shapes with the lowest mean final loss at B over main seeds "
                        f"{list(SCREEN_SEEDS)}, each at its pilot LR; they run on every main seed at B and at "

@@ -158,10 +158,14 @@ def test_quick_optimal_phase_runs_pilot_main_and_levers_from_a_map_and_rebuilds_
     widened = _mtimes(out / "wide")
     pre = json.loads((out / "wide" / "preregistration.json").read_text())
     assert "then the wide envelope" in printed[i + 3] and printed[-1].startswith(f"{len(widened)} runs done, 0 to run")
-    assert pre["primary_arm"] == r["primary_arm"] and len(pre["main_seeds"]) == 10
+    assert pre["primary_arm"] == r["primary_arm"] and pre["main_seeds"] == [0, 1, 2, 3]  # twice the 2 main seeds
     new = {x["name"] for x in pre["envelope_shapes"]} - set(r["settings"]["sizes"]) - set(rf["sizes"])
-    assert new and {Path(n).stem.split("-B1-")[0] for n in widened} == new
-    assert {Path(n).stem.rsplit("-s", 1)[1] for n in widened} == {"100", "0", "1"}
+    stems = [Path(n).stem for n in widened]
+    arm = [x for x in stems if x.startswith(pre["primary_arm"] + "-")]  # the primary arm on the new seeds
+    assert sorted(x.rsplit("-s", 1)[1] for x in arm) == ["2", "3"]
+    assert new <= {x.split("-B")[0] for x in stems if x not in arm}
+    assert {x.rsplit("-s", 1)[1] for x in stems} == {"100", "0", "1", "2", "3"}
+    assert {x.split("-B")[1].split("-")[0] for x in stems} == {"1", "1.25", "1.5", "2"}  # the best shapes past B
     # a pre-registration that fixes another comparison is never replaced: refused in one line
     (out / "wide" / "preregistration.json").write_text(json.dumps({**pre, "primary_arm": "msg-depth"}))
     capsys.readouterr()

@@ -114,3 +114,57 @@ def test_the_preregistration_fixes_the_arm_the_seeds_and_the_tests(s):
     assert pre["envelope_shapes"][0] == {"name": "L1", "n_layer": 1, "n_embd": 64, "n_head": 4}
     assert "sign test" in pre["primary_comparison"] and "Wilcoxon" in pre["primary_comparison"]
     assert json.loads(json.dumps(pre)) == pre
+
+
+def test_the_best_shapes_on_the_screen_seeds_run_on_every_main_seed_at_b_and_past_it(s):
+    """After the screen: the 3 shapes with the lowest mean loss at B over seeds 0-1 (the trained sizes' from the
+    experiment's runs) on all 10 main seeds at B, 1.25, 1.5 and 2 B, skipping the runs the experiment made; the
+    primary arm on seeds 5-9."""
+    lrs = {KNOWN[z]: lr for z, lr in KNOWN_LR.items()}
+    shapes = wide.wide_shapes(s, KNOWN)
+    offset = {"D1W80": -0.03, "L2": -0.02, "D2W80": -0.01}  # the best three, in this order; the rest 0
+    best_lr = {z: wide.centre_lr(v, 64, lrs) for z, v in shapes.items() if z not in KNOWN}
+
+    def loss(z: str, k: int, b: float, lr: float) -> float:
+        return (
+            2.5 + offset.get(z, 0.0) - 0.05 * math.log2(b) + 0.05 * abs(math.log2(lr / best_lr.get(z, lr))) + 0.001 * k
+        )
+
+    experiment = {(z, k, 1.0) for z in KNOWN for k in range(5)} | {("L2", k, 2.0) for k in range(5)}
+
+    def known_loss(z: str, k: int, b: float) -> float | None:
+        return loss(z, k, b, KNOWN_LR[z]) if (z, k, b) in experiment else None
+
+    primary = RunSpec("main", "grow", 0, 1.0, 2e-3, arm="depth-x2", grow_flops=(5.0e12,), policy="rewarm")
+    done: dict[str, dict] = {}
+    rounds = []
+    while True:
+        specs, st = wide.wide_plan(s, KNOWN_LR, KNOWN, done, known_loss, primary)
+        todo = [sp for sp in dict.fromkeys(specs) if sp.name not in done]
+        if not todo:
+            break
+        rounds.append(todo)
+        for sp in todo:
+            v = loss(sp.size, sp.seed, sp.budget, sp.lr) if sp.kind == "scratch" else 2.47
+            done[sp.name] = {"spec": sp, "curve": {"final": {"val_loss": v}}}
+    assert st.complete and st.best == ["D1W80", "L2", "D2W80"]
+    assert st.screen_loss["L1"] == pytest.approx(2.5005) and len(st.screen_loss) == 13
+    last = rounds[-1]
+    want = {(z, k, b) for z in st.best for k in range(10) for b in (1.0, 1.25, 1.5, 2.0)}
+    want -= {(z, k, b) for z, k, b in experiment} | {("D1W80", k, 1.0) for k in (0, 1)} | {
+        ("D2W80", k, 1.0) for k in (0, 1)
+    }  # fmt: skip
+    assert {(sp.size, sp.seed, sp.budget) for sp in last if sp.kind == "scratch"} == want
+    assert len(want) == 3 * 40 - 5 - 5 - 2 - 2  # L2: seeds 0-4 at B and 2 B from the experiment
+    arm = [sp for sp in last if sp.kind == "grow"]
+    assert [sp.seed for sp in arm] == [5, 6, 7, 8, 9]
+    assert all(sp == replace(primary, phase=wide.WIDE, seed=sp.seed) for sp in arm)
+    assert all(sp.phase == wide.WIDE and sp.lr == st.lr[sp.size] for sp in last if sp.kind == "scratch")
+    # without the experiment's losses the plan stops after the screen
+    _, st2 = wide.wide_plan(s, KNOWN_LR, KNOWN, done)
+    assert st2.screen_complete and st2.best == [] and not st2.complete
+
+
+def test_the_wide_runs_read_the_data_at_most_twice_at_2_b(s):
+    shapes = wide.wide_shapes(s, KNOWN)
+    assert wide.max_train_windows(replace(s, c_flops=1.152e13), shapes) == 761_568  # L1 at 2 B: 1.76 x 433,717
