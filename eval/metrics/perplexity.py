@@ -21,7 +21,8 @@ from tqdm import tqdm
 
 from growlm.eval.metrics.errors import EvalInputError, check_token_ids, token_id_error
 
-STOP_CHECK_EVERY = 8  # forward calls between two stop checks of ``token_nll`` (a collective each)
+STOP_CHECK_EVERY = 1  # forward calls between two stop checks of ``token_nll`` (a collective each): a slow batch
+# (seconds on a loaded CPU) times this must stay well inside a launcher's grace before SIGKILL (DeepSpeed's: 30 s)
 
 
 class EvalStopped(Exception):

@@ -519,9 +519,11 @@ def grow_checkpoint(
             (tmp / LATEST_UNIVERSAL).write_text(src.tag)
             (tmp / checkpoint.LATEST).write_text(src.tag)  # the pointer, last
     what = f"grown to {prep.plan.new.shape_str()}" if prep is not None else "resharded"
+    # the source's own config (stage, precision): the default bf16 config would resume an fp32 run in bf16
+    config = f" --ds_config ds_configs/zero{src.zero_stage}_{src.state.precision}.json" if src.state.precision else ""
     log(
         f"growlm-grow: wrote {out / src.tag} ({what}; {time.perf_counter() - t0:.1f} s); resume it with "
-        f"`train.py --resume {shlex.quote(str(out))}` at any world size, ZeRO stage "
+        f"`train.py --resume {shlex.quote(str(out))}{config}` at any world size, ZeRO stage "
         f"{'3' if src.zero_stage == 3 else '1 or 2'}"
     )
     return out

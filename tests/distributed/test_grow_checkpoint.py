@@ -416,5 +416,8 @@ def test_a_growth_shows_its_progress_on_a_terminal_only(tmp_path, sources, capsy
     assert last.startswith("growlm-grow: 100%") and f"{n}/{n} parameters" in last, last
     size = tqdm.format_sizeof(nbytes, divisor=1024)
     assert f"| {size}/{size} [" in last, (last, nbytes)
-    grow_checkpoint(src, tmp_path / "quiet", stage, log=lambda *_: None)  # stderr captured: not a terminal
+    lines: list[str] = []
+    grow_checkpoint(src, tmp_path / "quiet", stage, log=lines.append)  # stderr captured: not a terminal
     assert capsys.readouterr().err == ""
+    # the resume it suggests names the source's own config: the default (bf16) would resume an fp32 run in bf16
+    assert f"`train.py --resume {tmp_path / 'quiet'} --ds_config ds_configs/zero2_fp32.json`" in lines[-1]

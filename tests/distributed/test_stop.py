@@ -200,7 +200,7 @@ def _wait_for_text(log: Path, text: str, alive, deadline_s: float = 180.0) -> No
 def test_sigterm_during_the_held_out_evaluation_ends_it_within_a_few_batches(tmp_path, small_vocab_data, when):
     """The evaluation before and after training scores held-out tokens at every token (--eval_stride 1, one window
     per forward call: seconds to a minute for the tiny model); a SIGTERM during it ends it at the ranks' next
-    stop check (every 8 forward calls), not after it: before training the run then stops before its first step with
+    stop check (before every forward call), not after it: before training the run then stops before its first step with
     nothing saved, after training it ends without the evaluation's "val" record, with the checkpoint of its last
     step, and with status 143 (not 0)."""
     out = tmp_path / "run"
