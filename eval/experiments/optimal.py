@@ -304,7 +304,7 @@ def experiment_plan(s: Settings, done: Mapping[str, dict]) -> tuple[list[RunSpec
             specs += need
             if lr is not None:
                 st.lr[z] = lr
-                _mark_edge(st, z, lr, need)
+                plan.mark_edge(st.lr_edge, z, lr, need)
     if s.target not in st.lr:
         return specs, st
     t_lr = st.lr[s.target]
@@ -315,7 +315,7 @@ def experiment_plan(s: Settings, done: Mapping[str, dict]) -> tuple[list[RunSpec
         specs += need
         if lr is not None:
             st.lr[a.name] = lr
-            _mark_edge(st, a.name, lr, need)
+            plan.mark_edge(st.lr_edge, a.name, lr, need)
     if any(z not in st.lr for z in [*d["envelope"], *(a.name for a in s.arm_list())]):
         return specs, st
     pilot_loss = {}
@@ -411,14 +411,6 @@ def refine_plan(s: Settings, st: State, done: Mapping[str, dict]) -> tuple[list[
             lrs[z] = lr
             specs += [replace(base, seed=k, lr=lr) for k in range(s.seeds)]
     return specs, lrs
-
-
-def _mark_edge(st: State, who: str, lr: float, sweep: list[RunSpec]) -> None:
-    """Record in ``st.lr_edge`` when ``who``'s best LR ``lr`` is the lowest or highest of its complete sweep."""
-    swept = sorted(sp.lr for sp in sweep)
-    for end, x in (("lowest", swept[0]), ("highest", swept[-1])) if len(swept) > 1 else ():
-        if math.isclose(lr, x):
-            st.lr_edge[who] = end
 
 
 def max_train_windows(s: Settings) -> int:

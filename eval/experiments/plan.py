@@ -93,6 +93,15 @@ def lr_sweep(s: Settings, done: Mapping[str, dict], base: RunSpec) -> tuple[list
         specs.append(replace(base, lr=nxt))
 
 
+def mark_edge(lr_edge: dict[str, str], who: str, lr: float, sweep: list[RunSpec]) -> None:
+    """Record in ``lr_edge`` when ``who``'s best LR ``lr`` is the lowest or highest of its complete sweep (the
+    specs ``lr_sweep`` returned): 'lowest' or 'highest'."""
+    swept = sorted(sp.lr for sp in sweep)
+    for end, x in (("lowest", swept[0]), ("highest", swept[-1])) if len(swept) > 1 else ():
+        if math.isclose(lr, x):
+            lr_edge[who] = end
+
+
 @dataclass
 class PilotState:
     """What the finished pilot runs decided so far (None: not yet)."""

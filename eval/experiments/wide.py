@@ -25,7 +25,6 @@ The comparison itself is fixed in advance by the pre-registration file the phase
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -173,10 +172,7 @@ def wide_plan(
         specs += need
         if lr is not None:
             st.lr[z] = lr
-            swept = sorted(sp.lr for sp in need)
-            for end, x in (("lowest", swept[0]), ("highest", swept[-1])):
-                if math.isclose(lr, x):
-                    st.lr_edge[z] = end
+            plan.mark_edge(st.lr_edge, z, lr, need)
     if any(z not in st.lr for z in new):
         return specs, st
     st.pilot_complete = True
