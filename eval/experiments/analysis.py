@@ -1,6 +1,6 @@
 """The IsoFLOP experiment's arithmetic (pure functions of numbers; numpy, scipy for the t quantile): the envelope,
 compute-to-reach-a-loss by interpolation between finished runs (never extrapolation), compute savings, the
-crossover budget of two sizes, and paired 95% t-intervals.
+crossover budget of two sizes, paired 95% t-intervals, and the sign and Wilcoxon signed-rank tests.
 
 Envelope (Hoffmann et al. 2022, arXiv 2203.15556, section 3.2, IsoFLOP profiles): E(B) = min over sizes of the
 validation loss of a scratch run with its own fully decayed schedule ending at budget B.
@@ -46,6 +46,29 @@ def mean_ci95(values: Sequence[float]) -> tuple[float, float | None, float | Non
     sd = math.sqrt(sum((v - m) ** 2 for v in values) / (n - 1))
     h = t975(n - 1) * sd / math.sqrt(n)
     return m, m - h, m + h
+
+
+def sign_test_p(values: Sequence[float]) -> float | None:
+    """Two-sided exact sign test of median zero: the binomial probability (p = 1/2) of a split of negative and
+    positive values at least as uneven as the one observed, zeros dropped (Dixon and Mood 1946; scipy.stats.binomtest);
+    None when every value is zero or there are none."""
+    neg, pos = sum(v < 0 for v in values), sum(v > 0 for v in values)
+    if neg + pos == 0:
+        return None
+    from scipy import stats  # lazy: about 0.5 s, statistics only
+
+    return float(stats.binomtest(neg, neg + pos, 0.5, alternative="two-sided").pvalue)
+
+
+def wilcoxon_p(values: Sequence[float]) -> float | None:
+    """Two-sided Wilcoxon signed-rank test of a distribution symmetric about zero (Wilcoxon 1945;
+    scipy.stats.wilcoxon: exact null distribution for fewer than 50 values without ties or zeros, zeros dropped);
+    None for fewer than 2 non-zero values."""
+    if sum(v != 0 for v in values) < 2:
+        return None
+    from scipy import stats  # lazy: about 0.5 s, statistics only
+
+    return float(stats.wilcoxon(list(values), zero_method="wilcox", alternative="two-sided").pvalue)
 
 
 def envelope(losses: Mapping[float, Mapping[str, float]]) -> dict[float, tuple[str, float]]:

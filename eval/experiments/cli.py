@@ -277,14 +277,12 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
         return fail(str(e))
     settings, note = s.as_dict(), optimal.choice_note(s, r)
     if args.report_only:
-        return _report_only(
-            out,
-            settings,
-            lambda done: optimal_report.write(
-                s, done, out, note, runner.load_curves(r_out, r_s.as_dict(), with_data=False)
-            ),
-            "--phase optimal",
-        )
+
+        def write(done: dict) -> int:
+            refined = runner.load_curves(r_out, r_s.as_dict(), with_data=False)
+            return optimal_report.write(s, done, out, note, refined) or _wide_report(s, done, refined, out, None)
+
+        return _report_only(out, settings, write, "--phase optimal")
     data = args.data or crossmap.token_folder(s, m)
     if not (data / "meta.json").is_file():
         return fail(f"--data {data} has no meta.json; the map's token folder is needed (growlm-experiment --phase "
@@ -320,35 +318,24 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
         return 0
     if not args.dry_run and (rc := optimal_report.write(s, done, out, note, refined)):
         return rc
-    return _wide(args, s, st, r_s, done, refined, out, settings, data, parallel)
+    return _wide(args, s, st, done, refined, out, settings, data, parallel)
 
 
-def _wide(args, s, st, r_s, done, refined, out: Path, settings, data, parallel: int) -> int:
+def _wide(args, s, st, done, refined, out: Path, settings, data, parallel: int) -> int:
     """The wide envelope's runs (eval.experiments.wide) after the experiment and its refine runs: the
     pre-registration written first (never replaced), then the rounds."""
-    from growlm.eval.experiments import optimal, plan, runner, wide  # lazy: as in main
-    from growlm.eval.experiments.protocol import RunSpec  # lazy: as in main
+    from growlm.eval.experiments import runner, wide  # lazy: as in main
     from growlm.runtime.atomic import write_json  # lazy: as in main
 
-    _, r_lrs = optimal.refine_plan(s, st, refined)
-    known = {z: tuple(s.sizes[z]) for z in s.design["envelope"]} | {z: tuple(r_s.sizes[z]) for z in r_lrs}
-    known_lr = {z: st.lr[z] for z in s.design["envelope"]} | r_lrs
     try:
-        w_s = wide.wide_settings(s, known)
+        w_in = wide.inputs(s, st, done, refined)
+        w_s = wide.wide_settings(s, w_in.known)
     except ValueError as e:
         return fail(str(e))
     shapes = {z: w_s.sizes[z] for z in w_s.design["wide"]["shapes"]}
     if (need := wide.max_train_windows(s, shapes)) > 2 * s.design["train_windows"]:
         return fail(f"the wide envelope's longest run reads {need:,} training windows, more than twice the "
                     f"{s.design['train_windows']:,} of the data: choose a smaller --budget")  # fmt: skip
-
-    def known_loss(z: str, k: int, b: float) -> float | None:
-        if z in r_lrs:
-            return plan.final_loss(refined, RunSpec(optimal.REFINE, "scratch", k, b, r_lrs[z], size=z))
-        return plan.final_loss(done, RunSpec("main", "scratch", k, b, st.lr[z], size=z))
-
-    a = st.primary
-    primary = RunSpec("main", "grow", 0, 1.0, st.lr[a], arm=a, grow_flops=st.growth[a], policy=st.policy[a])
     w_out = out / wide.WIDE
     pre = wide.preregistration(s, st.primary, shapes)
     where = w_out / "preregistration.json"
@@ -361,9 +348,30 @@ def _wide(args, s, st, r_s, done, refined, out: Path, settings, data, parallel: 
         w_out.mkdir(parents=True, exist_ok=True)
         write_json(where, pre)
     w_set = w_s.as_dict() | {"data": settings["data"]}
-    rc = _rounds(args, w_s, lambda d: wide.wide_plan(s, known_lr, known, d, known_loss, primary)[0], "wide",
+    rc = _rounds(args, w_s, lambda d: wide.wide_plan(s, w_in.known_lr, w_in.known, d, w_in.known_loss,
+                                                     w_in.primary)[0], "wide",
                  runner.load_curves(w_out, w_set), data, w_out, w_set, parallel, unit="B")  # fmt: skip
-    return rc or 0
+    if args.dry_run:
+        return rc or 0
+    return rc or _wide_report(s, done, refined, out, settings["data"])
+
+
+def _wide_report(s, done, refined, out: Path, data) -> int:
+    """The wide envelope's report from its curves (none yet: nothing to do); ``data``: the token folder's
+    fingerprint the curves must have (None: any one token folder, as --report_only)."""
+    from growlm.eval.experiments import optimal, runner, wide, wide_report  # lazy: as in main
+
+    _, st = optimal.experiment_plan(s, done)
+    w_out = out / wide.WIDE
+    if not st.complete or not (w_out / "curves").is_dir():
+        return 0
+    try:
+        w_in = wide.inputs(s, st, done, refined)
+        w_s = wide.wide_settings(s, w_in.known)
+    except ValueError as e:
+        return fail(str(e))
+    w_done = runner.load_curves(w_out, w_s.as_dict() | {"data": data}, with_data=data is not None)
+    return wide_report.write(s, w_in, w_done, w_out)
 
 
 def _report_only(out: Path, settings, write, run: str) -> int:

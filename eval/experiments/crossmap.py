@@ -319,7 +319,9 @@ def markdown(r: dict[str, Any]) -> str:
              "and map.png).", "",
              f"C = {r['c_flops']:.3g} FLOPs. Every run has its own warm-up and cosine decay ending at its budget; the "
              f"peak LR is tuned at {', '.join(f'{b:g} C' for b in r['lr_budgets'])} (factor-2 grid, widened at an "
-             "edge) and each other budget uses the LR of the nearest tuned budget. Seed "
+             "edge) and each other budget uses the LR of the nearest tuned budget (its loss there is at most a "
+             "tuned run's: an upper bound; --phase optimal tunes the LRs at its own budget again). Parameters here "
+             "include the position embeddings. Seed "
              f"{r['pilot_seed']}; pairs that cross are re-measured on seed {r['second_seed']}.", "",
              "## Final validation loss (nats per token)", "",
              "| size | params | " + " | ".join(f"{b} C" for b in budgets) + " |",

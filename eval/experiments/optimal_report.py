@@ -300,8 +300,10 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
         + (f"; the target also at {d['same_size_budget']:g} B" if d["same_size_budget"] else "")
         + f". Comparator (the envelope size with the lowest map loss at B, pilot seed): `{r['comparator']}`.",
         f"- Seeds: pilot {r['pilot_seed']}; main {r['seeds']}. Each seed reads the same batches in the same order for "
-        f"every size and arm. Epochs over the training split per run: {min(ep.values()):.3g} to "
-        f"{max(ep.values()):.3g} (every run in results.json `epochs`).",
+        f"every size and arm. Epochs over the training split per run: {min(ep.values()):.4g} to "
+        f"{max(ep.values()):.4g} (every run in results.json `epochs`). Runs reproduce bit for bit on one CPU; another "
+        "CPU's kernels round differently, and a run at a high LR can then diverge chaotically from its twin "
+        "(docs/evaluation.md gives a measured case): compare means over seeds, not single runs.",
         "- LRs: the envelope sizes' from the map where it tuned them at B ("
         + (", ".join(f"`{z}` {v:.1e}" for z, v in r["lr_from_map"].items()) or "none")
         + "), the arms' swept at B on the pilot seed.",
@@ -409,7 +411,8 @@ def _refine_lines(r: Mapping[str, Any]) -> list[str]:
              "The ladder doubles the depth, so the best size a user could train at B may lie between two of its "
              "sizes. Each size at the geometric midpoint of the comparator's depth and a neighbour's, trained at B "
              "(LR swept on the pilot seed, then every main seed):", "",
-             "| size (n_layer x n_embd) | parameters | LR sweep (pilot) | LR | loss at B (main mean) |",
+             "| size (n_layer x n_embd) | parameters (without position embeddings) | LR sweep (pilot) | LR | loss at B "
+             "(main mean) |",
              "|---|---|---|---|---|"]  # fmt: skip
     for z, v in rf["sizes"].items():
         sweep = ", ".join(f"{lr}: {x:.4f}" for lr, x in v["lr_sweep"].items()) or "-"

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from growlm.eval.experiments import plan
+from growlm.eval.experiments import optimal, plan
 from growlm.eval.experiments.protocol import RunSpec, Settings, run_steps
 from growlm.model.config import param_count
 
@@ -131,6 +131,39 @@ class WideState:
 
 
 KnownLoss = Callable[[str, int, float], "float | None"]  # (trained size, seed, budget x B) -> its run's final loss
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the wide envelope takes from the experiment and its refine runs (``inputs``)."""
+
+    known: dict[str, tuple[int, int, int]]  # the trained sizes' shapes (the ladder's and the refine runs'), by name
+    known_lr: dict[str, float]  # their tuned peak LRs, by name
+    known_loss: KnownLoss  # a trained size's final loss on a main seed at a budget (x B), None when not run
+    primary: RunSpec  # the primary arm's main run on seed 0
+    arm_loss: Callable[[int], float | None]  # the primary arm's final loss at B on an experiment's main seed
+
+
+def inputs(s: Settings, st: optimal.State, done: Mapping[str, dict], refined: Mapping[str, dict]) -> Inputs:
+    """The wide envelope's inputs from the experiment's finished runs (``done``, its complete state ``st``) and
+    the refine runs' (``refined``).
+
+    Raises:
+        plan.CurveMismatch: a needed refine curve has another spec.
+    """
+    _, r_lrs = optimal.refine_plan(s, st, refined)
+    r_s = optimal.refine_settings(s)
+    known = {z: tuple(s.sizes[z]) for z in s.design["envelope"]} | {z: tuple(r_s.sizes[z]) for z in r_lrs}
+    known_lr = {z: st.lr[z] for z in s.design["envelope"]} | r_lrs
+
+    def known_loss(z: str, k: int, b: float) -> float | None:
+        if z in r_lrs:
+            return plan.final_loss(refined, RunSpec(optimal.REFINE, "scratch", k, b, r_lrs[z], size=z))
+        return plan.final_loss(done, RunSpec("main", "scratch", k, b, st.lr[z], size=z))
+
+    a = st.primary
+    primary = RunSpec("main", "grow", 0, 1.0, st.lr[a], arm=a, grow_flops=st.growth[a], policy=st.policy[a])
+    return Inputs(known, known_lr, known_loss, primary, lambda k: plan.final_loss(done, replace(primary, seed=k)))
 
 
 def wide_plan(

@@ -64,6 +64,8 @@ def test_quick_experiment_pilot_then_main_then_nothing_to_rerun(tmp_path, small_
     assert experiment.main(["--quick", "--report_only", "--out", str(tmp_path / "copy")]) == 0
     assert json.loads((tmp_path / "copy" / "results.json").read_text()) == res
     assert (tmp_path / "copy" / "report.md").read_text() == (out / "report.md").read_text()
+    for name in ("results.json", "report.md"):  # the wide envelope's report too, byte for byte
+        assert (tmp_path / "copy" / "wide" / name).read_bytes() == (out / "wide" / name).read_bytes()
     for png in ("loss_vs_flops.png", "lr_sweep.png", "deltas.png"):
         assert (tmp_path / "copy" / png).stat().st_size > 10_000
 
@@ -166,6 +168,14 @@ def test_quick_optimal_phase_runs_pilot_main_and_levers_from_a_map_and_rebuilds_
     assert new <= {x.split("-B")[0] for x in stems if x not in arm}
     assert {x.rsplit("-s", 1)[1] for x in stems} == {"100", "0", "1", "2", "3"}
     assert {x.split("-B")[1].split("-")[0] for x in stems} == {"1", "1.25", "1.5", "2"}  # the best shapes past B
+    # its report: the pre-registered comparison over the 4 main seeds
+    w = json.loads((out / "wide" / "results.json").read_text())
+    assert w["complete"] and w["n_seeds"] == 4 and w["seeds"] == [0, 1, 2, 3] and w["primary_arm"] == pre["primary_arm"]
+    assert w["envelope_shapes"] == [{k: x[k] for k in ("n_layer", "n_embd", "n_head")} for x in pre["envelope_shapes"]]
+    p, sv = w["primary"], w["primary"]["saving_vs_envelope"]
+    assert w["comparator"] in w["best_shapes"] and len(p["per_seed"]) == 4 and 0 < p["wilcoxon_p"] <= 1
+    assert sv["n"] + len(sv["outside"]) == 4 and set(sv) == {"mean", "ci95", "n", "outside"}
+    assert "## The primary arm" in (out / "wide" / "report.md").read_text()
     # a pre-registration that fixes another comparison is never replaced: refused in one line
     (out / "wide" / "preregistration.json").write_text(json.dumps({**pre, "primary_arm": "msg-depth"}))
     capsys.readouterr()
@@ -175,6 +185,7 @@ def test_quick_optimal_phase_runs_pilot_main_and_levers_from_a_map_and_rebuilds_
     shutil.copytree(out / "curves", tmp_path / "copy" / "curves")
     if refined:
         shutil.copytree(out / "refine" / "curves", tmp_path / "copy" / "refine" / "curves")
+    shutil.copytree(out / "wide" / "curves", tmp_path / "copy" / "wide" / "curves")
     rebuilt = ["--quick", "--phase", "optimal", "--map", str(tmp_path / "map"), "--target", "L2", "--budget", "1",
                "--report_only", "--out", str(tmp_path / "copy")]  # fmt: skip
     assert experiment.main(rebuilt) == 0

@@ -168,3 +168,104 @@ def test_the_best_shapes_on_the_screen_seeds_run_on_every_main_seed_at_b_and_pas
 def test_the_wide_runs_read_the_data_at_most_twice_at_2_b(s):
     shapes = wide.wide_shapes(s, KNOWN)
     assert wide.max_train_windows(replace(s, c_flops=1.152e13), shapes) == 761_568  # L1 at 2 B: 1.76 x 433,717
+
+
+def _complete(s, arm_loss, known_offsets=None):
+    """Every wide run on fabricated losses: shape z on seed k at b x B scores 2.5 + offset(z) - 0.05 log2 b
+    + 0.001 k at its tuned LR (the best three D1W80, L2, D2W80); the primary arm ``arm_loss(k)``."""
+    lrs = {KNOWN[z]: lr for z, lr in KNOWN_LR.items()}
+    shapes = wide.wide_shapes(s, KNOWN)
+    offset = {"D1W80": -0.03, "L2": -0.02, "D2W80": -0.01}
+    best_lr = {z: wide.centre_lr(v, 64, lrs) for z, v in shapes.items() if z not in KNOWN}
+
+    def loss(z: str, k: int, b: float, lr: float) -> float:
+        return (
+            2.5 + offset.get(z, 0.0) - 0.05 * math.log2(b) + 0.05 * abs(math.log2(lr / best_lr.get(z, lr))) + 0.001 * k
+        )
+
+    experiment = {(z, k, 1.0) for z in KNOWN for k in range(5)} | {("L2", k, 2.0) for k in range(5)}
+    primary = RunSpec("main", "grow", 0, 1.0, 2e-3, arm="depth-x2", grow_flops=(5.0e12,), policy="rewarm")
+    w_in = wide.Inputs(dict(KNOWN), dict(KNOWN_LR),
+                       lambda z, k, b: loss(z, k, b, KNOWN_LR[z]) if (z, k, b) in experiment else None, primary,
+                       lambda k: arm_loss(k) if k < 5 else None)  # fmt: skip
+    done: dict[str, dict] = {}
+    while True:
+        specs, st = wide.wide_plan(s, w_in.known_lr, w_in.known, done, w_in.known_loss, primary)
+        todo = [sp for sp in dict.fromkeys(specs) if sp.name not in done]
+        if not todo:
+            return w_in, done
+        for sp in todo:
+            v = loss(sp.size, sp.seed, sp.budget, sp.lr) if sp.kind == "scratch" else arm_loss(sp.seed)
+            done[sp.name] = {"spec": sp, "curve": {"final": {"val_loss": v}, "wall_s": 100.0}}
+
+
+def test_the_report_compares_the_arm_with_the_best_shape_and_reads_the_saving_off_the_envelope_past_b(s, tmp_path):
+    """Ten seeds, the arm 0.02 +/- 0.002 nats below the comparator D1W80: the deltas, their t-interval, the exact
+    sign test (2 / 2^10) and Wilcoxon test, and per seed the saving 1 - 1 / 2^(gap / 0.05) of the log-linear
+    envelope (exact here: the fabricated loss falls 0.05 per doubling of compute)."""
+    from growlm.eval.experiments import wide_report
+
+    wiggle = {k: 0.002 * (k % 3 - 1) for k in range(10)}
+    w_in, done = _complete(s, lambda k: 2.45 + 0.001 * k + wiggle[k])
+    r = wide_report.summarize(s, w_in, done)
+    assert r["complete"] and r["seeds"] == list(range(10)) and r["n_seeds"] == 10
+    assert r["best_shapes"] == ["D1W80", "L2", "D2W80"] and r["comparator"] == "D1W80"
+    assert len(r["envelope_shapes"]) == 13 and r["envelope_shapes"][1] == {"n_layer": 1, "n_embd": 80, "n_head": 5}
+    assert r["best_shapes_by_budget"]["2"]["L2"] == pytest.approx(2.48 - 0.05 + 0.0045, abs=1e-4)
+    p = r["primary"]
+    deltas = [-0.02 + wiggle[k] for k in range(10)]
+    assert [x["delta"] for x in p["per_seed"]] == pytest.approx(deltas, abs=1e-9)
+    m = sum(deltas) / 10
+    assert p["delta_vs_comparator"]["mean"] == pytest.approx(m, abs=1e-4)
+    assert p["delta_vs_comparator"]["ci95"][0] < m < p["delta_vs_comparator"]["ci95"][1] < 0
+    assert p["n_negative"] == 10 and p["sign_test_p"] == pytest.approx(2 / 2**10, abs=1e-5)
+    assert p["wilcoxon_p"] == pytest.approx(2 / 2**10, abs=1e-5)  # all ten below: the most extreme rank sum
+    want = [1 - 2 ** (-(0.02 - wiggle[k]) / 0.05) for k in range(10)]
+    assert [x["saving"] for x in p["per_seed"]] == pytest.approx(want, abs=1e-4)
+    sv = p["saving_vs_envelope"]
+    assert sv["n"] == 10 and sv["outside"] == {} and sv["mean"] == pytest.approx(sum(want) / 10, abs=1e-4)
+    assert sv["ci95"][0] < sv["mean"] < sv["ci95"][1] and p["goal_met"] == (sv["mean"] >= 0.1 and sv["ci95"][0] > 0)
+    assert p["per_seed"][3]["envelope"] == pytest.approx([2.473, 2.473 - 0.05 * math.log2(1.25),
+                                                          2.473 - 0.05 * math.log2(1.5), 2.423], abs=1e-5)  # fmt: skip
+    # written atomically and rebuilt identically; the report names the tests and the verdict
+    assert wide_report.write(s, w_in, done, tmp_path) == 0
+    first = (tmp_path / "results.json").read_bytes(), (tmp_path / "report.md").read_text()
+    assert wide_report.write(s, w_in, done, tmp_path) == 0
+    assert ((tmp_path / "results.json").read_bytes(), (tmp_path / "report.md").read_text()) == first
+    assert json.loads(first[0]) == r
+    md = first[1]
+    assert "sign test p = 0.00195, Wilcoxon signed-rank p = 0.00195" in md and "10 of 10 seeds below it" in md
+    assert f"{100 * sv['mean']:+.1f}% [{100 * sv['ci95'][0]:+.1f}%, {100 * sv['ci95'][1]:+.1f}%]" in md
+
+
+def test_a_seed_whose_arm_the_envelope_does_not_bracket_has_no_saving_and_is_counted_apart(s):
+    """Seed 2's arm above the comparator at B (saving below 0: no run below B to read it off) and seed 7's below the
+    envelope at 2 B (saving above 50%): neither enters the mean, both are named; the goal is not met."""
+    from growlm.eval.experiments import wide_report
+
+    arm = {k: 2.45 + 0.001 * k for k in range(10)} | {2: 2.48, 7: 2.40}
+    w_in, done = _complete(s, arm.get)
+    p = wide_report.summarize(s, w_in, done)["primary"]
+    sv = p["saving_vs_envelope"]
+    assert sv["n"] == 8 and sv["outside"] == {"2": "above the envelope at B", "7": "below the envelope at 2 B"}
+    assert p["per_seed"][2]["saving"] is None and p["per_seed"][2]["delta"] == pytest.approx(0.008, abs=1e-9)
+    assert sv["mean"] == pytest.approx(1 - 2 ** (-0.4), abs=1e-4) and not p["goal_met"]
+    assert p["n_negative"] == 9 and p["sign_test_p"] == pytest.approx(22 / 1024, abs=1e-5)
+
+
+def test_no_report_before_the_pilot_is_complete_and_no_comparison_before_two_seeds_have_every_run(s, tmp_path, capsys):
+    from growlm.eval.experiments import wide_report
+
+    w_in, done = _complete(s, lambda k: 2.45)
+    with pytest.raises(ValueError, match="the wide envelope's pilot is incomplete"):
+        wide_report.summarize(s, w_in, {})
+    assert wide_report.write(s, w_in, {}, tmp_path) == 0 and not (tmp_path / "results.json").exists()
+    assert "no wide envelope report yet" in capsys.readouterr().out
+    # the screen done, the best shapes' runs past B not yet: the shapes table only
+    early = {n: rec for n, rec in done.items() if rec["spec"].budget == 1.0 and rec["spec"].seed in (0, 1, 100)}
+    r = wide_report.summarize(s, w_in, early)
+    assert r["primary"] is None and not r["complete"] and r["screen_complete"] and r["seeds"] == []
+    assert "**Not finished.**" in wide_report.markdown(s, r)
+    d1w80 = next(x for x in r["shapes"] if x["name"] == "D1W80")
+    assert d1w80["best"] and d1w80["trained_by"] == "wide" and len(d1w80["pilot_sweep"]) == 3
+    assert d1w80["screen_losses"] == pytest.approx([2.47, 2.471])

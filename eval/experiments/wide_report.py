@@ -1,0 +1,250 @@
+"""The wide envelope's report (eval.experiments.wide): ``wide/results.json`` and ``wide/report.md``, computed from the
+curves alone (the wide runs', the experiment's and the refine runs'), so ``growlm-experiment --phase optimal
+--report_only`` rebuilds them from the committed curves. The comparison is the one ``wide/preregistration.json``
+fixed before the wide runs started (``wide.preregistration``); this module computes it and nothing else.
+
+The primary comparison, per main seed k (paired: the same batches in the same order):
+- delta_k = L_arm(k) - L_comp(k) at B, the comparator the best shape (lowest mean loss at B over the seeds) among
+  the best shapes; its mean, 95% t-interval, the sign test and the Wilcoxon signed-rank test;
+- saving_k = 1 - B / C_k, C_k the compute at which the envelope of the best shapes on seed k (at each budget of
+  B, 1.25 B, 1.5 B, 2 B their lowest loss on that seed) reaches L_arm(k): log budget interpolated linearly between
+  the two budgets whose losses bracket it (analysis.compute_to_reach; Shen et al. 2022, arXiv 2203.06211, section
+  4). A seed whose arm is above the envelope's loss at B (saving below 0) or below its loss at 2 B (saving above
+  50%) has no value: the runs do not bracket it, and it is counted apart.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from growlm.eval.experiments import analysis as an
+from growlm.eval.experiments import plan, wide
+from growlm.eval.experiments.protocol import RunSpec, Settings
+from growlm.runtime import atomic
+
+WIDE_PROTOCOL = "isoflop-wide-envelope-v1"
+BUDGETS = (1.0, *wide.PAST_B)  # the best shapes' budgets (x B)
+GOAL = 0.10  # the saving the pre-registration names as the goal (a share of compute; its interval above 0 too)
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def _ci(values: list[float], nd: int = 4) -> dict[str, Any]:
+    m, lo, hi = an.mean_ci95(values)
+    return {"mean": _r(m, nd), "ci95": [_r(lo, nd), _r(hi, nd)]}
+
+
+def summarize(s: Settings, w_in: wide.Inputs, w_done: Mapping[str, dict]) -> dict[str, Any]:
+    """wide/results.json's content from the finished runs (the module docstring says what each number is).
+
+    Args:
+        s: the experiment's settings.
+        w_in: the experiment's and the refine runs' part (``wide.inputs``).
+        w_done: the wide runs' curves, by name.
+
+    Returns:
+        the report's fields; ``primary`` is None until 2 main seeds have every run of the comparison.
+
+    Raises:
+        ValueError: the pilot of the new shapes is incomplete (nothing to report yet).
+    """
+    _, st = wide.wide_plan(s, w_in.known_lr, w_in.known, w_done, w_in.known_loss, w_in.primary)
+    if not st.pilot_complete:
+        raise ValueError("the wide envelope's pilot is incomplete: its report is written once every new shape's LR "
+                         "is tuned (growlm-experiment --phase optimal resumes it)")  # fmt: skip
+
+    def loss(z: str, k: int, b: float) -> float | None:
+        mine = plan.final_loss(w_done, RunSpec(wide.WIDE, "scratch", k, b, st.lr[z], size=z))
+        return mine if mine is not None or z not in w_in.known else w_in.known_loss(z, k, b)
+
+    def arm_loss(k: int) -> float | None:
+        if k < s.seeds:
+            return w_in.arm_loss(k)
+        return plan.final_loss(w_done, replace(w_in.primary, phase=wide.WIDE, seed=k))
+
+    shapes = [_shape_row(s, st, z, w_done, loss) for z in st.shapes]
+    seeds = [k for k in range(wide.n_seeds(s)) if st.best and arm_loss(k) is not None
+             and all(loss(z, k, b) is not None for z in st.best for b in BUDGETS)]  # fmt: skip
+    res: dict[str, Any] = {
+        "protocol": WIDE_PROTOCOL, "budget_C": s.design["budget_C"], "budget_flops": s.c_flops,
+        "primary_arm": w_in.primary.arm,
+        "envelope_shapes": [{"n_layer": v[0], "n_embd": v[1], "n_head": v[2]} for v in st.shapes.values()],
+        "rule": {"width_factors": list(wide.WIDTH_FACTORS), "param_factor": wide.PARAM_FACTOR,
+                 "head_size": s.sizes[s.design["comparator"]][1] // s.sizes[s.design["comparator"]][2],
+                 "screen_seeds": list(wide.SCREEN_SEEDS), "n_best": wide.N_BEST, "budgets": list(BUDGETS)},
+        "shapes": shapes, "pilot_seed": s.pilot_seed, "screen_complete": st.screen_complete,
+        "best_shapes": list(st.best), "seeds": seeds, "n_seeds": len(seeds),
+        "complete": st.complete and len(seeds) == wide.n_seeds(s),
+        "runs": len(w_done), "wall_s_runs_total": _r(sum(r["curve"]["wall_s"] for r in w_done.values()), 1),
+        "primary": None,
+    }  # fmt: skip
+    if len(seeds) >= 2:
+        res |= _primary(w_in.primary.arm, st.best, seeds, loss, arm_loss)
+    return res
+
+
+def _shape_row(s: Settings, st: wide.WideState, z: str, w_done: Mapping[str, dict], loss: Callable) -> dict:
+    """One shape of the envelope: its shape, parameters, LR, the pilot's sweep (new shapes) and the screen."""
+    v = st.shapes[z]
+    sweep = {sp.lr: rec["curve"]["final"]["val_loss"] for rec in w_done.values()
+             if (sp := rec["spec"]).size == z and sp.seed == s.pilot_seed and sp.budget == 1.0}  # fmt: skip
+    return {"name": z, "n_layer": v[0], "n_embd": v[1], "n_head": v[2], "n_params": wide.n_params(v, s),
+            "trained_by": "wide" if z in st.new else "experiment", "lr": st.lr[z], "lr_at_edge": st.lr_edge.get(z),
+            "pilot_sweep": {f"{lr:.3e}": _r(x) for lr, x in sorted(sweep.items())},
+            "screen_loss": _r(st.screen_loss.get(z)),
+            "screen_losses": [_r(loss(z, k, 1.0)) for k in wide.SCREEN_SEEDS], "best": z in st.best}  # fmt: skip
+
+
+def _primary(arm: str, best: list[str], seeds: list[int], loss: Callable, arm_loss: Callable) -> dict[str, Any]:
+    """The comparator among the best shapes and the primary comparison over ``seeds`` (every run there)."""
+    by_budget = {b: {z: statistics.fmean(loss(z, k, b) for k in seeds) for z in best} for b in BUDGETS}
+    comp = min(best, key=lambda z: (by_budget[1.0][z], z))
+    rows, deltas, savings, outside = [], [], [], {}
+    for k in seeds:
+        la, lc = arm_loss(k), loss(comp, k, 1.0)
+        points = [(b, min(loss(z, k, b) for z in best)) for b in BUDGETS]
+        need = an.compute_to_reach(points, la)
+        sv = an.saving(1.0, need)
+        if sv is None:
+            outside[str(k)] = "above the envelope at B" if la > points[0][1] else "below the envelope at 2 B"
+        else:
+            savings.append(sv)
+        deltas.append(la - lc)
+        rows.append({"seed": k, "arm_loss": _r(la, 5), "comparator_loss": _r(lc, 5), "delta": _r(la - lc, 5),
+                     "envelope": [_r(x, 5) for _, x in points], "compute_to_reach_B": _r(need),
+                     "saving": _r(sv)})  # fmt: skip
+    sv_ci = _ci(savings) if savings else {"mean": None, "ci95": [None, None]}
+    return {
+        "comparator": comp,
+        "best_shapes_by_budget": {f"{b:g}": {z: _r(x) for z, x in m.items()} for b, m in by_budget.items()},
+        "primary": {
+            "arm": arm, "final_loss_mean": _r(statistics.fmean(arm_loss(k) for k in seeds)),
+            "comparator_loss_mean": _r(by_budget[1.0][comp]), "per_seed": rows,
+            "delta_vs_comparator": _ci(deltas), "n_negative": sum(d < 0 for d in deltas),
+            "sign_test_p": _r(an.sign_test_p(deltas), 5), "wilcoxon_p": _r(an.wilcoxon_p(deltas), 5),
+            "saving_vs_envelope": {**sv_ci, "n": len(savings), "outside": outside},
+            "goal_met": sv_ci["mean"] is not None and not outside and sv_ci["mean"] >= GOAL
+                        and (sv_ci["ci95"][0] or 0) > 0,
+        },
+    }  # fmt: skip
+
+
+def _p(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4f}"
+
+
+def _pv(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def markdown(s: Settings, r: Mapping[str, Any]) -> str:
+    """wide/report.md from wide/results.json's content."""
+    ru = r["rule"]
+    lines = [
+        "# The wide envelope at B: every shape a user could train instead",
+        "",
+        "Produced by `growlm-experiment --phase optimal` (eval/experiments/wide.py, after the experiment and its "
+        "refine runs); every number here is computed from the committed curves (`curves/` here, `../curves/`, "
+        "`../refine/curves/`) and `--phase optimal --report_only` rebuilds this file and results.json. The comparison "
+        "was fixed in `preregistration.json` before any wide run started.",
+        "",
+        "## Shapes",
+        "Every n_layer from 1 to twice the comparator's and n_embd of "
+        f"{', '.join(f'{f:g}' for f in ru['width_factors'])} x the comparator's (one head size, {ru['head_size']}), "
+        f"whose parameters (without position embeddings) lie within a factor {ru['param_factor']:g} of the "
+        f"comparator's: {len(r['envelope_shapes'])} shapes of {len({x['n_embd'] for x in r['envelope_shapes']})} "
+        f"widths. A new shape's LR was swept on the pilot seed ({r['pilot_seed']}) at B on a factor-2 grid centred "
+        "on the nearest depth's tuned LR times the comparator's width over its own, widened at an edge; the shapes "
+        "the experiment trained keep their tuned LRs. Screen: every shape's mean final loss at B over main seeds "
+        f"{ru['screen_seeds']}.",
+        "",
+        "| shape | n_layer x n_embd (n_head) | parameters | LR | pilot loss at B | screen loss at B | best |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for x in r["shapes"]:
+        pilot = min(x["pilot_sweep"].values()) if x["pilot_sweep"] else None
+        edge = f" ({x['lr_at_edge']} of its grid)" if x["lr_at_edge"] else ""
+        lines.append(f"| `{x['name']}` | {x['n_layer']} x {x['n_embd']} ({x['n_head']}) | {x['n_params']:,} | "
+                     f"{x['lr']:.3g}{edge} | {_p(pilot) if pilot is not None else 'experiment'} | "
+                     f"{_p(x['screen_loss'])} | {'yes' if x['best'] else ''} |")  # fmt: skip
+    if not r["screen_complete"]:
+        lines += ["", "The screen is not complete: the best shapes are not chosen yet."]
+    if r["primary"] is None:
+        lines += ["", f"**Not finished.** The primary comparison needs at least 2 main seeds with every run "
+                      f"({r['runs']} wide runs so far).", ""]  # fmt: skip
+        return "\n".join(lines)
+    p, sv = r["primary"], r["primary"]["saving_vs_envelope"]
+    d = p["delta_vs_comparator"]
+    lines += [
+        "",
+        f"## The best shapes past B ({len(r['seeds'])} main seeds: {r['seeds']})",
+        f"The {len(r['best_shapes'])} shapes with the lowest screen loss, mean final loss over the seeds at each "
+        "budget; the comparator is the best of them at B (chosen after the seeds ran, which favours the envelope).",
+        "",
+        "| shape | " + " | ".join(f"{b} B" for b in r["best_shapes_by_budget"]) + " |",
+        "|---|" + "---|" * len(r["best_shapes_by_budget"]),
+    ]
+    for z in r["best_shapes"]:
+        cells = " | ".join(_p(m[z]) for m in r["best_shapes_by_budget"].values())
+        lines.append(f"| `{z}`{' (comparator)' if z == r['comparator'] else ''} | {cells} |")
+    lines += [
+        "",
+        f"## The primary arm `{p['arm']}` against the wide envelope",
+        "",
+        "| seed | arm loss at B | comparator loss at B | delta | envelope loss at " + ", ".join(
+            f"{b} B" for b in r["best_shapes_by_budget"]) + " | compute to reach (x B) | saving |",
+        "|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for x in p["per_seed"]:
+        need = "n/a" if x["compute_to_reach_B"] is None else f"{x['compute_to_reach_B']:.3f}"
+        saving = "n/a" if x["saving"] is None else f"{100 * x['saving']:+.1f}%"
+        lines.append(f"| {x['seed']} | {x['arm_loss']:.4f} | {x['comparator_loss']:.4f} | {x['delta']:+.4f} | "
+                     f"{', '.join(f'{v:.4f}' for v in x['envelope'])} | {need} | {saving} |")  # fmt: skip
+    out = "".join(f"; seed {k}: {why}" for k, why in sorted(sv["outside"].items(), key=lambda kv: int(kv[0])))
+    if sv["mean"] is None:
+        sv_text = "n/a (no seed's arm loss lies between the envelope's at B and at 2 B)"
+    else:
+        lo, hi = sv["ci95"]
+        sv_text = f"{100 * sv['mean']:+.1f}%" + ("" if lo is None else f" [{100 * lo:+.1f}%, {100 * hi:+.1f}%]")
+    lines += [
+        "",
+        f"- Loss against the comparator `{r['comparator']}` at B: {d['mean']:+.4f} nats, 95% t-interval "
+        f"[{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]; {p['n_negative']} of {len(r['seeds'])} seeds below it; "
+        f"sign test p = {_pv(p['sign_test_p'])}, Wilcoxon signed-rank p = {_pv(p['wilcoxon_p'])} (two-sided).",
+        f"- Saving of compute against the envelope of the best shapes (per seed, their lowest loss at each budget): "
+        f"{sv_text} over {sv['n']} seeds{out}. Taking each seed's lowest of {len(r['best_shapes'])} shapes favours "
+        "the envelope.",
+        "",
+        f"**Verdict.** The pre-registered goal (a saving of at least {100 * GOAL:.0f}% with the interval above 0) is "
+        + ("met." if p["goal_met"] else "not met.")
+        + ("" if r["complete"] else " The comparison is not complete: more seeds are to come."),
+        "",
+        f"## Cost\n{r['runs']} wide runs, {r['wall_s_runs_total'] / 3600:.1f} hours of run wall time (2 at a time on "
+        "2 cores).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write(s: Settings, w_in: wide.Inputs, w_done: Mapping[str, dict], out: Path) -> int:
+    """Write results.json and report.md into ``out`` (the wide/ folder) atomically; 0, also when the pilot is not
+    complete yet (nothing is written then and a line says so)."""
+    try:
+        res = summarize(s, w_in, w_done)
+    except ValueError as e:
+        print(f"growlm-experiment: no wide envelope report yet: {e}")
+        return 0
+    atomic.write_json(out / "results.json", res, overwrite=True)
+    atomic.write_text(out / "report.md", markdown(s, res), overwrite=True)
+    p = res["primary"]
+    what = ("the primary comparison needs 2 seeds with every run" if p is None else
+            f"{p['arm']} {p['delta_vs_comparator']['mean']:+.4f} nats vs {res['comparator']} over {res['n_seeds']} "
+            f"seeds, saving {p['saving_vs_envelope']['mean']}")  # fmt: skip
+    print(f"growlm-experiment: wide envelope report in {out / 'report.md'}; {what}")
+    return 0
