@@ -79,6 +79,38 @@ def wide_shapes(s: Settings, known: Mapping[str, tuple[int, int, int]]) -> dict[
     return out
 
 
+def missing_neighbours(
+    shape: tuple[int, int, int], s: Settings, shapes: Mapping[str, tuple[int, int, int]]
+) -> list[str]:
+    """The shapes next to ``shape`` on the rule's grid (one layer more or fewer, the next width factor up or down)
+    that are not in the envelope ``shapes``, each as 'n_layer x n_embd (why)': a best shape with such a neighbour
+    sits at an edge of the envelope, and a shape past that edge could be better still.
+
+    Args:
+        shape: (n_layer, n_embd, n_head), one of ``shapes``.
+        s: the experiment's settings (its comparator's width and head size).
+        shapes: the envelope's shapes (``wide_shapes``).
+    """
+    _, width, heads = s.sizes[s.design["comparator"]]
+    head = width // heads
+    widths = sorted({max(head, round(f * width / head) * head) for f in WIDTH_FACTORS})
+    have = {(v[0], v[1]) for v in shapes.values()}
+    n_layer, n_embd, _ = shape
+    i = widths.index(n_embd)
+    out = []
+    below = widths[i - 1] if i else None
+    above = widths[i + 1] if i + 1 < len(widths) else None
+    steps = ((n_layer - 1, n_embd, ""), (n_layer + 1, n_embd, ""), (n_layer, below, "narrower than the width grid"),
+             (n_layer, above, "wider than the width grid"))  # fmt: skip
+    for d, w, past in steps:
+        if w is None:
+            out.append(past)
+        elif d >= 1 and (d, w) not in have:
+            out.append(f"{d} x {w} (outside the " + ("depth range)" if d > 2 * s.sizes[s.design["comparator"]][0]
+                                                       else "parameter band)"))  # fmt: skip
+    return out
+
+
 def centre_lr(shape: tuple[int, int, int], comp_width: int, lrs: Mapping[tuple[int, int, int], float]) -> float:
     """The centre of a new shape's LR grid (the module docstring): the tuned LR of the trained size at the
     comparator's width whose depth is nearest (ties: the shallower), times comparator width / the shape's width.

@@ -86,6 +86,7 @@ def summarize(s: Settings, w_in: wide.Inputs, w_done: Mapping[str, dict]) -> dic
     }  # fmt: skip
     if len(seeds) >= 2:
         res |= _primary(w_in.primary.arm, st.best, seeds, loss, arm_loss)
+        res["comparator_missing_neighbours"] = wide.missing_neighbours(st.shapes[res["comparator"]], s, st.shapes)
     return res
 
 
@@ -193,6 +194,11 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
     for z in r["best_shapes"]:
         cells = " | ".join(_p(m[z]) for m in r["best_shapes_by_budget"].values())
         lines.append(f"| `{z}`{' (comparator)' if z == r['comparator'] else ''} | {cells} |")
+    if r["comparator_missing_neighbours"]:
+        edge = ", ".join(r["comparator_missing_neighbours"])
+        lines += ["", f"The comparator sits at an edge of the envelope: next to it on the rule's grid, {edge} are not "
+                      "in it. A shape past that edge could be better still; that can only lower the envelope, so it "
+                      "favours the arm, not the envelope."]  # fmt: skip
     lines += [
         "",
         f"## The primary arm `{p['arm']}` against the wide envelope",

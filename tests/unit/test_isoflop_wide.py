@@ -170,12 +170,12 @@ def test_the_wide_runs_read_the_data_at_most_twice_at_2_b(s):
     assert wide.max_train_windows(replace(s, c_flops=1.152e13), shapes) == 761_568  # L1 at 2 B: 1.76 x 433,717
 
 
-def _complete(s, arm_loss, known_offsets=None):
+def _complete(s, arm_loss, offset=None):
     """Every wide run on fabricated losses: shape z on seed k at b x B scores 2.5 + offset(z) - 0.05 log2 b
     + 0.001 k at its tuned LR (the best three D1W80, L2, D2W80); the primary arm ``arm_loss(k)``."""
     lrs = {KNOWN[z]: lr for z, lr in KNOWN_LR.items()}
     shapes = wide.wide_shapes(s, KNOWN)
-    offset = {"D1W80": -0.03, "L2": -0.02, "D2W80": -0.01}
+    offset = offset or {"D1W80": -0.03, "L2": -0.02, "D2W80": -0.01}
     best_lr = {z: wide.centre_lr(v, 64, lrs) for z, v in shapes.items() if z not in KNOWN}
 
     def loss(z: str, k: int, b: float, lr: float) -> float:
@@ -210,6 +210,7 @@ def test_the_report_compares_the_arm_with_the_best_shape_and_reads_the_saving_of
     r = wide_report.summarize(s, w_in, done)
     assert r["complete"] and r["seeds"] == list(range(10)) and r["n_seeds"] == 10
     assert r["best_shapes"] == ["D1W80", "L2", "D2W80"] and r["comparator"] == "D1W80"
+    assert r["comparator_missing_neighbours"] == []  # 1 x 64, 2 x 80, 1 x 64 and 1 x 96 are all in the envelope
     assert len(r["envelope_shapes"]) == 13 and r["envelope_shapes"][1] == {"n_layer": 1, "n_embd": 80, "n_head": 5}
     assert r["best_shapes_by_budget"]["2"]["L2"] == pytest.approx(2.48 - 0.05 + 0.0045, abs=1e-4)
     p = r["primary"]
@@ -269,3 +270,28 @@ def test_no_report_before_the_pilot_is_complete_and_no_comparison_before_two_see
     d1w80 = next(x for x in r["shapes"] if x["name"] == "D1W80")
     assert d1w80["best"] and d1w80["trained_by"] == "wide" and len(d1w80["pilot_sweep"]) == 3
     assert d1w80["screen_losses"] == pytest.approx([2.47, 2.471])
+
+
+def test_a_shape_at_an_edge_of_the_envelope_names_its_missing_neighbours(s):
+    shapes = wide.wide_shapes(s, KNOWN)
+    assert wide.missing_neighbours(shapes["L2"], s, shapes) == []  # interior: 1 and 3 layers, 48 and 80 wide
+    assert wide.missing_neighbours(shapes["D1W128"], s, shapes) == [
+        "2 x 128 (outside the parameter band)",
+        "wider than the width grid",
+    ]
+    assert wide.missing_neighbours(shapes["L4"], s, shapes) == [
+        "5 x 64 (outside the depth range)",
+        "4 x 80 (outside the parameter band)",
+    ]
+    assert wide.missing_neighbours(shapes["L1"], s, shapes) == ["1 x 48 (outside the parameter band)"]
+    # the widest 1-layer shape best: the report says the comparator sits at an edge
+    from growlm.eval.experiments import wide_report
+
+    w_in, done = _complete(s, lambda k: 2.45, {"D1W128": -0.03, "L2": -0.02, "D2W80": -0.01})
+    r = wide_report.summarize(s, w_in, done)
+    assert r["comparator"] == "D1W128" and r["comparator_missing_neighbours"] == wide.missing_neighbours(
+        shapes["D1W128"], s, shapes
+    )
+    assert "The comparator sits at an edge of the envelope: next to it on the rule's grid, 2 x 128 (outside the " in (
+        wide_report.markdown(s, r)
+    )
