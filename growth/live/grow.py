@@ -27,6 +27,17 @@ beside its DeepSpeed call:
   out of DeepSpeed's module stack) and collected before training continues, so its memory returns (DESIGN.md,
   "Checkpoint failure kinds: stale ZeRO-3 hooks").
 
+The host memory DeepSpeed's build of the new engine frees is returned to the OS (``release_heap``, glibc
+``malloc_trim``) before the growth allocates anything else. Building a ZeRO-1/2 engine frees large transients that glibc
+keeps resident in its heap (``release_heap``: its mmap threshold rises with each large block freed): the module's own
+per-parameter 16-bit tensors once DeepSpeed has copied them into its flat group (resident on every rank but 0, where
+DeepSpeed's broadcast of the parameters from rank 0 wrote them) and the optimizer's staging copies. What the growth
+allocates next (the Adam state, the gather's buffers) reuses only part of that free memory, and the rest sat under the
+growth's peak. Measured for width x2 (52.6M -> 193.2M parameters, ZeRO-2 bf16, 2 ranks on a CPU; growth_scaling's
+command in docs/benchmarks.md): right after the build 625 MiB (rank 0) and 926 MiB (rank 1) were resident but free
+(VmRSS before and after a ``malloc_trim``), and rank 1's peak above its base RSS was 2,842-2,907 MiB, above the 2,749
+MiB of runtime.memory's formula (old + new model states + working set); returned, it is 2,509-2,604 MiB.
+
 ``GrowthResult`` carries the cost of each phase (build, gather, expand, write, refresh, teardown: seconds and bytes)
 and the peak RSS over ranks; the trainer writes them into the growth record.
 """
@@ -136,9 +147,9 @@ class GrowthResult:
     ``phase_seconds`` and ``phase_bytes`` are keyed by ``GROWTH_PHASES`` (this rank's wall seconds; every phase is a
     disjoint part of ``seconds``):
 
-    * build: ``build(config, masks)`` plus creating the new engine's Adam state; bytes: RSS growth (VmRSS after -
-      before, may be negative when freed memory is reused); split in ``build_seconds`` (runtime.engine.BUILD_SPLIT
-      plus ``adam_state``);
+    * build: ``build(config, masks)``, returning the heap it freed (``release_heap``) and creating the new engine's
+      Adam state; bytes: RSS growth (VmRSS after - before, may be negative when freed memory is reused or returned);
+      split in ``build_seconds`` (runtime.engine.BUILD_SPLIT plus ``adam_state``);
     * gather: reading the old engine's shards (growth.live.shards.gather_bucket, ``collectives`` in all); bytes: full
       fp32 tensors assembled (weights + both moments, = ``bytes_moved``; 0 for locally applied rules);
     * expand: the plan's rules computing grown full tensors; bytes: the grown full fp32 tensors produced (locally
@@ -227,6 +238,7 @@ def grow_engine(
     nbytes: dict[str, int] = {}
     t, rss = time.perf_counter(), rss_bytes()
     new = build(plan.new, masks, uninitialised=True)  # every parameter is written by transfer() below
+    release_heap()  # the build's freed transients go back before the Adam state and the gather (module docstring)
     t_adam = time.perf_counter()
     ensure_adam_state(new, adam_step_of(old))
     split = {**getattr(new, "growlm_build_seconds", {}), "adam_state": time.perf_counter() - t_adam}
