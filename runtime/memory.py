@@ -3,7 +3,10 @@ cannot fit before anything is allocated (growlm-grow, a live growth, train.py wi
 
 Model states per rank (``model_state_bytes``): parameters, gradients and Adam state, by ZeRO stage and precision.
 Activations, buffers and fragmentation are not counted, so a model that passes may still not fit; one that fails
-cannot.
+cannot. Memory freed but kept by malloc is not counted either: a CPU rank's malloc keeps what is freed
+(runtime.dist.keep_freed_memory), so a live growth returns the heap its new engine's build freed before it allocates
+the Adam state and the gather's working set (growth.live.grow); without that, 2 ranks of a 52.6M -> 193.2M
+width growth peaked above these terms.
 
 Source: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models" (arXiv
 1910.02054), Sec. 3.1 and Fig. 1. With Psi parameters and N_d data-parallel ranks, mixed-precision Adam keeps

@@ -28,15 +28,16 @@ beside its DeepSpeed call:
   "Checkpoint failure kinds: stale ZeRO-3 hooks").
 
 The host memory DeepSpeed's build of the new engine frees is returned to the OS (``release_heap``, glibc
-``malloc_trim``) before the growth allocates anything else. Building a ZeRO-1/2 engine frees large transients that glibc
-keeps resident in its heap (``release_heap``: its mmap threshold rises with each large block freed): the module's own
-per-parameter 16-bit tensors once DeepSpeed has copied them into its flat group (resident on every rank but 0, where
-DeepSpeed's broadcast of the parameters from rank 0 wrote them) and the optimizer's staging copies. What the growth
-allocates next (the Adam state, the gather's buffers) reuses only part of that free memory, and the rest sat under the
-growth's peak. Measured for width x2 (52.6M -> 193.2M parameters, ZeRO-2 bf16, 2 ranks on a CPU; growth_scaling's
+``malloc_trim``) before the growth allocates anything else. A CPU rank's malloc keeps freed memory in its heap
+(runtime.dist.keep_freed_memory: no mmap, trimmed only above 2 GiB), and building a ZeRO-1/2 engine frees large
+transients: the module's own per-parameter 16-bit tensors once DeepSpeed has copied them into its flat group (resident
+on every rank but 0, where DeepSpeed's broadcast of the parameters from rank 0 wrote them) and the optimizer's staging
+copies. The growth's next allocations (the new Adam state's flat partitions, the gather's buffers) fit only partly into
+those holes, and the rest sat under the growth's peak, which runtime.memory's formula (old + new model states + working
+set) does not count. Measured for width x2 (52.6M -> 193.2M parameters, ZeRO-2 bf16, 2 ranks on a CPU; growth_scaling's
 command in docs/benchmarks.md): right after the build 625 MiB (rank 0) and 926 MiB (rank 1) were resident but free
-(VmRSS before and after a ``malloc_trim``), and rank 1's peak above its base RSS was 2,842-2,907 MiB, above the 2,749
-MiB of runtime.memory's formula (old + new model states + working set); returned, it is 2,509-2,604 MiB.
+(VmRSS before and after a ``malloc_trim``), and rank 1's peak above its base RSS was 2,819-2,907 MiB in five runs, above
+the formula's 2,749 MiB; with the heap returned the larger rank's was 2,563-2,692 MiB in three (docs/benchmarks.md).
 
 ``GrowthResult`` carries the cost of each phase (build, gather, expand, write, refresh, teardown: seconds and bytes)
 and the peak RSS over ranks; the trainer writes them into the growth record.
