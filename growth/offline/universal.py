@@ -57,6 +57,7 @@ def load_file(path: Path, what: str) -> Any:
 _MAX_OPEN = 64  # files written but not yet fsynced (open descriptors) at most
 _MAX_QUEUED = 3  # files handed to the writer threads and not yet written (one parameter's fp32, exp_avg, exp_avg_sq)
 _WRITERS = 2  # writer threads
+_SYNCERS = 4  # fsync threads
 
 
 class Written:
@@ -64,10 +65,11 @@ class Written:
     (while the caller computes the next parameter; torch ops, file writes and hashing release the GIL), then hash
     the file they just wrote, read back from the page cache, and record its size and sha256 (for
     runtime.manifest.write_manifest(known=...), which then does not read the files again; hashing inside the write
-    path, through a wrapper of the file, was the slower way); a further thread fsyncs each written file, so the final
-    sync of runtime.atomic.commit_dir finds them already on disk. At most ``_MAX_QUEUED`` objects wait for the
-    writers (memory: a few tensors of the largest parameters). ``wait()`` before reading a written file or writing
-    the manifest; it re-raises an error of any thread.
+    path, through a wrapper of the file, was the slower way); ``_SYNCERS`` further threads fsync the written files
+    (concurrent fsyncs share the disk's cache flushes), so the final sync of runtime.atomic.commit_dir finds them
+    already on disk. At most ``_MAX_QUEUED`` objects wait for the writers (memory: a few tensors of the largest
+    parameters). ``wait()`` before reading a written file or writing the manifest; it re-raises an error of any
+    thread.
 
     Args:
         tag_dir: the tag folder the recorded paths are relative to.
@@ -77,7 +79,7 @@ class Written:
         self.tag_dir = Path(tag_dir)
         self.hashes: dict[str, tuple[int, str]] = {}
         self._writer = ThreadPoolExecutor(max_workers=_WRITERS, thread_name_prefix="growlm-write")
-        self._syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="growlm-fsync")
+        self._syncer = ThreadPoolExecutor(max_workers=_SYNCERS, thread_name_prefix="growlm-fsync")
         self._queued: list[Future] = []
         self._syncing: list[Future] = []
 
