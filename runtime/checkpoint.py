@@ -26,12 +26,15 @@ checks it with ``verify_shares`` after, each rank the files it loads.
 
 from __future__ import annotations
 
+import copyreg
+import enum
+import functools
 import os
 import pickle
 import re
 import shlex
 import shutil
-import threading
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,10 +56,10 @@ from growlm.runtime.atomic import (
 )
 from growlm.runtime.checkpoint_shares import VERIFY_MARGIN_S, share_timeout_s, split_files, tag_files
 from growlm.runtime.crash_points import hold_point
-from growlm.runtime.dist import select_accelerator
 from growlm.runtime.engine import repair_adam_steps
 from growlm.runtime.manifest import (
     ManifestError,
+    Verification,
     check_sizes,
     hash_files,
     read_manifest,
@@ -147,38 +150,82 @@ def resolve(path: str | os.PathLike) -> tuple[Path, str]:
 # ----- safe unpickling --------------------------------------------------------------------------------------------
 
 
+@functools.cache
+def deepspeed_stand_ins() -> dict[type, str]:
+    """Stand-in class -> the DeepSpeed type it replaces in weights-only unpickling (the dotted name a pickle holds):
+    the loss scalers, the ZeRO stage enum and the fragment addresses that DeepSpeed's optimizer states hold.
+
+    Importing DeepSpeed for the real types took about half a second of every growlm-grow; a stand-in gets the same
+    state (BUILD sets its ``__dict__``; the enum's value), so readers use the attributes as they would the real
+    object's (``frag.start``, ``scaler.cur_scale``, ``int(stage)``). The classes are made here, inside a function,
+    so the plain pickler refuses them ("Can't pickle local object"): a file that holds one is written with
+    ``save_with_deepspeed_names``, under DeepSpeed's names, as DeepSpeed itself would have written the real
+    object (tests/unit/test_offline_startup.py compares the bytes)."""
+
+    class LossScaler:
+        """Stands in for deepspeed.runtime.fp16.loss_scaler.LossScaler (see ``deepspeed_stand_ins``)."""
+
+    class DynamicLossScaler:
+        """Stands in for deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler (see ``deepspeed_stand_ins``)."""
+
+    class fragment_address:  # noqa: N801 (DeepSpeed's own name)
+        """Stands in for deepspeed.utils.tensor_fragment.fragment_address (see ``deepspeed_stand_ins``)."""
+
+    members = {"disabled": 0, "optimizer_states": 1, "gradients": 2, "weights": 3, "max_stage": 3}
+    zero_stage = enum.IntEnum("ZeroStageEnum", members, module=__name__, qualname="deepspeed_stand_ins.ZeroStageEnum")
+    return {
+        LossScaler: "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+        DynamicLossScaler: "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+        zero_stage: "deepspeed.runtime.zero.config.ZeroStageEnum",
+        fragment_address: "deepspeed.utils.tensor_fragment.fragment_address",
+    }
+
+
+class _DeepSpeedNamesPickler(pickle._Pickler):
+    """The pickler of ``save_with_deepspeed_names``: Python's own (protocol 2, as torch.save), except that a
+    stand-in of ``deepspeed_stand_ins`` is written as the DeepSpeed object it stands for: its class as DeepSpeed's
+    global, its state as ``object.__reduce_ex__`` (or the enum's value) gives it."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        cls = type(obj)
+        if cls not in deepspeed_stand_ins():
+            return NotImplemented
+        if issubclass(cls, enum.Enum):
+            return cls, (obj._value_,)
+        return copyreg.__newobj__, (cls,), obj.__dict__ or None
+
+    def save_global(self, obj: Any, name: str | None = None) -> None:
+        dotted = deepspeed_stand_ins().get(obj)
+        if dotted is None:
+            super().save_global(obj, name)
+            return
+        module, _, qualname = dotted.rpartition(".")
+        self.write(pickle.GLOBAL + module.encode("ascii") + b"\n" + qualname.encode("ascii") + b"\n")
+        self.memoize(obj)
+
+
+_DEEPSPEED_NAMES = types.ModuleType("growlm_deepspeed_names")  # torch.save's pickle_module: its Pickler only
+_DEEPSPEED_NAMES.Pickler = _DeepSpeedNamesPickler  # type: ignore[attr-defined]
+
+
+def save_with_deepspeed_names(obj: Any, f: Any) -> None:
+    """``torch.save(obj, f)`` (a path or a binary file), the stand-ins of ``deepspeed_stand_ins`` in ``obj`` written
+    under DeepSpeed's names: the same bytes torch.save writes for the real DeepSpeed objects."""
+    torch.save(obj, f, pickle_module=_DEEPSPEED_NAMES)
+
+
 def _safe_globals() -> list[Any]:
     """The types a genuine checkpoint's pickles may build: DeepSpeed's loss scalers, ZeRO stage enum and fragment
-    addresses (optimizer states), and numpy's array reconstruction (RNG files written before this version). The
-    first call imports DeepSpeed (about half a second); ``open_checkpoint`` makes it beside the manifest's hashing."""
-
-    select_accelerator()  # before deepspeed's first import picks one
-    from deepspeed.runtime.fp16.loss_scaler import (  # lazy: deepspeed picks its accelerator at import
-        DynamicLossScaler,
-        LossScaler,
-    )
-    from deepspeed.runtime.zero.config import ZeroStageEnum  # lazy: deepspeed picks its accelerator at import
-    from deepspeed.utils.tensor_fragment import fragment_address  # lazy: deepspeed picks its accelerator at import
-
+    addresses (optimizer states), built as their stand-ins (``deepspeed_stand_ins``: DeepSpeed is not imported),
+    and numpy's array reconstruction (RNG files written before this version)."""
     core = getattr(np, "_core", None) or np.core
     return [
-        LossScaler,
-        DynamicLossScaler,
-        ZeroStageEnum,
-        fragment_address,
+        *deepspeed_stand_ins().items(),
         core.multiarray._reconstruct,
         np.ndarray,
         np.dtype,
         type(np.dtype(np.uint32)),
     ]
-
-
-def _warm_safe_globals() -> None:
-    """``_safe_globals`` for its imports only; an error is left for the caller's own call to raise."""
-    try:
-        _safe_globals()
-    except Exception:  # noqa: BLE001 (raised again, in the caller's thread, by the next safe_load)
-        pass
 
 
 def safe_load(path: str | os.PathLike, what: str = "checkpoint file", *, mmap: bool = False) -> Any:
@@ -238,8 +285,12 @@ def check_pickles(tag_dir: str | os.PathLike) -> int:
 # ----- opening ----------------------------------------------------------------------------------------------------
 
 
-def read_state(ckpt_dir: str | os.PathLike, tag: str, *, verify: bool = True) -> RunState:
+def read_state(
+    ckpt_dir: str | os.PathLike, tag: str, *, verify: bool = True, verifying: Verification | None = None
+) -> RunState:
     """The RunState stored with a checkpoint, after (``verify``) checking the tag folder against its manifest.
+    ``verifying``: that check already started in the background (runtime.manifest.Verification); its verdict is
+    taken when it is of this tag folder, else the folder is hashed here.
 
     Raises:
         CheckpointError: the file is missing, not JSON, not a growlm run state, or a file does not match the
@@ -254,7 +305,11 @@ def read_state(ckpt_dir: str | os.PathLike, tag: str, *, verify: bool = True) ->
         raise CheckpointError(f"{path} {e}") from e
     if verify:  # growlm_manifest.json (sizes + sha256): a truncated, missing or mixed-in file fails here
         try:
-            verify_manifest(Path(ckpt_dir) / tag)
+            tag_dir = Path(ckpt_dir) / tag
+            if verifying is not None and verifying.covers(tag_dir):
+                verifying.result()
+            else:
+                verify_manifest(tag_dir)
         except ManifestError as e:
             raise CheckpointError(str(e)) from e
     return state
@@ -274,24 +329,23 @@ class OpenCheckpoint:
         return self.ckpt_dir / self.tag
 
 
-def open_checkpoint(path: str | os.PathLike, *, verify: bool = True, check_files: bool = True) -> OpenCheckpoint:
+def open_checkpoint(
+    path: str | os.PathLike,
+    *,
+    verify: bool = True,
+    check_files: bool = True,
+    verifying: Verification | None = None,
+) -> OpenCheckpoint:
     """Open the checkpoint named by ``path`` (see ``resolve``): the one entry point of resume, growlm-grow and
-    growlm-eval. Checks the manifest (``verify``), reads the RunState, and (``check_files``) refuses any ``*.pt``
-    file that is not plain tensor data (``check_pickles``), before anything else loads from it.
+    growlm-eval. Checks the manifest (``verify``; ``verifying``: that check started earlier, see ``read_state``),
+    reads the RunState, and (``check_files``) refuses any ``*.pt`` file that is not plain tensor data
+    (``check_pickles``), before anything else loads from it.
 
     Raises:
         CheckpointError: see ``resolve``, ``read_state`` and ``safe_load``.
     """
     ckpt_dir, tag = resolve(path)
-    warm = None
-    if check_files and verify:  # import DeepSpeed's allow-listed types while the manifest is hashed (GIL released)
-        warm = threading.Thread(target=_warm_safe_globals, name="growlm-allow-list", daemon=True)
-        warm.start()
-    try:
-        state = read_state(ckpt_dir, tag, verify=verify)
-    finally:
-        if warm is not None:
-            warm.join()
+    state = read_state(ckpt_dir, tag, verify=verify, verifying=verifying)
     if check_files:
         check_pickles(ckpt_dir / tag)
     return OpenCheckpoint(ckpt_dir, tag, state)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -137,3 +138,45 @@ def verify_manifest(tag_dir: str | os.PathLike) -> bool:
         return False
     verify_files(tag_dir, files, workers=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
     return True
+
+
+class Verification:
+    """``verify_manifest(tag_dir)`` started on a background thread, so that the hashing (hashlib and file reads
+    release the GIL) overlaps the caller's own start: growlm-grow starts it before it imports torch (about two
+    seconds of one core), and ``runtime.checkpoint.open_checkpoint`` takes its verdict (``result``) instead of
+    hashing the folder again. Nothing is loaded from the folder before ``result`` has returned.
+
+    Args:
+        tag_dir: the tag folder whose manifest is checked.
+    """
+
+    def __init__(self, tag_dir: str | os.PathLike) -> None:
+        self.tag_dir = Path(tag_dir)
+        self._verdict: bool | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="growlm-verify", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._verdict = verify_manifest(self.tag_dir)
+        except BaseException as e:  # noqa: BLE001 (raised again, in the caller's thread, by result())
+            self._error = e
+
+    def covers(self, tag_dir: str | os.PathLike) -> bool:
+        """Whether this check is of ``tag_dir`` (the same folder, however named)."""
+        try:
+            return os.path.samefile(self.tag_dir, tag_dir)
+        except OSError:
+            return False
+
+    def result(self) -> bool:
+        """Wait for the check; ``verify_manifest``'s return value (False: no manifest).
+
+        Raises:
+            ManifestError: see ``verify_manifest``; OSError: a file could not be read.
+        """
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return bool(self._verdict)

@@ -14,13 +14,15 @@ the median over rounds of (growlm-grow seconds / the same round's ds_to_universa
 slow both commands of a round alike. growlm-grow also verifies the input's manifest, checks every pickle, hashes and
 fsyncs its output; ds_to_universal does none of these.
 
-The projection: ``startup_s`` is the whole-process time of ``python -c "import growlm.growth.offline.cli"`` (the
-median of the rounds), the rest of the reshard's seconds divided by the parameters gives seconds per parameter, and
-``7B`` is startup plus that rate times 6.74e9 parameters (Llama-2 7B shape); the host peak is the measured base
-(the import's peak RSS) plus runtime.memory.offline_growth_host_bytes for that model's largest parameter (its
-embedding, 32,000 x 4,096) — the formula the command's own memory check uses, checked here against the measured
-peak above the base. A 7B checkpoint (about 94 GB for ZeRO-2 bf16) is larger than most hosts' page cache, so the
-projection holds for storage at least as fast as this machine's page cache was here: read it as a lower bound.
+The projection: ``startup_s`` is the whole-process time of ``python -c "import growlm.growth.offline.cli,
+growlm.growth.offline.pipeline"`` (the modules a reshard imports: the command line starts hashing the input before
+it imports the pipeline and torch; the median of the rounds), the rest of the reshard's seconds divided by the
+parameters gives seconds per parameter, and ``7B`` is startup plus that rate times 6.74e9 parameters (Llama-2 7B
+shape); the host peak is the measured base (the import's peak RSS) plus runtime.memory.offline_growth_host_bytes for
+that model's largest parameter (its embedding, 32,000 x 4,096) — the formula the command's own memory check uses,
+checked here against the measured peak above the base. A 7B checkpoint (about 94 GB for ZeRO-2 bf16) is larger than
+most hosts' page cache, so the projection holds for storage at least as fast as this machine's page cache was here:
+read it as a lower bound.
 
 Saves a JSON object: ``model``, ``params``, ``checkpoint_bytes`` (the input tag folder), ``cpu``, ``rounds`` (every
 round's seconds and peaks), ``cases`` (per case: ``ratio_median``, ``ratios``, ``grow_s_median``,
@@ -59,6 +61,7 @@ MODELS = {  # --model: train.py's model flags
 # Llama-2 7B's shape (6,738,415,616 parameters: 32 x 4096, FFN 11008, a 32,000-token vocabulary, untied head)
 LLAMA_2_7B = dict(n_layer=32, n_embd=4096, n_head=32, n_kv_head=32, head_dim=128, n_inner=11008, vocab_size=32000)
 
+IMPORTS = "import growlm.growth.offline.cli, growlm.growth.offline.pipeline"  # the startup row: what a reshard imports
 _MEASURE = """
 import json, resource, subprocess, sys, time
 t = time.perf_counter()
@@ -145,7 +148,7 @@ def measure_rounds(ckpt: Path, work: Path, repeat: int, n_layer: int) -> list[di
         for case, extra in cases(n_layer).items():
             shutil.rmtree(work / "out", ignore_errors=True)
             row[case] = measure([*grow_command(), str(ckpt), str(work / "out"), *extra])
-        row["import"] = measure([sys.executable, "-c", "import growlm.growth.offline.cli"])
+        row["import"] = measure([sys.executable, "-c", IMPORTS])
         shutil.rmtree(work / "out", ignore_errors=True)
         rounds.append(row)
         print(f"round {i + 1}: " + ", ".join(f"{k} {v['seconds']:.2f} s" for k, v in row.items()), flush=True)

@@ -20,21 +20,16 @@ import json
 import sys
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from growlm.growth.errors import GrowthError
-from growlm.growth.offline.export import export_hf
-from growlm.growth.offline.pipeline import grow_checkpoint, open_source
-from growlm.growth.ops.apply import OptimizerPolicy
-from growlm.growth.ops.preparation import same_shape
-from growlm.growth.ops.schedule_rule import ScheduleRule
-from growlm.growth.stages.plan import Stage, StageList, Trigger, load_stages
-from growlm.model.config import ModelConfig, grown_shape
-from growlm.model.registry import family
 from growlm.runtime.atomic import write_error, write_failed_message
-from growlm.runtime.checkpoint import CheckpointError
 from growlm.runtime.commands import HelpFormatter, add_version, interruptible
-from growlm.runtime.manifest import ManifestError
+from growlm.runtime.manifest import MANIFEST_FILE, ManifestError, Verification
+
+if TYPE_CHECKING:  # the annotations only: main imports the pipeline (torch) once the input's hashing has started
+    from growlm.growth.stages.plan import Stage, StageList
+    from growlm.model.config import ModelConfig
 
 _SHAPE_FLAGS = ("n_layer", "n_embd", "n_head", "n_inner", "n_kv_head")  # n_kv_head: Llama only
 
@@ -45,6 +40,8 @@ def load_plan_file(path: str) -> StageList:
     Raises:
         GrowthError: the file is missing or unreadable, not valid YAML (``FILE:LINE: problem; fix``), or invalid.
     """
+    from growlm.growth.stages.plan import load_stages  # lazy: pydantic and yaml, for a plan file only
+
     try:
         return load_stages(path)
     except OSError as e:
@@ -62,6 +59,8 @@ def stage_from_plan_file(
     Raises:
         GrowthError: the file is invalid, has no such stage, or does not chain from ``cfg``.
     """
+    from growlm.growth.ops.preparation import same_shape  # lazy: torch (see start_input_check)
+
     sched = load_plan_file(path) if sched is None else sched
     current, starts = sched.start, []
     for stage in sched.stages:
@@ -91,6 +90,12 @@ def stage_from_flags(args: argparse.Namespace, cfg: ModelConfig, step: int) -> S
                 "--family needs a target shape (--n_layer / --n_embd / --n_head / --n_inner / --n_kv_head)"
             )
         return None
+    from growlm.growth.ops.apply import OptimizerPolicy  # lazy: torch (see start_input_check)
+    from growlm.growth.ops.schedule_rule import ScheduleRule  # lazy: torch (see start_input_check)
+    from growlm.growth.stages.plan import Stage, Trigger  # lazy: pydantic and yaml, for a growth only
+    from growlm.model.config import grown_shape  # lazy: torch (see start_input_check)
+    from growlm.model.registry import family  # lazy: torch (see start_input_check)
+
     options: dict[str, Any] = {}
     for item in args.option or []:
         key, sep, value = item.partition("=")
@@ -221,6 +226,20 @@ def build_parser() -> argparse.ArgumentParser:
     return add_version(p)
 
 
+def start_input_check(path: str) -> Verification | None:
+    """Start hashing the input checkpoint's manifest on background threads (runtime.manifest.Verification) before the
+    pipeline's imports (torch: about two seconds of one core), so the two overlap; open_source takes the verdict
+    before anything is loaded. None when ``path`` is not plainly a tag folder with a manifest, or a checkpoint folder
+    whose ``latest`` names one (open_source then resolves and checks it itself, with its own errors)."""
+    p = Path(path)
+    try:
+        if not (p / MANIFEST_FILE).is_file() and (p / "latest").is_file():
+            p = p / (p / "latest").read_text().strip()
+        return Verification(p) if (p / MANIFEST_FILE).is_file() else None
+    except (OSError, ValueError):  # unreadable, or a name the filesystem refuses: open_source says what is wrong
+        return None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The parsed growlm-grow command line (``--help`` describes every flag)."""
     return build_parser().parse_args(argv)
@@ -230,6 +249,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """growlm-grow: returns 0 on success, 2 on bad input (one line on stderr naming the problem)."""
     args = parse_args(argv)
+    verifying = start_input_check(args.checkpoint) if args.out is not None or args.export_hf is not None else None
+    from growlm.growth.offline.export import export_hf  # lazy: torch, imported while the input is hashed
+    from growlm.growth.offline.pipeline import grow_checkpoint, open_source  # lazy: torch, as export_hf
+    from growlm.runtime.checkpoint import CheckpointError  # lazy: torch, as export_hf
+
     try:
         if (args.out is None) == (args.export_hf is None):
             raise GrowthError("give an output checkpoint folder OUT, or --export_hf DIR (one of them)")
@@ -244,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = (
             load_plan_file(args.growth_plan) if args.growth_plan else None
         )  # a bad plan file is refused before any reading
-        src = open_source(args.checkpoint)
+        src = open_source(args.checkpoint, verifying)
         if args.export_hf:
             if args.growth_plan or any(getattr(args, k) is not None for k in _SHAPE_FLAGS):
                 raise GrowthError("--export_hf exports the checkpoint as it is; grow it first, then export the result")

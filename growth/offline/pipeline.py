@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
@@ -49,7 +49,6 @@ from growlm.growth.ops.apply import apply_rules
 from growlm.growth.ops.preparation import GrowthPrep, prepare_growth, same_shape
 from growlm.growth.ops.rules import param_shapes
 from growlm.growth.ops.stores import ParamState
-from growlm.growth.stages.plan import Stage
 from growlm.model.config import ModelConfig, largest_param_numel, param_count
 from growlm.model.masks import MaskSpec, mask_values, new_unit_flags
 from growlm.runtime import atomic, checkpoint, memory
@@ -57,9 +56,12 @@ from growlm.runtime.atomic import atomic_dir
 from growlm.runtime.checkpoint import CheckpointError
 from growlm.runtime.crash_points import hold_point
 from growlm.runtime.lock import LockHeldError, output_held_message, output_lock
-from growlm.runtime.manifest import write_manifest
+from growlm.runtime.manifest import Verification, write_manifest
 from growlm.runtime.run_state import RunState, RunStateError
 from growlm.runtime.schedule import checkpoint_schedule
+
+if TYPE_CHECKING:  # the annotations only: a reshard needs no plan (its pydantic and yaml imports)
+    from growlm.growth.stages.plan import Stage
 
 SUPPORTED_STAGES = (1, 2, 3)
 
@@ -83,8 +85,9 @@ class Source:
         return self.state.zero_stage
 
 
-def open_source(path: str | os.PathLike) -> Source:
-    """Resolve and check an input checkpoint (manifest, growlm state, ZeRO stage, shard files).
+def open_source(path: str | os.PathLike, verifying: Verification | None = None) -> Source:
+    """Resolve and check an input checkpoint (manifest, growlm state, ZeRO stage, shard files). ``verifying``: the
+    manifest check already started (runtime.manifest.Verification, see runtime.checkpoint.open_checkpoint).
 
     Raises:
         CheckpointError: nothing there, no such tag, not a growlm checkpoint, a stage universal checkpoints do not
@@ -99,7 +102,7 @@ def open_source(path: str | os.PathLike) -> Source:
                 f"`python -m deepspeed.checkpoint.ds_to_universal --input_folder {p} --output_folder OUT "
                 "--inject_missing_state`)"
             )
-    ckpt = checkpoint.open_checkpoint(p)  # the manifest, the RunState and every pickle checked
+    ckpt = checkpoint.open_checkpoint(p, verifying=verifying)  # the manifest, the RunState and every pickle checked
     state = ckpt.state
     src = Source(ckpt.ckpt_dir, ckpt.tag, state, state.model_config, state.universal)
     if src.universal:

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from growlm.growth.errors import GrowthError
 from growlm.growth.ops.stores import ParamState
-from growlm.runtime.checkpoint import CheckpointError, safe_load
+from growlm.runtime.checkpoint import CheckpointError, safe_load, save_with_deepspeed_names
 
 MOMENT_KEYS = ("fp32", "exp_avg", "exp_avg_sq")
 OPTIMIZER_STATE = "optimizer_state.pt"
@@ -95,7 +95,7 @@ class Written:
         with its errno (torch's own path writer reports only "iostream error")."""
         f = open(path, "w+b")  # noqa: SIM115 (closed by the fsync thread)
         try:
-            torch.save(obj, f)
+            save_with_deepspeed_names(obj, f)  # the loss scaler and ZeRO stage read as stand-ins: DeepSpeed's names
             f.flush()
             f.seek(0)
             h = hashlib.sha256()
@@ -142,9 +142,10 @@ def _fsync_close(f: Any) -> None:
 
 def save(obj: Any, path: Path, written: Written | None = None) -> None:
     """``torch.save(obj, path)``, through ``written`` (on its writer threads, hashed, fsynced in the background) if
-    given."""
+    given; DeepSpeed objects read as stand-ins are written under DeepSpeed's names (runtime.checkpoint.
+    save_with_deepspeed_names)."""
     if written is None:
-        torch.save(obj, path)
+        save_with_deepspeed_names(obj, path)
     else:
         written.save(obj, path)
 

@@ -20,6 +20,7 @@ from growlm.eval.bench import throughput as bench
 from growlm.eval.metrics import cli as eval_cli
 from growlm.growth.errors import GrowthError
 from growlm.growth.offline import cli as grow
+from growlm.growth.offline import pipeline
 from growlm.growth.offline.export import EXPORT_MARKER, check_replaceable
 from growlm.growth.stages.plan import load_stages
 from growlm.trainer.driver import cli as run_cli
@@ -322,7 +323,7 @@ def test_export_overwrite_refuses_a_folder_growlm_did_not_write(tmp_path, capsys
     tag.mkdir(parents=True)
     src = SimpleNamespace(state=SimpleNamespace(global_step=3, growth_masks=None),
                           config=from_preset("tiny", vocab_size=50304), tag_dir=tag, ckpt_dir=tag.parent)  # fmt: skip
-    monkeypatch.setattr(grow, "open_source", lambda path: src)
+    monkeypatch.setattr(pipeline, "open_source", lambda path, verifying=None: src)  # cli imports it when it runs
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "notes.txt").write_text("my notes")

@@ -18,6 +18,7 @@ from growlm.growth.errors import GrowthError
 from growlm.growth.live import grow as live
 from growlm.growth.live.transfer import BUCKET_BYTES
 from growlm.growth.offline import cli as grow_cli
+from growlm.growth.offline import pipeline
 from growlm.growth.offline.universal import UniversalStore
 from growlm.growth.ops import make_rules
 from growlm.growth.ops.rules import param_shapes
@@ -154,7 +155,7 @@ def fake_source(tmp_path, zero_stage: int = 2) -> SimpleNamespace:
 
 def grow_refused(tmp_path, capsys, monkeypatch, extra: list[str]) -> str:
     src = fake_source(tmp_path)
-    monkeypatch.setattr(grow_cli, "open_source", lambda path: src)
+    monkeypatch.setattr(pipeline, "open_source", lambda path, verifying=None: src)  # cli imports it when it runs
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     assert grow_cli.main([str(src.ckpt_dir), str(tmp_path / "out"), *extra]) == 2
     captured = capsys.readouterr()

@@ -60,3 +60,63 @@ def test_written_files_are_hashed_as_they_are_on_disk(tmp_path):
     for name, (nbytes, digest) in written.hashes.items():
         assert nbytes == (tmp_path / name).stat().st_size and digest == file_sha256(tmp_path / name)
         assert torch.equal(torch.load(tmp_path / name)["param"], tensors[name])
+
+
+def test_deepspeed_types_read_as_stand_ins_are_written_back_byte_for_byte(tmp_path):
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    from growlm.runtime.checkpoint import safe_load, save_with_deepspeed_names
+
+    real = {
+        "loss_scaler": LossScaler(scale=4.0),
+        "dynamic": DynamicLossScaler(2.0**16, 7, min_scale=1.0, delayed_shift=2, consecutive_hysteresis=False),
+        "zero_stage": ZeroStageEnum.gradients,
+        "stages": [ZeroStageEnum.weights, ZeroStageEnum.gradients],  # the enum's class memoized once
+        "mapping": {"w": fragment_address(numel=12, start=3)},
+        "param_groups": [{"lr": 0.5, "betas": (0.9, 0.95), "params": [0, 1]}],
+        "t": torch.arange(6, dtype=torch.float32),
+    }
+    (tmp_path / "real").mkdir()
+    (tmp_path / "again").mkdir()
+    torch.save(real, tmp_path / "real" / "o.pt")  # the same file name: torch.save names the archive after it
+    read = safe_load(tmp_path / "real" / "o.pt")
+    assert type(read["loss_scaler"]) is not LossScaler and vars(read["loss_scaler"]) == vars(real["loss_scaler"])
+    assert vars(read["dynamic"]) == vars(real["dynamic"]) and int(read["zero_stage"]) == 2
+    assert (read["mapping"]["w"].numel, read["mapping"]["w"].start) == (12, 3)
+    save_with_deepspeed_names(read, tmp_path / "again" / "o.pt")
+    assert (tmp_path / "again" / "o.pt").read_bytes() == (tmp_path / "real" / "o.pt").read_bytes()
+    with pytest.raises(AttributeError, match="local object"):  # the plain pickler refuses a stand-in
+        torch.save(read, tmp_path / "plain.pt")
+
+
+def test_the_command_imports_neither_torch_nor_deepspeed_to_start_and_reads_without_deepspeed(tmp_path):
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    torch.save({"zero_stage": ZeroStageEnum.weights, "t": torch.ones(3)}, tmp_path / "o.pt")
+    code = (
+        "import sys, json; import growlm.growth.offline.cli; before = sorted(m for m in ('torch', 'deepspeed', "
+        "'pydantic') if m in sys.modules); from growlm.runtime.checkpoint import safe_load; "
+        f"d = safe_load({str(tmp_path / 'o.pt')!r}); "
+        "print(json.dumps([before, 'deepspeed' in sys.modules, int(d['zero_stage']), d['t'].tolist()]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == [[], False, 3, [1.0, 1.0, 1.0]]
+
+
+def test_a_manifest_check_started_early_gives_its_verdict_to_the_folder_it_checked(tmp_path):
+    from growlm.growth.offline.cli import start_input_check
+
+    tag = tmp_path / "ck" / "global_step3"
+    tag.mkdir(parents=True)
+    (tag / "a.bin").write_bytes(b"x" * 5000)
+    write_manifest(tag)
+    (tmp_path / "ck" / "latest").write_text("global_step3")
+    check = start_input_check(str(tmp_path / "ck"))
+    assert check is not None and check.covers(tag) and not check.covers(tmp_path / "ck")
+    assert check.result() is True
+    assert start_input_check(str(tmp_path / "nothing")) is None
+    (tag / "a.bin").write_bytes(b"y" * 5000)  # same size, other content
+    with pytest.raises(ManifestError, match="a.bin does not match its sha256"):
+        start_input_check(str(tag)).result()
