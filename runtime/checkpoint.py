@@ -56,7 +56,6 @@ from growlm.runtime.atomic import (
 )
 from growlm.runtime.checkpoint_shares import VERIFY_MARGIN_S, share_timeout_s, split_files, tag_files
 from growlm.runtime.crash_points import hold_point
-from growlm.runtime.engine import repair_adam_steps
 from growlm.runtime.manifest import (
     ManifestError,
     Verification,
@@ -584,6 +583,8 @@ def load(engine: Any, ckpt: OpenCheckpoint, *, rank: int, world_size: int) -> Ru
     for group, weight_decay in zip(engine.optimizer.param_groups, weight_decays, strict=True):
         if weight_decay is not None:
             group["weight_decay"] = weight_decay
+    from growlm.runtime.engine import repair_adam_steps  # lazy: process-group imports, a resume's only
+
     repair_adam_steps(engine)  # ZeRO-3 universal loads share one Adam step tensor between groups
     if ckpt.state.world_size == world_size:
         rng_path = rng_file(ckpt.tag_dir, rank)
