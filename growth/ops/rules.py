@@ -8,6 +8,7 @@ H n_head, K n_kv_head, Q head dim, F n_inner.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -174,10 +175,20 @@ def compose_maps(first: Map, second: Map) -> Map:
 def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every parameter of ``build_model(cfg)`` (GPT-2 or Llama, by ``cfg.arch``), in
     ``named_parameters`` order; a tied lm_head is listed once, as the embedding. Built on the meta device (no
-    memory, no initialisation)."""
+    memory, no initialisation), once per config (a growlm-grow asks for the same shapes several times): each call
+    returns a new dict."""
+    try:
+        return dict(_built_shapes(cfg))
+    except TypeError:  # a config holding an unhashable value: built again
+        return dict(_built_shapes.__wrapped__(cfg))
+
+
+@functools.lru_cache(maxsize=16)
+def _built_shapes(cfg: ModelConfig) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``param_shapes`` of ``cfg`` as (name, shape) pairs, from the model built on the meta device."""
     with torch.device("meta"), init_skipped():
         model = build_model(cfg)
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+    return tuple((name, tuple(p.shape)) for name, p in model.named_parameters())
 
 
 def tied_aliases(cfg: ModelConfig) -> dict[str, str]:
