@@ -337,16 +337,20 @@ class OldState:
 
 
 @contextmanager
-def open_old(src: Source) -> Iterator[OldState]:
+def open_old(src: Source, *, aliased: bool = False) -> Iterator[OldState]:
     """The parameters and optimizer state of ``src``: its native ZeRO shards read directly (memory-mapped), or its
     universal files. Every tensor's element count is checked against ``src``'s config before anything is written.
+    ``aliased``: shard reads may be the file's own bytes (ZeroShardStore's ``aliased``: for a reshard, which
+    changes nothing it reads).
 
     Raises:
         CheckpointError: a shard or file is missing, damaged, of another model, or holds no Adam state.
     """
     shapes, flat = param_shapes(src.config), src.zero_stage == 3
     if not src.universal:
-        store = ZeroShardStore(src.tag_dir, shapes, zero_stage=src.zero_stage, world=src.state.world_size)
+        store = ZeroShardStore(
+            src.tag_dir, shapes, zero_stage=src.zero_stage, world=src.state.world_size, aliased=aliased
+        )
         try:
             yield OldState(store, store.adam_step(), store.optimizer_state())
         finally:
@@ -459,7 +463,7 @@ def write_tag(
     cfg = prep.plan.new if prep is not None else src.config
     new_state = new_run_state(src, stage, prep, stages_done)
     try:
-        with open_old(src) as old:
+        with open_old(src, aliased=prep is None) as old:  # a reshard copies each tensor as it is read
             write_params(src, old, new_tag, stage, prep, written, log, progress)
         write_model_states(
             src.tag_dir,

@@ -18,7 +18,9 @@ facts"), and tests/distributed/test_grow_checkpoint.py checks it against ``ds_to
 
 The rank files are memory-mapped (``safe_load(mmap=True)``: weights-only unpickling, nothing executed) and the pages
 of each piece are handed back to the kernel once copied (``madvise(MADV_DONTNEED)`` on Linux; the mapping is never
-written), so the resident memory stays at a few tensors of the largest parameter, not the checkpoint.
+written), so the resident memory stays at a few tensors of the largest parameter, not the checkpoint. A reshard
+(``aliased``) does not copy a parameter that one rank holds whole: it hands on the mapped bytes themselves
+(``mapped_alias``), whose pages go back once the file written from them is done with them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import ctypes
 import math
 import mmap
 import sys
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +53,17 @@ def drop_pages(t: Tensor) -> None:
         return
     start = t.data_ptr() // mmap.PAGESIZE * mmap.PAGESIZE
     _LIBC.madvise(ctypes.c_void_p(start), ctypes.c_size_t(t.data_ptr() + nbytes - start), _MADV_DONTNEED)
+
+
+def mapped_alias(t: Tensor) -> Tensor:
+    """A flat tensor over exactly the bytes of the contiguous, read-only memory-mapped ``t``, not copied: it has a
+    storage of its own (torch.save writes a tensor's whole storage, and ``t`` is a slice of a rank's flat buffer),
+    which does not own the memory. ``t`` (so the file's mapping) lives until the alias is freed, and then its pages
+    go back to the kernel (``drop_pages``). The alias must never be written: the mapping is the file's."""
+    nbytes = t.numel() * t.element_size()
+    alias = torch.frombuffer((ctypes.c_char * nbytes).from_address(t.data_ptr()), dtype=t.dtype)
+    weakref.finalize(alias, drop_pages, t)
+    return alias
 
 
 @dataclass(frozen=True)
@@ -89,15 +103,21 @@ class ZeroShardStore:
         shapes: name -> shape of every parameter (growth.ops.rules.param_shapes of the checkpoint's config).
         zero_stage: 1, 2 or 3.
         world: the data-parallel world size it was saved with.
+        aliased: a parameter held whole by one rank's fp32 buffers is read as ``mapped_alias`` of the file's
+            bytes instead of copied (the resharding copy writes each parameter once and never changes it); False
+            (default): every read is a new tensor the caller may change.
 
     ``read(name)`` returns fp32 tensors of ``shapes[name]``. Raises CheckpointError (at construction) when the
     shards do not hold exactly the parameters and element counts of ``shapes``: another model, or damaged files.
     """
 
-    def __init__(self, tag_dir: Path, shapes: dict[str, tuple[int, ...]], *, zero_stage: int, world: int) -> None:
+    def __init__(
+        self, tag_dir: Path, shapes: dict[str, tuple[int, ...]], *, zero_stage: int, world: int, aliased: bool = False
+    ) -> None:
         self.tag_dir = Path(tag_dir)
         self.shapes = dict(shapes)
         self.zero_stage = zero_stage
+        self.aliased = aliased
         files = _rank_files(self.tag_dir, world, "optim_states")
         self._osd = [safe_load(f, "optimizer states", mmap=True)["optimizer_state_dict"] for f in files]
         self._flat: list[dict[str, list[Tensor]]] = [self._flat_buffers(o) for o in self._osd]
@@ -180,7 +200,14 @@ class ZeroShardStore:
         return list(self.shapes)
 
     def read_tensor(self, name: str, key: str) -> Tensor:
-        """One of fp32 / exp_avg / exp_avg_sq of ``name``: its pieces copied out in rank order, fp32, its shape."""
+        """One of fp32 / exp_avg / exp_avg_sq of ``name``: its pieces copied out in rank order, fp32, its shape (with
+        ``aliased``, a parameter of one piece is the file's own bytes, ``mapped_alias``)."""
+        pieces = self.pieces[name]
+        if self.aliased and len(pieces) == 1:
+            p = pieces[0]
+            src = self._flat[p.rank][key][p.group].narrow(0, p.start, p.numel)
+            if src.dtype == torch.float32 and src.is_contiguous() and src.numel() > 0:
+                return mapped_alias(src.detach()).view(self.shapes[name])
         out = torch.empty(math.prod(self.shapes[name]), dtype=torch.float32)
         at = 0
         for p in self.pieces[name]:

@@ -81,10 +81,11 @@ def save_zero3(tag, world: int) -> None:
         torch.save({"param_shapes": groups}, tag / f"zero_pp_rank_{r}_mp_rank_00_model_states.pt")
 
 
-@pytest.mark.parametrize("stage, world", [(2, 2), (1, 3), (3, 2), (3, 3)])
-def test_pieces_of_every_rank_merge_into_the_full_tensors(tmp_path, stage, world):
+@pytest.mark.parametrize("aliased", [False, True])
+@pytest.mark.parametrize("stage, world", [(2, 2), (1, 3), (3, 2), (3, 3), (2, 1)])
+def test_pieces_of_every_rank_merge_into_the_full_tensors(tmp_path, stage, world, aliased):
     (save_zero3 if stage == 3 else save_zero12)(tmp_path, world)
-    store = ZeroShardStore(tmp_path, SHAPES, zero_stage=stage, world=world)
+    store = ZeroShardStore(tmp_path, SHAPES, zero_stage=stage, world=world, aliased=aliased)
     for name in SHAPES:
         got = store.read(name)
         for key, t in zip(KEYS, got, strict=True):
@@ -130,3 +131,23 @@ def test_drop_pages_keeps_a_mapped_tensor_readable(tmp_path):
     assert torch.equal(y[1000:200_000].clone(), x[1000:200_000])
     drop_pages(y[1000:200_000])  # pages of a read-only mapping are re-read from the file when touched again
     assert torch.equal(y, x)
+
+
+def test_an_aliased_read_is_the_files_bytes_and_saves_as_a_copy_would(tmp_path):
+    save_zero12(tmp_path, 3)  # 10 elements per rank: a.weight (0-14) and b.bias (15-21) span two, c.weight one
+    aliased = ZeroShardStore(tmp_path, SHAPES, zero_stage=1, world=3, aliased=True)
+    copied = ZeroShardStore(tmp_path, SHAPES, zero_stage=1, world=3)
+    assert [len(aliased.pieces[n]) for n in SHAPES] == [2, 2, 1]
+    one, other = aliased.read_tensor("c.weight", "exp_avg"), copied.read_tensor("c.weight", "exp_avg")
+    flat = aliased._flat[2]["exp_avg"][0]  # rank 2 holds elements 20-29: c.weight from its third element
+    assert one.data_ptr() == flat.data_ptr() + 2 * 4 and torch.equal(one, other)  # the mapped file's own bytes
+    assert one.untyped_storage().nbytes() == 8 * 4  # a storage of its own, so torch.save writes just these bytes
+    spanning = aliased.read_tensor("a.weight", "fp32")  # two pieces: copied
+    assert spanning.untyped_storage().data_ptr() != flat.data_ptr() and torch.equal(spanning, full("a.weight", "fp32"))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    torch.save({"param": one}, tmp_path / "a" / "p.pt")
+    torch.save({"param": other.detach()}, tmp_path / "b" / "p.pt")
+    assert (tmp_path / "a" / "p.pt").read_bytes() == (tmp_path / "b" / "p.pt").read_bytes()
+    aliased.close()
+    assert torch.equal(one, full("c.weight", "exp_avg"))  # the alias keeps the mapping after the store closes
