@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from growlm.runtime import collectives
+from growlm.runtime import collectives, peers
 from growlm.runtime.atomic import (
     TMP_PREFIX,
     atomic_path,
@@ -444,7 +444,9 @@ def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int
             filesystem shared by every rank.
         CheckpointSaveError: writing failed (disk full, ...: ``save_failed_message``; torch's writer's RuntimeError
             read as the OSError behind it, ``write_error``); the unfinished ``.tmp-<tag>`` is removed, the earlier
-            tags and ``latest`` are left as they were. Also (every rank) when a rank could not read its share back,
+            tags and ``latest`` are left as they were; a rank whose collective failed because the failing rank
+            left raises the failing rank's message (``runtime.peers.tell``), so every rank ends with the disk's line
+            whichever rank's write failed first. Also (every rank) when a rank could not read its share back,
             or did not report within its limit.
     """
     save_dir = Path(save_dir)
@@ -473,11 +475,15 @@ def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int
         collectives.barrier()
     except Exception as e:  # disk full, quota, permissions; or a rank lost meanwhile (the barrier failed)
         failed = write_error(e, save_dir)  # read before the half-written .tmp-<tag> goes (it holds the space)
+        # the first rank whose write failed names the cause for all, before the folder goes (a rank still writing
+        # there fails next) and before it leaves (a rank waiting in a collective fails next): runtime.peers.tell
+        topic = f"checkpoint {tag}"
+        message = peers.tell(topic, save_failed_message(failed, final)) if failed is not None else peers.told(topic)
         if not final.exists():  # every rank: one still writing when another's failure removed it makes it again
             shutil.rmtree(tmp_dir, ignore_errors=True)  # everything else stays
-        if failed is None:
+        if message is None:
             raise
-        raise CheckpointSaveError(save_failed_message(failed, final)) from None
+        raise CheckpointSaveError(message) from None
     # every rank hashes the files it wrote (its shards and RNG file; the shared ones split by size), all at once;
     # rank 0 writes the manifest from the gathered digests (rank 0's listing: every rank splits the same list)
     listing: tuple[dict[str, int], str] = ({}, "")

@@ -7,7 +7,8 @@ a daemon thread (``start``). When a collective fails, ``silent_ranks`` reads eve
 apart, and names the ranks whose counter did not move (a rank that ends on its own says so first, ``leave``), and
 ``lost_rank_message`` makes the one line a job ends with, naming what the job was doing (``doing``). A stopped
 process's threads stop with it and a killed one's end with it, so both read as silent; a rank busy in a long
-computation still beats (torch releases the GIL).
+computation still beats (torch releases the GIL). A rank that fails with its own reason while the others wait for it
+(a checkpoint write on a full disk) leaves that reason in the store first (``tell``), so they end with it (``told``).
 
 The thread and the reader each open their own client of the store (``torch.distributed.TCPStore`` at MASTER_ADDR:
 MASTER_PORT, where every launcher growlm supports serves the rendezvous store: the deepspeed launcher, torchrun,
@@ -32,6 +33,7 @@ BEAT_S = 1.0  # seconds between a rank's heartbeats
 LISTEN_S = 4.0  # seconds the reader watches the counters: a rank that beat in none of them is silent
 KEY = "growlm/heartbeat/{rank}"
 LEFT = "growlm/left/{rank}"  # set by a rank that ends on its own (``leave``): not silent, it said goodbye
+SAID = "growlm/said/{topic}"  # the first rank's one-line reason for failing ``topic`` (``tell``), before it leaves
 
 _STATE: dict[str, Any] = {"stop": None, "thread": None, "rank": 0, "world": 1, "doing": "training"}
 
@@ -105,6 +107,32 @@ def doing(what: str) -> Iterator[None]:
     before, _STATE["doing"] = _STATE["doing"], what
     yield
     _STATE["doing"] = before  # not reached on an error: the line after it names what failed
+
+
+def tell(topic: str, line: str) -> str:
+    """Leave this rank's one-line reason for failing ``topic`` (e.g. "checkpoint global_step4") in the store, unless
+    another rank told one first, and return the one the store holds: the first failure's, which every rank then ends
+    with (a peer whose collective fails because this rank left reads it with ``told``; one whose write fails next,
+    because the folder was removed under it, ends with the cause, not its consequence). ``line`` itself when this
+    process does not beat or the store is gone."""
+    if not running():
+        return line
+    try:
+        return _client(2.0).compare_set(SAID.format(topic=topic), "", line).decode()
+    except Exception:
+        return line
+
+
+def told(topic: str) -> str | None:
+    """The first reason a rank gave for failing ``topic`` (``tell``), or None: none did, this process does not beat,
+    or the store is gone (it lives in global rank 0's process)."""
+    if not running():
+        return None
+    try:
+        store, key = _client(5.0), SAID.format(topic=topic)
+        return store.get(key).decode() if store.check([key]) else None
+    except Exception:
+        return None
 
 
 def running() -> bool:

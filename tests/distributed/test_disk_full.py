@@ -6,6 +6,7 @@ before it evaluates)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -61,11 +62,56 @@ def test_a_checkpoint_save_on_a_full_disk(reference, tmp_path):
             "unfinished save was removed, the earlier checkpoints and 'latest' are untouched; free space there (or "
             f"use an --out_dir on another disk) and --resume {ck}"
         )
-        assert "global_step4" in lines[1][0], lines  # rank 1: its own full disk, or rank 0 ended during the save
+        assert "global_step4" in lines[1][0], lines  # rank 1: its own full disk, or rank 0's line, or rank 0 ended
         # the earlier checkpoint whole and named by latest; nothing of the failed save left
         assert (ck / "latest").read_text() == "global_step2" and checkpoint.existing_tags(ck) == ["global_step2"]
         assert not list(ck.glob(".tmp-*")) and not list(ck.glob(".old-*"))
         assert checkpoint.open_checkpoint(ck).state.global_step == 2  # manifest and files check out
+
+
+SAVE_PROBE = """
+import errno, json, sys
+from pathlib import Path
+from growlm.runtime.dist import close_distributed, init_distributed
+info = init_distributed(60)
+from growlm.model.config import GPTConfig
+from growlm.runtime import checkpoint, collectives
+from growlm.runtime.run_state import RunState
+
+class Engine:  # DeepSpeed's save as far as the failure goes: rank 1's disk fills, rank 0 waits in a collective
+    def save_checkpoint(self, save_dir, tag, client_state, save_latest):
+        if info.rank == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        (Path(save_dir) / tag / "mp_rank_00_model_states.pt").write_bytes(b"written")
+        collectives.barrier()
+
+cfg = GPTConfig(n_layer=1, n_embd=16, n_head=2, n_positions=8, vocab_size=32)
+state = RunState(model_config=cfg, global_step=4, consumed_samples=8, seq_len=8, world_size=2, zero_stage=2, seed=0)
+try:
+    checkpoint.save(Engine(), sys.argv[1], state, rank=info.rank)
+    result = ["saved", ""]
+except Exception as e:
+    result = [type(e).__name__, str(e)]
+print("RESULT " + json.dumps(result), flush=True)
+close_distributed()
+"""
+
+
+def test_the_rank_whose_disk_did_not_fill_ends_with_the_line_of_the_one_whose_did(tmp_path):
+    """Rank 1's write fails (no space) while rank 0 waits in a collective of the save: rank 0 ends with rank 1's
+    disk line (exit status 2 in growlm-train), not "rank 1 ended during the save"; nothing of the save is left."""
+    script = tmp_path / "save_probe.py"
+    script.write_text(SAVE_PROBE)
+    ck = tmp_path / "checkpoints"
+    r = run_ranks([str(ck)], script=str(script), timeout=120)
+    assert r.returncode == 0, r.stdout[-3000:]
+    results = [json.loads(ln.removeprefix("RESULT ")) for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    want = (
+        f"no space left on device while saving checkpoint global_step4 into {ck}: the unfinished save was removed; "
+        "free space there (or use an --out_dir on another disk) and run again"
+    )
+    assert results == [["CheckpointSaveError", want], ["CheckpointSaveError", want]], r.stdout[-3000:]
+    assert list(ck.iterdir()) == []  # no .tmp-global_step4, no latest
 
 
 @pytest.fixture
