@@ -476,12 +476,12 @@ def run(args: argparse.Namespace) -> list[dict]:
     """
 
     device_type, precisions, stages, cfg, fpt = _resolve(args)
-    base = {"device_type": device_type, "common": _common(args, cfg, fpt, device_type), "peaks": {}}
-    for p in precisions:  # the baseline runs the same ranks x threads as train.py
-        base["peaks"][(p, args.threads_per_rank)] = device_peak(p, args.threads_per_rank, args.peak_tflops)
     out = Path(args.out)
     try:
         with output_lock(out):  # one growlm-bench per --out: two would interleave their records and reports
+            base = {"device_type": device_type, "common": _common(args, cfg, fpt, device_type), "peaks": {}}
+            for p in precisions:  # measured only once the lock is held: a refusal is at once
+                base["peaks"][(p, args.threads_per_rank)] = device_peak(p, args.threads_per_rank, args.peak_tflops)
             return _run_into(args, out, precisions, stages, base, cfg)
     except LockHeldError as e:
         raise BenchError(output_held_message("--out", out, e)) from None
