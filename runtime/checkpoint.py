@@ -445,9 +445,9 @@ def save(engine: Any, save_dir: str | os.PathLike, state: RunState, *, rank: int
         CheckpointSaveError: writing failed (disk full, ...: ``save_failed_message``; torch's writer's RuntimeError
             read as the OSError behind it, ``write_error``); the unfinished ``.tmp-<tag>`` is removed, the earlier
             tags and ``latest`` are left as they were; a rank whose collective failed because the failing rank
-            left raises the failing rank's message (``runtime.peers.tell``), so every rank ends with the disk's line
-            whichever rank's write failed first. Also (every rank) when a rank could not read its share back,
-            or did not report within its limit.
+            left raises the failing rank's message (``runtime.peers.tell``), so rank 0 ends with the disk's line
+            whichever rank's write failed first (the others too while rank 0's store still answers). Also (every
+            rank) when a rank could not read its share back, or did not report within its limit.
     """
     save_dir = Path(save_dir)
     tag = tag_for(state.global_step)
