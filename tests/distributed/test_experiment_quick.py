@@ -4,10 +4,14 @@ results.json and the plots rebuilt number for number); and the GPU profile's pil
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import shutil
 from pathlib import Path
+
+import pytest
 
 from growlm.eval.experiments import cli as experiment
 
@@ -84,11 +88,20 @@ def test_the_gpu_profile_pipeline_runs_its_pilot_on_a_cpu_at_toy_size(tmp_path, 
     assert capsys.readouterr().out.splitlines()[0].startswith("main ")
 
 
-def test_quick_crossover_map_runs_its_rounds_resumes_and_rebuilds_from_its_curves(tmp_path, small_vocab_data, capsys):
-    out = tmp_path / "map"
+@pytest.fixture(scope="module")
+def quick_map(tmp_path_factory, small_vocab_data) -> tuple[Path, list[str], str]:
+    """The quick crossover map, run once for the module (the optimal phase reads only its map.json): (its --out,
+    its arguments, what it printed)."""
+    out = tmp_path_factory.mktemp("quick_map") / "map"
     argv = ["--quick", "--phase", "map", "--out", str(out), "--data", str(small_vocab_data), "--parallel", "2"]
-    assert experiment.main(argv) == 0
-    printed = capsys.readouterr().out
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert experiment.main(argv) == 0
+    return out, argv, printed.getvalue()
+
+
+def test_quick_crossover_map_runs_its_rounds_resumes_and_rebuilds_from_its_curves(tmp_path, quick_map, capsys):
+    out, argv, printed = quick_map
     assert "map round 1: 0 runs done, 15 to run" in printed  # five sizes, three LRs each at the tuned budget
     assert re.search(r"map round 2: .* about \d+(\.\d)? (s|min|h) left\)", printed)  # estimated from finished runs
     r = json.loads((out / "map.json").read_text())
@@ -116,15 +129,14 @@ def test_quick_crossover_map_runs_its_rounds_resumes_and_rebuilds_from_its_curve
 
 
 def test_quick_optimal_phase_runs_pilot_main_and_levers_from_a_map_and_rebuilds_from_its_curves(
-    tmp_path, small_vocab_data, capsys
+    tmp_path, small_vocab_data, quick_map, capsys
 ):
     """--phase optimal --quick on a quick map, the target and B given by flags (the toy map has no growth target):
     the rounds run in 2 workers, results.json has every field of the claim, a rerun trains nothing, --dry_run lists
     nothing, and --report_only on a copy of the curves rebuilds results.json and report.md number for number."""
     data = ["--data", str(small_vocab_data), "--parallel", "2"]
-    assert experiment.main(["--quick", "--phase", "map", "--out", str(tmp_path / "map"), *data]) == 0
     out = tmp_path / "opt"
-    argv = ["--quick", "--phase", "optimal", "--map", str(tmp_path / "map"), "--target", "L2", "--budget", "1",
+    argv = ["--quick", "--phase", "optimal", "--map", str(quick_map[0]), "--target", "L2", "--budget", "1",
             "--out", str(out), *data]  # fmt: skip
     assert experiment.main(argv) == 0
     printed = capsys.readouterr().out
@@ -184,7 +196,7 @@ def test_quick_optimal_phase_runs_pilot_main_and_levers_from_a_map_and_rebuilds_
     if refined:
         shutil.copytree(out / "refine" / "curves", tmp_path / "copy" / "refine" / "curves")
     shutil.copytree(out / "wide" / "curves", tmp_path / "copy" / "wide" / "curves")
-    rebuilt = ["--quick", "--phase", "optimal", "--map", str(tmp_path / "map"), "--target", "L2", "--budget", "1",
+    rebuilt = ["--quick", "--phase", "optimal", "--map", str(quick_map[0]), "--target", "L2", "--budget", "1",
                "--report_only", "--out", str(tmp_path / "copy")]  # fmt: skip
     assert experiment.main(rebuilt) == 0
     assert json.loads((tmp_path / "copy" / "results.json").read_text()) == r
@@ -198,7 +210,7 @@ def test_quick_optimal_phase_runs_pilot_main_and_levers_from_a_map_and_rebuilds_
     # target L4 (envelope L2, L4, L8): a midpoint depth (3 or 6) is new, so the refine runs train, after the levers,
     # in their own folder: the pilot seed's sweep, then both seeds; a rerun trains nothing
     out4 = tmp_path / "opt4"
-    argv4 = ["--quick", "--phase", "optimal", "--map", str(tmp_path / "map"), "--target", "L4", "--budget", "1",
+    argv4 = ["--quick", "--phase", "optimal", "--map", str(quick_map[0]), "--target", "L4", "--budget", "1",
              "--out", str(out4), *data]  # fmt: skip
     assert experiment.main(argv4) == 0 and "refine round 2:" in capsys.readouterr().out
     r4, refined = json.loads((out4 / "results.json").read_text()), _mtimes(out4 / "refine")
