@@ -465,9 +465,6 @@ def write_tag(
     try:
         with open_old(src, aliased=prep is None) as old:  # a reshard copies each tensor as it is read
             write_params(src, old, new_tag, stage, prep, written, log, progress)
-            # a reshard's queued tensors alias the old files' memory maps (shards.mapped_alias), which closing the
-            # store may unmap: the writer threads finish reading them first
-            written.wait()
         write_model_states(
             src.tag_dir,
             new_tag,

@@ -58,12 +58,16 @@ def drop_pages(t: Tensor) -> None:
 def mapped_alias(t: Tensor) -> Tensor:
     """A flat tensor over exactly the bytes of the contiguous, read-only memory-mapped ``t``, not copied: it has a
     storage of its own (torch.save writes a tensor's whole storage, and ``t`` is a slice of a rank's flat buffer),
-    which does not own the memory. ``t`` (so the file's mapping) lives until the alias is freed, and then its pages
-    go back to the kernel (``drop_pages``). The alias must never be written: the mapping is the file's."""
+    which does not own the memory. ``t`` (so the file's mapping) lives as long as that storage, whichever tensors
+    (views, the alias itself) share it and whichever thread drops the last of them; then the pages go back to the
+    kernel (``drop_pages``). The alias must never be written: the mapping is the file's."""
     nbytes = t.numel() * t.element_size()
-    alias = torch.frombuffer((ctypes.c_char * nbytes).from_address(t.data_ptr()), dtype=t.dtype)
-    weakref.finalize(alias, drop_pages, t)
-    return alias
+    # the storage holds the buffer object until it is freed (torch.frombuffer), and the finalizer holds t until the
+    # buffer object goes: a finalizer on the alias tensor instead would release t while a detached tensor sharing its
+    # storage (what the universal writer saves) still reads it
+    buffer = (ctypes.c_char * nbytes).from_address(t.data_ptr())
+    weakref.finalize(buffer, drop_pages, t)
+    return torch.frombuffer(buffer, dtype=t.dtype)
 
 
 @dataclass(frozen=True)

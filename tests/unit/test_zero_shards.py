@@ -7,8 +7,10 @@ tests/distributed/test_grow_checkpoint.py."""
 
 from __future__ import annotations
 
+import gc
 import math
 from collections import OrderedDict
+from pathlib import Path
 
 import pytest
 import torch
@@ -151,3 +153,30 @@ def test_an_aliased_read_is_the_files_bytes_and_saves_as_a_copy_would(tmp_path):
     assert (tmp_path / "a" / "p.pt").read_bytes() == (tmp_path / "b" / "p.pt").read_bytes()
     aliased.close()
     assert torch.equal(one, full("c.weight", "exp_avg"))  # the alias keeps the mapping after the store closes
+
+
+def mapped(path: Path) -> bool:
+    """Whether this process holds a memory map of ``path`` (Linux: /proc/self/maps names each mapped file)."""
+    return str(path) in Path("/proc/self/maps").read_text()
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads the process's memory maps from Linux's /proc")
+def test_a_detached_aliased_read_keeps_the_file_mapped_after_the_store_closes(tmp_path):
+    save_zero12(tmp_path, 3)
+    rank2 = tmp_path / "zero_pp_rank_2_mp_rank_00_optim_states.pt"  # holds c.weight whole
+    store = ZeroShardStore(tmp_path, SHAPES, zero_stage=1, world=3, aliased=True)
+    # detached, as the universal writer queues it: no _base, so nothing refers to the alias tensor itself any more
+    param = store.read_tensor("c.weight", "exp_avg").detach()
+    assert mapped(rank2) and param._base is None
+    store.close()  # a reshard closes the store while the writer threads may still be saving what it read
+    gc.collect()
+    assert mapped(rank2)  # the mapping lives with the storage (before: unmapped here, and a writer reading it crashed)
+    assert torch.equal(param, full("c.weight", "exp_avg"))
+    (tmp_path / "out").mkdir()
+    written = Written(tmp_path / "out")
+    written.save({"param": param}, tmp_path / "out" / "p.pt")
+    written.close()
+    assert torch.equal(safe_load(tmp_path / "out" / "p.pt")["param"], full("c.weight", "exp_avg"))
+    del param, written
+    gc.collect()
+    assert not mapped(rank2)  # and goes with the last tensor that reads it
