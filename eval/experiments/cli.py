@@ -349,7 +349,7 @@ def _wide(args, s, st, done, refined, out: Path, settings, data, parallel: int) 
         write_json(where, pre)
     w_set = w_s.as_dict() | {"data": settings["data"]}
     rc = _rounds(args, w_s, lambda d: wide.wide_plan(s, w_in.known_lr, w_in.known, d, w_in.known_loss,
-                                                     w_in.primary)[0], "wide",
+                                                     w_in.primary, w_in.arm_loss)[0], "wide",
                  runner.load_curves(w_out, w_set), data, w_out, w_set, parallel, unit="B")  # fmt: skip
     if args.dry_run:
         return rc or 0

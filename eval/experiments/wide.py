@@ -16,11 +16,14 @@ widths could be better than the ladder's best by the margin a growth arm wins by
   while the best sits at an edge (``plan.lr_sweep``).
 - **Screen**: each new shape at its LR on the main seeds ``SCREEN_SEEDS`` (the ladder's sizes have every main seed).
 - **Best shapes**: the ``N_BEST`` shapes with the lowest mean final loss at B over ``SCREEN_SEEDS`` run on every
-  main seed (``n_seeds``) at B and at each of ``PAST_B`` x B (a run the experiment or the refine runs already
-  made is not repeated), and the primary arm runs on the main seeds the experiment did not have.
+  main seed (``n_seeds``) at B, and the primary arm runs on the main seeds the experiment did not have. Then, per
+  seed, the best shapes run at the budgets their envelope needs to bracket the arm's loss there (``next_budget``):
+  ``BELOW_B`` when the arm is above the envelope at B, else ``PAST_B``, nearest budget first and no further than
+  needed (a run the experiment or the refine runs already made is not repeated).
 
 The comparison itself is fixed in advance by the pre-registration file the phase writes before any of its runs
-(``preregistration``).
+(``preregistration``); a change made after that is appended to it as an amendment (``AMENDMENTS``), with when and
+why, and the original text stays as it was.
 """
 
 from __future__ import annotations
@@ -38,8 +41,49 @@ WIDTH_FACTORS = (0.75, 1.0, 1.25, 1.5, 2.0)  # the shapes' widths, x the compara
 PARAM_FACTOR = 2.25  # a shape's parameters within this factor of the comparator's (either way)
 SCREEN_SEEDS = (0, 1)  # the main seeds every new shape runs on before the best ones are chosen
 N_BEST = 3  # the shapes (best mean loss at B over the screen seeds) that run on every main seed
-PAST_B = (1.25, 1.5, 2.0)  # the budgets past B (x B) of the best shapes, on every main seed: the compute to reach
+PAST_B = (1.25, 1.5, 2.0)  # the budgets past B (x B) of the best shapes, nearest first (a seed whose arm is below B's)
+BELOW_B = (0.75, 0.5)  # the budgets below B, nearest first (a seed whose arm is above the envelope's loss at B)
+BUDGETS = tuple(sorted((*BELOW_B, 1.0, *PAST_B)))  # every budget a best shape may run at (x B)
+AMENDMENTS = (
+    {
+        "date": "2026-12-07",
+        "made": "after the screen (every shape on main seeds 0 and 1, which chose the best shapes) and before any "
+                "other main seed's run of the best shapes or of the arm had finished",
+        "change": "per main seed, the best shapes run at B and then, nearest budget first and only as far as their "
+                  f"envelope needs to bracket the arm's loss on that seed, at {list(BELOW_B)} x B when the arm's "
+                  f"loss is above the envelope's at B, else at {list(PAST_B)} x B; the saving is read off those "
+                  "budgets by the same interpolation, and a seed they do not bracket is counted apart as before",
+        "why": "on both screen seeds the arm's final loss at B was above each of the best three shapes': the compute "
+               "the envelope needs to reach it lies below B, where the plan had no run, so the saving would have "
+               "been 'none' on such seeds while the runs past B (142.5 B of the 171.5 B left) could not bracket it. "
+               "Below B the best shapes keep the LR tuned at B, which can only raise their loss there and so "
+               "favours the arm",
+    },
+)  # fmt: skip
 SEED_FACTOR = 2  # main seeds of the primary comparison: this times the experiment's (10 for its 5)
+
+
+def next_budget(arm: float, envelope: Callable[[float], float | None]) -> float | None:
+    """The next budget at which the best shapes must run on a seed so that their envelope brackets the arm's loss
+    there: away from B towards the arm's loss (``BELOW_B`` when the arm is above the envelope at B, else
+    ``PAST_B``), nearest first, until a budget's envelope loss lies on the arm's other side (or equals it).
+
+    Args:
+        arm: the arm's final loss at B on the seed (nats).
+        envelope: budget (x B) -> the best shapes' lowest final loss at that budget on the seed, None until every
+            best shape has run there; known at B.
+
+    Returns:
+        the budget (x B) to run next, or None when the envelope brackets the arm's loss or the budgets run out.
+    """
+    above = arm > envelope(1.0)
+    for b in BELOW_B if above else PAST_B:
+        e = envelope(b)
+        if e is None:
+            return b
+        if (e >= arm) if above else (e <= arm):
+            return None
+    return None
 
 
 def n_seeds(s: Settings) -> int:
@@ -205,10 +249,12 @@ def wide_plan(
     done: Mapping[str, dict],
     known_loss: KnownLoss | None = None,
     primary: RunSpec | None = None,
+    arm_loss: Callable[[int], float | None] | None = None,
 ) -> tuple[list[RunSpec], WideState]:
     """The wide runs needed now given the finished ones (``done``: the wide curves): each new shape's LR sweep on
     the pilot seed at B, then each new shape at its best LR on ``SCREEN_SEEDS``, then (with ``known_loss``) the
-    best shapes on every main seed at B and past B and ``primary`` on the main seeds the experiment did not have.
+    best shapes on every main seed at B and ``primary`` on the main seeds the experiment did not have, and on each
+    seed whose arm and best shapes have run at B, the best shapes at that seed's ``next_budget``.
 
     Args:
         s: the experiment's settings.
@@ -219,6 +265,8 @@ def wide_plan(
             without it the plan stops after the screen.
         primary: the primary arm's main run on seed 0 (its LR, growth points and LR policy); its runs here take
             the seeds from ``s.seeds`` to ``n_seeds(s)``.
+        arm_loss: the primary arm's final loss at B on a main seed the experiment ran (``Inputs.arm_loss``); without
+            it (or ``primary``) no seed gets runs other than at B.
 
     Raises:
         plan.CurveMismatch: a wide curve has a needed run's name but another spec.
@@ -257,13 +305,49 @@ def wide_plan(
         if all(v is not None for v in got):
             st.screen_loss[z] = sum(got) / len(got)
     st.best = sorted(st.screen_loss, key=lambda z: (st.screen_loss[z], z))[:N_BEST]
-    more = [RunSpec(WIDE, "scratch", k, b, st.lr[z], size=z) for z in st.best for b in (1.0, *PAST_B)
-            for k in range(n_seeds(s)) if loss(z, k, b) is None]  # fmt: skip
+    more = [RunSpec(WIDE, "scratch", k, 1.0, st.lr[z], size=z) for z in st.best for k in range(n_seeds(s))
+            if loss(z, k, 1.0) is None]  # fmt: skip
     if primary is not None:
         more += [replace(primary, phase=WIDE, seed=k) for k in range(s.seeds, n_seeds(s))]
+    bracketed = 0
+    for k in range(n_seeds(s)):
+        la, env = seed_arm_loss(k, s, done, primary, arm_loss), envelope(st.best, k, loss)
+        if la is None or env(1.0) is None:
+            continue
+        if (b := next_budget(la, env)) is None:
+            bracketed += 1
+        else:
+            more += [RunSpec(WIDE, "scratch", k, b, st.lr[z], size=z) for z in st.best if loss(z, k, b) is None]
     specs += more
-    st.complete = all(plan.final_loss(done, sp) is not None for sp in more)
+    st.complete = bracketed == n_seeds(s) and all(plan.final_loss(done, sp) is not None for sp in more)
     return specs, st
+
+
+def seed_arm_loss(
+    k: int,
+    s: Settings,
+    done: Mapping[str, dict],
+    primary: RunSpec | None,
+    arm_loss: Callable[[int], float | None] | None,
+) -> float | None:
+    """The primary arm's final loss at B on main seed ``k``: the experiment's run (``arm_loss``) on its seeds, the
+    wide run of ``primary`` past them; None when not run (or not given)."""
+    if k < s.seeds:
+        return arm_loss(k) if arm_loss is not None else None
+    return plan.final_loss(done, replace(primary, phase=WIDE, seed=k)) if primary is not None else None
+
+
+def envelope(
+    best: list[str], k: int, loss: Callable[[str, int, float], float | None]
+) -> Callable[[float], float | None]:
+    """budget (x B) -> the lowest final loss of the ``best`` shapes on seed ``k`` at that budget (``loss(shape,
+    seed, budget)``), None until every one of them has run there."""
+
+    def at(b: float) -> float | None:
+        got = [loss(z, k, b) for z in best]
+        return None if any(v is None for v in got) else min(got)
+
+    return at
 
 
 def max_train_windows(s: Settings, shapes: Mapping[str, tuple[int, int, int]]) -> int:
@@ -300,4 +384,5 @@ def preregistration(s: Settings, primary: str, shapes: Mapping[str, tuple[int, i
                   "no pair brackets it); mean and 95% t-interval over the main seeds",
         "goal": "a saving of at least 10% of compute with the interval above 0; if the win does not survive, that "
                 "is the result",
+        "amendments": list(AMENDMENTS),
     }  # fmt: skip

@@ -1,23 +1,24 @@
 """The wide envelope's report (eval.experiments.wide): ``wide/results.json`` and ``wide/report.md``, computed from the
 curves alone (the wide runs', the experiment's and the refine runs'), so ``growlm-experiment --phase optimal
 --report_only`` rebuilds them from the committed curves. The comparison is the one ``wide/preregistration.json``
-fixed before the wide runs started (``wide.preregistration``); this module computes it and nothing else.
+fixed before the wide runs started (``wide.preregistration``, with its amendments); this module computes it and
+nothing else.
 
 The primary comparison, per main seed k (paired: the same batches in the same order):
 - delta_k = L_arm(k) - L_comp(k) at B, the comparator the best shape (lowest mean loss at B over the seeds) among
   the best shapes; its mean, 95% t-interval, the sign test and the Wilcoxon signed-rank test;
-- saving_k = 1 - B / C_k, C_k the compute at which the envelope of the best shapes on seed k (at each budget of
-  B, 1.25 B, 1.5 B, 2 B their lowest loss on that seed) reaches L_arm(k): log budget interpolated linearly between
-  the two budgets whose losses bracket it (analysis.compute_to_reach; Shen et al. 2022, arXiv 2203.06211, section
-  4). A seed whose arm is above the envelope's loss at B (saving below 0) or below its loss at 2 B (saving above
-  50%) has no value: the runs do not bracket it, and it is counted apart.
+- saving_k = 1 - B / C_k, C_k the compute at which the envelope of the best shapes on seed k (at each budget they
+  ran at on that seed, their lowest loss: B, and below or past it as far as ``wide.next_budget`` went) reaches
+  L_arm(k): log budget interpolated linearly between the two budgets whose losses bracket it
+  (analysis.compute_to_reach; Shen et al. 2022, arXiv 2203.06211, section 4). Negative when the arm is above the
+  envelope at B. A seed whose arm is above the envelope's loss at its smallest budget (saving below 1 - 1 / 0.5)
+  or below it at 2 B (saving above 50%) has no value: the runs do not bracket it, and it is counted apart.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,6 @@ from growlm.eval.experiments.protocol import RunSpec, Settings
 from growlm.runtime import atomic
 
 WIDE_PROTOCOL = "isoflop-wide-envelope-v1"
-BUDGETS = (1.0, *wide.PAST_B)  # the best shapes' budgets (x B)
 GOAL = 0.10  # the saving the pre-registration names as the goal (a share of compute; its interval above 0 too)
 
 
@@ -54,7 +54,7 @@ def summarize(s: Settings, w_in: wide.Inputs, w_done: Mapping[str, dict]) -> dic
     Raises:
         ValueError: the pilot of the new shapes is incomplete (nothing to report yet).
     """
-    _, st = wide.wide_plan(s, w_in.known_lr, w_in.known, w_done, w_in.known_loss, w_in.primary)
+    _, st = wide.wide_plan(s, w_in.known_lr, w_in.known, w_done, w_in.known_loss, w_in.primary, w_in.arm_loss)
     if not st.pilot_complete:
         raise ValueError("the wide envelope's pilot is incomplete: its report is written once every new shape's LR "
                          "is tuned (growlm-experiment --phase optimal resumes it)")  # fmt: skip
@@ -64,20 +64,22 @@ def summarize(s: Settings, w_in: wide.Inputs, w_done: Mapping[str, dict]) -> dic
         return mine if mine is not None or z not in w_in.known else w_in.known_loss(z, k, b)
 
     def arm_loss(k: int) -> float | None:
-        if k < s.seeds:
-            return w_in.arm_loss(k)
-        return plan.final_loss(w_done, replace(w_in.primary, phase=wide.WIDE, seed=k))
+        return wide.seed_arm_loss(k, s, w_done, w_in.primary, w_in.arm_loss)
+
+    def finished(k: int) -> bool:
+        """Seed k's arm and best shapes have run at B and at every budget its bracket needs."""
+        la, env = arm_loss(k), wide.envelope(st.best, k, loss)
+        return bool(st.best) and la is not None and env(1.0) is not None and wide.next_budget(la, env) is None
 
     shapes = [_shape_row(s, st, z, w_done, loss) for z in st.shapes]
-    seeds = [k for k in range(wide.n_seeds(s)) if st.best and arm_loss(k) is not None
-             and all(loss(z, k, b) is not None for z in st.best for b in BUDGETS)]  # fmt: skip
+    seeds = [k for k in range(wide.n_seeds(s)) if finished(k)]
     res: dict[str, Any] = {
         "protocol": WIDE_PROTOCOL, "budget_C": s.design["budget_C"], "budget_flops": s.c_flops,
         "primary_arm": w_in.primary.arm,
         "envelope_shapes": [{"n_layer": v[0], "n_embd": v[1], "n_head": v[2]} for v in st.shapes.values()],
         "rule": {"width_factors": list(wide.WIDTH_FACTORS), "param_factor": wide.PARAM_FACTOR,
                  "head_size": s.sizes[s.design["comparator"]][1] // s.sizes[s.design["comparator"]][2],
-                 "screen_seeds": list(wide.SCREEN_SEEDS), "n_best": wide.N_BEST, "budgets": list(BUDGETS)},
+                 "screen_seeds": list(wide.SCREEN_SEEDS), "n_best": wide.N_BEST, "budgets": list(wide.BUDGETS)},
         "shapes": shapes, "pilot_seed": s.pilot_seed, "screen_complete": st.screen_complete,
         "best_shapes": list(st.best), "seeds": seeds, "n_seeds": len(seeds),
         "complete": st.complete and len(seeds) == wide.n_seeds(s),
@@ -104,26 +106,29 @@ def _shape_row(s: Settings, st: wide.WideState, z: str, w_done: Mapping[str, dic
 
 def _primary(arm: str, best: list[str], seeds: list[int], loss: Callable, arm_loss: Callable) -> dict[str, Any]:
     """The comparator among the best shapes and the primary comparison over ``seeds`` (every run there)."""
-    by_budget = {b: {z: statistics.fmean(loss(z, k, b) for k in seeds) for z in best} for b in BUDGETS}
+    ran = {b: [k for k in seeds if wide.envelope(best, k, loss)(b) is not None] for b in wide.BUDGETS}
+    by_budget = {b: {z: statistics.fmean(loss(z, k, b) for k in ks) for z in best} for b, ks in ran.items() if ks}
     comp = min(best, key=lambda z: (by_budget[1.0][z], z))
     rows, deltas, savings, outside = [], [], [], {}
     for k in seeds:
-        la, lc = arm_loss(k), loss(comp, k, 1.0)
-        points = [(b, min(loss(z, k, b) for z in best)) for b in BUDGETS]
+        la, lc, env = arm_loss(k), loss(comp, k, 1.0), wide.envelope(best, k, loss)
+        points = [(b, x) for b in wide.BUDGETS if (x := env(b)) is not None]
         need = an.compute_to_reach(points, la)
         sv = an.saving(1.0, need)
         if sv is None:
-            outside[str(k)] = "above the envelope at B" if la > points[0][1] else "below the envelope at 2 B"
+            b, where = (points[0][0], "above") if la > points[0][1] else (points[-1][0], "below")
+            outside[str(k)] = f"{where} the envelope at {b:g} B"
         else:
             savings.append(sv)
         deltas.append(la - lc)
         rows.append({"seed": k, "arm_loss": _r(la, 5), "comparator_loss": _r(lc, 5), "delta": _r(la - lc, 5),
-                     "envelope": [_r(x, 5) for _, x in points], "compute_to_reach_B": _r(need),
+                     "envelope": {f"{b:g}": _r(x, 5) for b, x in points}, "compute_to_reach_B": _r(need),
                      "saving": _r(sv)})  # fmt: skip
     sv_ci = _ci(savings) if savings else {"mean": None, "ci95": [None, None]}
     return {
         "comparator": comp,
         "best_shapes_by_budget": {f"{b:g}": {z: _r(x) for z, x in m.items()} for b, m in by_budget.items()},
+        "seeds_by_budget": {f"{b:g}": ks for b, ks in ran.items() if ks},
         "primary": {
             "arm": arm, "final_loss_mean": _r(statistics.fmean(arm_loss(k) for k in seeds)),
             "comparator_loss_mean": _r(by_budget[1.0][comp]), "per_seed": rows,
@@ -184,11 +189,14 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
     d = p["delta_vs_comparator"]
     lines += [
         "",
-        f"## The best shapes past B ({len(r['seeds'])} main seeds: {r['seeds']})",
-        f"The {len(r['best_shapes'])} shapes with the lowest screen loss, mean final loss over the seeds at each "
-        "budget; the comparator is the best of them at B (chosen after the seeds ran, which favours the envelope).",
+        f"## The best shapes around B ({len(r['seeds'])} main seeds: {r['seeds']})",
+        f"The {len(r['best_shapes'])} shapes with the lowest screen loss, mean final loss at each budget over the "
+        "seeds that ran it (a seed runs away from B only as far as its envelope needs to bracket the arm's loss); "
+        "the comparator is the best of them at B (chosen after the seeds ran, which favours the envelope).",
         "",
-        "| shape | " + " | ".join(f"{b} B" for b in r["best_shapes_by_budget"]) + " |",
+        "| shape | "
+        + " | ".join(f"{b} B ({len(r['seeds_by_budget'][b])} seeds)" for b in r["best_shapes_by_budget"])
+        + " |",
         "|---|" + "---|" * len(r["best_shapes_by_budget"]),
     ]
     for z in r["best_shapes"]:
@@ -203,18 +211,19 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
         "",
         f"## The primary arm `{p['arm']}` against the wide envelope",
         "",
-        "| seed | arm loss at B | comparator loss at B | delta | envelope loss at " + ", ".join(
-            f"{b} B" for b in r["best_shapes_by_budget"]) + " | compute to reach (x B) | saving |",
+        "| seed | arm loss at B | comparator loss at B | delta | envelope loss (budget x B: loss) | compute to reach "
+        "(x B) | saving |",
         "|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for x in p["per_seed"]:
         need = "n/a" if x["compute_to_reach_B"] is None else f"{x['compute_to_reach_B']:.3f}"
         saving = "n/a" if x["saving"] is None else f"{100 * x['saving']:+.1f}%"
+        env = ", ".join(f"{b}: {v:.4f}" for b, v in x["envelope"].items())
         lines.append(f"| {x['seed']} | {x['arm_loss']:.4f} | {x['comparator_loss']:.4f} | {x['delta']:+.4f} | "
-                     f"{', '.join(f'{v:.4f}' for v in x['envelope'])} | {need} | {saving} |")  # fmt: skip
+                     f"{env} | {need} | {saving} |")  # fmt: skip
     out = "".join(f"; seed {k}: {why}" for k, why in sorted(sv["outside"].items(), key=lambda kv: int(kv[0])))
     if sv["mean"] is None:
-        sv_text = "n/a (no seed's arm loss lies between the envelope's at B and at 2 B)"
+        sv_text = "n/a (no seed's arm loss lies between the envelope's at two of its budgets)"
     else:
         lo, hi = sv["ci95"]
         sv_text = f"{100 * sv['mean']:+.1f}%" + ("" if lo is None else f" [{100 * lo:+.1f}%, {100 * hi:+.1f}%]")

@@ -116,10 +116,11 @@ def test_the_preregistration_fixes_the_arm_the_seeds_and_the_tests(s):
     assert json.loads(json.dumps(pre)) == pre
 
 
-def test_the_best_shapes_on_the_screen_seeds_run_on_every_main_seed_at_b_and_past_it(s):
+def test_the_best_shapes_run_on_every_main_seed_at_b_then_as_far_as_each_seeds_arm_needs(s):
     """After the screen: the 3 shapes with the lowest mean loss at B over seeds 0-1 (the trained sizes' from the
-    experiment's runs) on all 10 main seeds at B, 1.25, 1.5 and 2 B, skipping the runs the experiment made; the
-    primary arm on seeds 5-9."""
+    experiment's runs) on all 10 main seeds at B, the primary arm on seeds 5-9; then per seed, nearest budget
+    first, the budgets their envelope needs to bracket the arm's loss: past B for an arm below it at B, below B for
+    one above it, and no further than the budgets go; the runs the experiment made are not repeated."""
     lrs = {KNOWN[z]: lr for z, lr in KNOWN_LR.items()}
     shapes = wide.wide_shapes(s, KNOWN)
     offset = {"D1W80": -0.03, "L2": -0.02, "D2W80": -0.01}  # the best three, in this order; the rest 0
@@ -135,34 +136,59 @@ def test_the_best_shapes_on_the_screen_seeds_run_on_every_main_seed_at_b_and_pas
     def known_loss(z: str, k: int, b: float) -> float | None:
         return loss(z, k, b, KNOWN_LR[z]) if (z, k, b) in experiment else None
 
+    # the envelope on seed k: 2.47 + 0.001 k - 0.05 log2 b (D1W80); the arm 2.465 (between B and 1.25 B) but on
+    # seed 3 2.50 (between 0.75 and 0.5 B), seed 4 2.60 (above 0.5 B), seed 6 2.30 (below 2 B), seed 8 2.44 (1.5-2 B)
+    arm = {k: 2.465 for k in range(10)} | {3: 2.50, 4: 2.60, 6: 2.30, 8: 2.44}
     primary = RunSpec("main", "grow", 0, 1.0, 2e-3, arm="depth-x2", grow_flops=(5.0e12,), policy="rewarm")
     done: dict[str, dict] = {}
     rounds = []
     while True:
-        specs, st = wide.wide_plan(s, KNOWN_LR, KNOWN, done, known_loss, primary)
+        specs, st = wide.wide_plan(s, KNOWN_LR, KNOWN, done, known_loss, primary, lambda k: arm[k] if k < 5 else None)
         todo = [sp for sp in dict.fromkeys(specs) if sp.name not in done]
         if not todo:
             break
         rounds.append(todo)
         for sp in todo:
-            v = loss(sp.size, sp.seed, sp.budget, sp.lr) if sp.kind == "scratch" else 2.47
+            v = loss(sp.size, sp.seed, sp.budget, sp.lr) if sp.kind == "scratch" else arm[sp.seed]
             done[sp.name] = {"spec": sp, "curve": {"final": {"val_loss": v}}}
     assert st.complete and st.best == ["D1W80", "L2", "D2W80"]
     assert st.screen_loss["L1"] == pytest.approx(2.5005) and len(st.screen_loss) == 13
-    last = rounds[-1]
-    want = {(z, k, b) for z in st.best for k in range(10) for b in (1.0, 1.25, 1.5, 2.0)}
-    want -= {(z, k, b) for z, k, b in experiment} | {("D1W80", k, 1.0) for k in (0, 1)} | {
-        ("D2W80", k, 1.0) for k in (0, 1)
-    }  # fmt: skip
-    assert {(sp.size, sp.seed, sp.budget) for sp in last if sp.kind == "scratch"} == want
-    assert len(want) == 3 * 40 - 5 - 5 - 2 - 2  # L2: seeds 0-4 at B and 2 B from the experiment
-    arm = [sp for sp in last if sp.kind == "grow"]
-    assert [sp.seed for sp in arm] == [5, 6, 7, 8, 9]
-    assert all(sp == replace(primary, phase=wide.WIDE, seed=sp.seed) for sp in arm)
-    assert all(sp.phase == wide.WIDE and sp.lr == st.lr[sp.size] for sp in last if sp.kind == "scratch")
-    # without the experiment's losses the plan stops after the screen
+    budgets = {k: (1.0, 1.25) for k in range(10)} | {3: (1.0, 0.75, 0.5), 4: (1.0, 0.75, 0.5),
+                                                     6: (1.0, 1.25, 1.5, 2.0), 8: (1.0, 1.25, 1.5, 2.0)}  # fmt: skip
+    screen = {(z, k, 1.0) for z in ("D1W80", "D2W80") for k in (0, 1)}
+    want = {(z, k, b) for z in st.best for k, bs in budgets.items() for b in bs} - experiment - screen
+    ran = [(sp.size, sp.seed, sp.budget) for r in rounds[-4:] for sp in r if sp.kind == "scratch"]
+    assert sorted(ran) == sorted(want)  # each once
+    at_b = {(z, k, 1.0) for z in st.best for k in range(10)} - experiment - screen
+    first = rounds[-4]  # the first round after the screen: every seed at B, and seeds 0-1 bracketed already
+    assert {(sp.size, sp.seed, sp.budget) for sp in first if sp.kind == "scratch"} == at_b | {
+        (z, k, 1.25) for z in st.best for k in (0, 1)
+    }
+    arm_runs = [sp for sp in first if sp.kind == "grow"]
+    assert [sp.seed for sp in arm_runs] == [5, 6, 7, 8, 9]
+    assert all(sp == replace(primary, phase=wide.WIDE, seed=sp.seed) for sp in arm_runs)
+    assert all(
+        sp.phase == wide.WIDE and sp.lr == st.lr[sp.size] for r in rounds[-4:] for sp in r if sp.kind == "scratch"
+    )
+    # without the experiment's losses the plan stops after the screen; without the arm's, after B
     _, st2 = wide.wide_plan(s, KNOWN_LR, KNOWN, done)
     assert st2.screen_complete and st2.best == [] and not st2.complete
+    specs3, st3 = wide.wide_plan(s, KNOWN_LR, KNOWN, {}, known_loss, primary)
+    assert not st3.complete
+
+
+def test_the_next_budget_walks_away_from_b_towards_the_arms_loss_nearest_first():
+    env = {0.5: 2.60, 0.75: 2.55, 1.0: 2.50, 1.25: 2.48, 1.5: 2.46, 2.0: 2.44}
+    upto = lambda *bs: lambda b: env[b] if b in bs else None  # noqa: E731 (the budgets run so far)
+    assert wide.next_budget(2.49, upto(1.0)) == 1.25
+    assert wide.next_budget(2.49, upto(1.0, 1.25)) is None  # bracketed by 1 and 1.25
+    assert wide.next_budget(2.47, upto(1.0, 1.25)) == 1.5
+    assert wide.next_budget(2.40, upto(1.0, 1.25, 1.5, 2.0)) is None  # past every budget: no run would help
+    assert wide.next_budget(2.50, upto(1.0)) == 1.25  # equal to the envelope at B: read off at B
+    assert wide.next_budget(2.52, upto(1.0)) == 0.75
+    assert wide.next_budget(2.52, upto(1.0, 0.75)) is None
+    assert wide.next_budget(2.58, upto(1.0, 0.75)) == 0.5
+    assert wide.next_budget(2.70, upto(1.0, 0.75, 0.5)) is None
 
 
 def test_the_wide_runs_read_the_data_at_most_twice_at_2_b(s):
@@ -190,7 +216,7 @@ def _complete(s, arm_loss, offset=None):
                        lambda k: arm_loss(k) if k < 5 else None)  # fmt: skip
     done: dict[str, dict] = {}
     while True:
-        specs, st = wide.wide_plan(s, w_in.known_lr, w_in.known, done, w_in.known_loss, primary)
+        specs, st = wide.wide_plan(s, w_in.known_lr, w_in.known, done, w_in.known_loss, primary, w_in.arm_loss)
         todo = [sp for sp in dict.fromkeys(specs) if sp.name not in done]
         if not todo:
             return w_in, done
@@ -212,7 +238,9 @@ def test_the_report_compares_the_arm_with_the_best_shape_and_reads_the_saving_of
     assert r["best_shapes"] == ["D1W80", "L2", "D2W80"] and r["comparator"] == "D1W80"
     assert r["comparator_missing_neighbours"] == []  # 1 x 64, 2 x 80, 1 x 64 and 1 x 96 are all in the envelope
     assert len(r["envelope_shapes"]) == 13 and r["envelope_shapes"][1] == {"n_layer": 1, "n_embd": 80, "n_head": 5}
-    assert r["best_shapes_by_budget"]["2"]["L2"] == pytest.approx(2.48 - 0.05 + 0.0045, abs=1e-4)
+    assert r["best_shapes_by_budget"]["1.5"]["L2"] == pytest.approx(2.48 - 0.05 * math.log2(1.5) + 0.0045, abs=1e-4)
+    assert list(r["best_shapes_by_budget"]) == ["1", "1.25", "1.5"]  # each seed's arm is 0.016-0.029 below B
+    assert r["seeds_by_budget"] == {"1": list(range(10)), "1.25": list(range(10)), "1.5": list(range(10))}
     p = r["primary"]
     deltas = [-0.02 + wiggle[k] for k in range(10)]
     assert [x["delta"] for x in p["per_seed"]] == pytest.approx(deltas, abs=1e-9)
@@ -226,8 +254,8 @@ def test_the_report_compares_the_arm_with_the_best_shape_and_reads_the_saving_of
     sv = p["saving_vs_envelope"]
     assert sv["n"] == 10 and sv["outside"] == {} and sv["mean"] == pytest.approx(sum(want) / 10, abs=1e-4)
     assert sv["ci95"][0] < sv["mean"] < sv["ci95"][1] and p["goal_met"] == (sv["mean"] >= 0.1 and sv["ci95"][0] > 0)
-    assert p["per_seed"][3]["envelope"] == pytest.approx([2.473, 2.473 - 0.05 * math.log2(1.25),
-                                                          2.473 - 0.05 * math.log2(1.5), 2.423], abs=1e-5)  # fmt: skip
+    assert p["per_seed"][3]["envelope"] == pytest.approx({"1": 2.473, "1.25": 2.473 - 0.05 * math.log2(1.25),
+                                                          "1.5": 2.473 - 0.05 * math.log2(1.5)}, abs=1e-5)  # fmt: skip
     # written atomically and rebuilt identically; the report names the tests and the verdict
     assert wide_report.write(s, w_in, done, tmp_path) == 0
     first = (tmp_path / "results.json").read_bytes(), (tmp_path / "report.md").read_text()
@@ -239,19 +267,27 @@ def test_the_report_compares_the_arm_with_the_best_shape_and_reads_the_saving_of
     assert f"{100 * sv['mean']:+.1f}% [{100 * sv['ci95'][0]:+.1f}%, {100 * sv['ci95'][1]:+.1f}%]" in md
 
 
-def test_a_seed_whose_arm_the_envelope_does_not_bracket_has_no_saving_and_is_counted_apart(s):
-    """Seed 2's arm above the comparator at B (saving below 0: no run below B to read it off) and seed 7's below the
-    envelope at 2 B (saving above 50%): neither enters the mean, both are named; the goal is not met."""
+def test_an_arm_above_the_envelope_at_b_reads_a_negative_saving_below_b_and_one_outside_it_is_counted_apart(s):
+    """Seed 2's arm above the comparator at B: its saving is read off the runs below B (negative); seed 4's above
+    the envelope at 0.5 B and seed 7's below it at 2 B: neither enters the mean, both are named; the goal is not
+    met."""
     from growlm.eval.experiments import wide_report
 
-    arm = {k: 2.45 + 0.001 * k for k in range(10)} | {2: 2.48, 7: 2.40}
+    arm = {k: 2.45 + 0.001 * k for k in range(10)} | {2: 2.48, 4: 2.60, 7: 2.40}
     w_in, done = _complete(s, arm.get)
-    p = wide_report.summarize(s, w_in, done)["primary"]
+    r = wide_report.summarize(s, w_in, done)
+    p = r["primary"]
     sv = p["saving_vs_envelope"]
-    assert sv["n"] == 8 and sv["outside"] == {"2": "above the envelope at B", "7": "below the envelope at 2 B"}
-    assert p["per_seed"][2]["saving"] is None and p["per_seed"][2]["delta"] == pytest.approx(0.008, abs=1e-9)
-    assert sv["mean"] == pytest.approx(1 - 2 ** (-0.4), abs=1e-4) and not p["goal_met"]
-    assert p["n_negative"] == 9 and p["sign_test_p"] == pytest.approx(22 / 1024, abs=1e-5)
+    assert sv["n"] == 8 and sv["outside"] == {"4": "above the envelope at 0.5 B", "7": "below the envelope at 2 B"}
+    assert p["per_seed"][2]["delta"] == pytest.approx(0.008, abs=1e-9)
+    assert p["per_seed"][2]["envelope"] == pytest.approx({"0.75": 2.472 - 0.05 * math.log2(0.75), "1": 2.472})
+    assert p["per_seed"][2]["saving"] == pytest.approx(1 - 2 ** (0.008 / 0.05), abs=1e-4)  # -11.7%: 0.895 B needed
+    assert p["per_seed"][4]["saving"] is None and list(p["per_seed"][4]["envelope"]) == ["0.5", "0.75", "1"]
+    want = (7 * (1 - 2 ** (-0.4)) + 1 - 2 ** (0.008 / 0.05)) / 8
+    assert sv["mean"] == pytest.approx(want, abs=1e-4) and not p["goal_met"]
+    assert r["seeds_by_budget"]["0.5"] == [4] and r["seeds_by_budget"]["2"] == [7]
+    assert p["n_negative"] == 8 and p["sign_test_p"] == pytest.approx(112 / 1024, abs=1e-5)
+    assert "| 2 | 2.4800 | 2.4720 | +0.0080 | 0.75: 2.4928, 1: 2.4720 | 0.895 | -11.7% |" in wide_report.markdown(s, r)
 
 
 def test_no_report_before_the_pilot_is_complete_and_no_comparison_before_two_seeds_have_every_run(s, tmp_path, capsys):
