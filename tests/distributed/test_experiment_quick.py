@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from growlm.eval.experiments import cli as experiment
+from growlm.eval.experiments import wide
 
 ARM_FIELDS = {
     "arm",
@@ -177,7 +178,8 @@ def test_quick_optimal_phase_runs_pilot_main_and_levers_from_a_map_and_rebuilds_
     assert sorted(x.rsplit("-s", 1)[1] for x in arm) == ["2", "3"]
     assert new <= {x.split("-B")[0] for x in stems if x not in arm}
     assert {x.rsplit("-s", 1)[1] for x in stems} == {"100", "0", "1", "2", "3"}
-    assert {x.split("-B")[1].split("-")[0] for x in stems} == {"1", "1.25", "1.5", "2"}  # the best shapes past B
+    budgets = {x.split("-B")[1].split("-")[0] for x in stems}  # B, then where a seed's bracket needs (either side)
+    assert "1" in budgets and budgets <= {f"{b:g}" for b in wide.BUDGETS} and len(budgets) > 1
     # its report: the pre-registered comparison over the 4 main seeds
     w = json.loads((out / "wide" / "results.json").read_text())
     assert w["complete"] and w["n_seeds"] == 4 and w["seeds"] == [0, 1, 2, 3] and w["primary_arm"] == pre["primary_arm"]
