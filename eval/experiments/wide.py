@@ -47,17 +47,21 @@ BUDGETS = tuple(sorted((*BELOW_B, 1.0, *PAST_B)))  # every budget a best shape m
 AMENDMENTS = (
     {
         "date": "2026-12-07",
-        "made": "after the screen (every shape on main seeds 0 and 1, which chose the best shapes) and before any "
-                "other main seed's run of the best shapes or of the arm had finished",
+        "made": "after the screen (every shape on main seeds 0 and 1, which chose the best shapes), prompted by "
+                "the arm's losing to each best shape at B on both of those seeds, and before any other main seed's "
+                "run of the best shapes or of the arm had finished; one run of the first plan past B had (1 x 128 "
+                "at 2 B on seed 0, final loss 2.369): it is kept, and no comparison reads it",
         "change": "per main seed, the best shapes run at B and then, nearest budget first and only as far as their "
                   f"envelope needs to bracket the arm's loss on that seed, at {list(BELOW_B)} x B when the arm's "
                   f"loss is above the envelope's at B, else at {list(PAST_B)} x B; the saving is read off those "
                   "budgets by the same interpolation, and a seed they do not bracket is counted apart as before",
         "why": "on both screen seeds the arm's final loss at B was above each of the best three shapes': the compute "
                "the envelope needs to reach it lies below B, where the plan had no run, so the saving would have "
-               "been 'none' on such seeds while the runs past B (142.5 B of the 171.5 B left) could not bracket it. "
-               "Below B the best shapes keep the LR tuned at B, which can only raise their loss there and so "
-               "favours the arm",
+               "been 'none' on such seeds while the runs past B (142.5 B of the 171.5 B the main phase planned) "
+               "could not bracket it. Which way it moves the result: under the first plan a seed whose arm lost at "
+               "B was left out of the mean saving, which then averaged only the seeds the arm won; now it enters as "
+               "a negative saving, which counts against the arm. Below B the best shapes keep the LR tuned at B, "
+               "which can only raise their loss there and so favours the arm",
     },
 )  # fmt: skip
 SEED_FACTOR = 2  # main seeds of the primary comparison: this times the experiment's (10 for its 5)
@@ -266,7 +270,7 @@ def wide_plan(
         primary: the primary arm's main run on seed 0 (its LR, growth points and LR policy); its runs here take
             the seeds from ``s.seeds`` to ``n_seeds(s)``.
         arm_loss: the primary arm's final loss at B on a main seed the experiment ran (``Inputs.arm_loss``); without
-            it (or ``primary``) no seed gets runs other than at B.
+            it (or ``primary``) no seed gets runs other than at B, and the state is never ``complete``.
 
     Raises:
         plan.CurveMismatch: a wide curve has a needed run's name but another spec.
@@ -358,7 +362,8 @@ def max_train_windows(s: Settings, shapes: Mapping[str, tuple[int, int, int]]) -
 
 def preregistration(s: Settings, primary: str, shapes: Mapping[str, tuple[int, int, int]]) -> dict[str, Any]:
     """The comparison the wide envelope decides, fixed before any new main seed runs (written to
-    ``wide/preregistration.json`` by growlm-experiment and committed with it).
+    ``wide/preregistration.json`` by growlm-experiment and committed with it): the plan as it stands, which a new
+    experiment writes. An experiment that fixed the first plan keeps its file, amended (``accepted_preregistrations``).
 
     Args:
         s: the experiment's settings.
@@ -371,18 +376,37 @@ def preregistration(s: Settings, primary: str, shapes: Mapping[str, tuple[int, i
         "main_seeds": list(range(n_seeds(s))),
         "envelope_shapes": [{"name": z, "n_layer": v[0], "n_embd": v[1], "n_head": v[2]} for z, v in shapes.items()],
         "best_shapes": f"the {N_BEST} shapes with the lowest mean final loss at B over main seeds "
-                       f"{list(SCREEN_SEEDS)}, each at its pilot LR; they run on every main seed at B and at "
-                       f"{list(PAST_B)} x B",
+                       f"{list(SCREEN_SEEDS)}, each at its pilot LR; they run on every main seed at B, then per seed "
+                       "at the budgets their envelope needs to bracket the arm's loss on that seed, nearest first: "
+                       f"{list(BELOW_B)} x B when the arm's loss is above the envelope's at B, else {list(PAST_B)} "
+                       "x B",
         "comparator": "the best shape at B: the lowest mean final loss over every main seed among the best shapes "
                       "(chosen after the main seeds ran, which favours the envelope)",
         "primary_comparison": f"per main seed, the {primary} arm's final validation loss at B minus the "
                               "comparator's (paired by seed: the same batches); mean, 95% t-interval, a two-sided "
                               "sign test and a two-sided Wilcoxon signed-rank test over the main seeds",
         "saving": "per main seed, 1 - B / the compute the best shapes need to reach the arm's loss on that seed: "
+                  "the envelope of the best shapes' runs on that seed (their lowest loss at each budget), log budget "
+                  "interpolated linearly between the two budgets whose losses bracket the arm's (none when no pair "
+                  "brackets it, so the saving lies in [-100%, +50%] or is none); mean and 95% t-interval over the "
+                  "main seeds",
+        "goal": "a saving of at least 10% of compute with the interval above 0; if the win does not survive, that "
+                "is the result",
+    }  # fmt: skip
+
+
+def accepted_preregistrations(
+    s: Settings, primary: str, shapes: Mapping[str, tuple[int, int, int]]
+) -> list[dict[str, Any]]:
+    """The pre-registrations an existing ``wide/preregistration.json`` may hold: the plan as it stands
+    (``preregistration``), or the first plan (runs past B only) with ``AMENDMENTS`` appended, its text unchanged."""
+    first = preregistration(s, primary, shapes) | {
+        "best_shapes": f"the {N_BEST} shapes with the lowest mean final loss at B over main seeds "
+                       f"{list(SCREEN_SEEDS)}, each at its pilot LR; they run on every main seed at B and at "
+                       f"{list(PAST_B)} x B",
+        "saving": "per main seed, 1 - B / the compute the best shapes need to reach the arm's loss on that seed: "
                   "the envelope of the best shapes' runs at B and past B (their lowest loss at each budget), log "
                   "budget interpolated linearly between the two budgets whose losses bracket the arm's (none when "
                   "no pair brackets it); mean and 95% t-interval over the main seeds",
-        "goal": "a saving of at least 10% of compute with the interval above 0; if the win does not survive, that "
-                "is the result",
-        "amendments": list(AMENDMENTS),
     }  # fmt: skip
+    return [preregistration(s, primary, shapes), first | {"amendments": list(AMENDMENTS)}]

@@ -158,7 +158,8 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
         "Produced by `growlm-experiment --phase optimal` (eval/experiments/wide.py, after the experiment and its "
         "refine runs); every number here is computed from the committed curves (`curves/` here, `../curves/`, "
         "`../refine/curves/`) and `--phase optimal --report_only` rebuilds this file and results.json. The comparison "
-        "was fixed in `preregistration.json` before any wide run started.",
+        "was fixed in `preregistration.json` before any wide run started; a change made later is appended there "
+        "as an amendment, with when, why and which way it moves the result.",
         "",
         "## Shapes",
         "Every n_layer from 1 to twice the comparator's and n_embd of "
@@ -191,8 +192,10 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
         "",
         f"## The best shapes around B ({len(r['seeds'])} main seeds: {r['seeds']})",
         f"The {len(r['best_shapes'])} shapes with the lowest screen loss, mean final loss at each budget over the "
-        "seeds that ran it (a seed runs away from B only as far as its envelope needs to bracket the arm's loss); "
-        "the comparator is the best of them at B (chosen after the seeds ran, which favours the envelope).",
+        "seeds that ran it; the comparator is the best of them at B (chosen after the seeds ran, which favours the "
+        "envelope). A seed runs away from B only as far as its envelope needs to bracket the arm's loss (below B "
+        "where the arm lost at B, past it where it won), so the columns average different seeds, chosen by the "
+        "outcome: a row is not a loss-against-compute curve.",
         "",
         "| shape | "
         + " | ".join(f"{b} B ({len(r['seeds_by_budget'][b])} seeds)" for b in r["best_shapes_by_budget"])
@@ -232,9 +235,10 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
         f"- Loss against the comparator `{r['comparator']}` at B: {d['mean']:+.4f} nats, 95% t-interval "
         f"[{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]; {p['n_negative']} of {len(r['seeds'])} seeds below it; "
         f"sign test p = {_pv(p['sign_test_p'])}, Wilcoxon signed-rank p = {_pv(p['wilcoxon_p'])} (two-sided).",
-        f"- Saving of compute against the envelope of the best shapes (per seed, their lowest loss at each budget): "
-        f"{sv_text} over {sv['n']} seeds{out}. Taking each seed's lowest of {len(r['best_shapes'])} shapes favours "
-        "the envelope.",
+        f"- Saving of compute against the envelope of the best shapes (per seed, 1 - B / the compute at which their "
+        f"lowest loss at each budget reaches the arm's; a share of compute, between -100% and +50% where the "
+        f"budgets bracket it): {sv_text} over {sv['n']} seeds{out}. Taking each seed's lowest of "
+        f"{len(r['best_shapes'])} shapes favours the envelope.",
         "",
         f"**Verdict.** The pre-registered goal (a saving of at least {100 * GOAL:.0f}% with the interval above 0) is "
         + ("met." if p["goal_met"] else "not met.")

@@ -187,6 +187,11 @@ def test_quick_optimal_phase_runs_pilot_main_and_levers_from_a_map_and_rebuilds_
     p, sv = w["primary"], w["primary"]["saving_vs_envelope"]
     assert w["comparator"] in w["best_shapes"] and len(p["per_seed"]) == 4 and 0 < p["wilcoxon_p"] <= 1
     assert sv["n"] + len(sv["outside"]) == 4 and set(sv) == {"mean", "ci95", "n", "outside"}
+    for x in p["per_seed"]:  # each seed's budgets: B and a run of neighbours on the side of its arm's loss
+        got = sorted(float(b) for b in x["envelope"])
+        i = wide.BUDGETS.index(got[0])
+        assert got == list(wide.BUDGETS[i : i + len(got)]) and 1.0 in got
+        assert (got[0] < 1.0) == (x["arm_loss"] > x["envelope"]["1"]) and (x["saving"] is None or len(got) > 1)
     assert "## The primary arm" in (out / "wide" / "report.md").read_text()
     # a pre-registration that fixes another comparison is never replaced: refused in one line
     (out / "wide" / "preregistration.json").write_text(json.dumps({**pre, "primary_arm": "msg-depth"}))

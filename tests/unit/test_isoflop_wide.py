@@ -114,6 +114,16 @@ def test_the_preregistration_fixes_the_arm_the_seeds_and_the_tests(s):
     assert pre["envelope_shapes"][0] == {"name": "L1", "n_layer": 1, "n_embd": 64, "n_head": 4}
     assert "sign test" in pre["primary_comparison"] and "Wilcoxon" in pre["primary_comparison"]
     assert json.loads(json.dumps(pre)) == pre
+    # a new experiment writes the plan as it stands; the committed one keeps its first plan's text, amended
+    assert "amendments" not in pre and "[0.75, 0.5] x B when the arm's loss is above" in pre["best_shapes"]
+    now, first = wide.accepted_preregistrations(s, "depth-x2", shapes)
+    assert now == pre and first["amendments"] == list(wide.AMENDMENTS) and len(wide.AMENDMENTS) == 1
+    assert first["best_shapes"].endswith("they run on every main seed at B and at [1.25, 1.5, 2.0] x B")
+    assert {k: v for k, v in first.items() if k not in ("best_shapes", "saving", "amendments")} == {
+        k: v for k, v in pre.items() if k not in ("best_shapes", "saving")
+    }
+    committed = json.loads((RESULTS.parent / "wide" / "preregistration.json").read_text())
+    assert committed == first  # the file growlm-experiment accepts, byte for byte what was first fixed plus one
 
 
 def test_the_best_shapes_run_on_every_main_seed_at_b_then_as_far_as_each_seeds_arm_needs(s):
@@ -298,7 +308,7 @@ def test_no_report_before_the_pilot_is_complete_and_no_comparison_before_two_see
         wide_report.summarize(s, w_in, {})
     assert wide_report.write(s, w_in, {}, tmp_path) == 0 and not (tmp_path / "results.json").exists()
     assert "no wide envelope report yet" in capsys.readouterr().out
-    # the screen done, the best shapes' runs past B not yet: the shapes table only
+    # the screen done, the best shapes' runs on the other seeds and away from B not yet: the shapes table only
     early = {n: rec for n, rec in done.items() if rec["spec"].budget == 1.0 and rec["spec"].seed in (0, 1, 100)}
     r = wide_report.summarize(s, w_in, early)
     assert r["primary"] is None and not r["complete"] and r["screen_complete"] and r["seeds"] == []
