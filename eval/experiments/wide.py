@@ -222,6 +222,7 @@ class Inputs:
     known_loss: KnownLoss  # a trained size's final loss on a main seed at a budget (x B), None when not run
     primary: RunSpec  # the primary arm's main run on seed 0
     arm_loss: Callable[[int], float | None]  # the primary arm's final loss at B on an experiment's main seed
+    arm_machine: Callable[[int], str | None] = lambda k: None  # the CPU or GPU that ran it (its curve's machine)
 
 
 def inputs(s: Settings, st: optimal.State, done: Mapping[str, dict], refined: Mapping[str, dict]) -> Inputs:
@@ -243,7 +244,14 @@ def inputs(s: Settings, st: optimal.State, done: Mapping[str, dict], refined: Ma
 
     a = st.primary
     primary = RunSpec("main", "grow", 0, 1.0, st.lr[a], arm=a, grow_flops=st.growth[a], policy=st.policy[a])
-    return Inputs(known, known_lr, known_loss, primary, lambda k: plan.final_loss(done, replace(primary, seed=k)))
+    return Inputs(known, known_lr, known_loss, primary, lambda k: plan.final_loss(done, replace(primary, seed=k)),
+                  lambda k: machine(done, replace(primary, seed=k)))  # fmt: skip
+
+
+def machine(done: Mapping[str, dict], spec: RunSpec) -> str | None:
+    """The machine (``curve["machine"]``: CPU or GPU, cores) a finished run ran on; None when not run."""
+    rec = done.get(spec.name)
+    return None if rec is None else rec["curve"].get("machine")
 
 
 def wide_plan(

@@ -18,7 +18,9 @@ The primary comparison, per main seed k (paired: the same batches in the same or
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -84,12 +86,23 @@ def summarize(s: Settings, w_in: wide.Inputs, w_done: Mapping[str, dict]) -> dic
         "best_shapes": list(st.best), "seeds": seeds, "n_seeds": len(seeds),
         "complete": st.complete and len(seeds) == wide.n_seeds(s),
         "runs": len(w_done), "wall_s_runs_total": _r(sum(r["curve"]["wall_s"] for r in w_done.values()), 1),
-        "primary": None,
+        "machines": _machines(s, w_in, w_done), "primary": None,
     }  # fmt: skip
     if len(seeds) >= 2:
         res |= _primary(w_in.primary.arm, st.best, seeds, loss, arm_loss)
         res["comparator_missing_neighbours"] = wide.missing_neighbours(st.shapes[res["comparator"]], s, st.shapes)
     return res
+
+
+def _machines(s: Settings, w_in: wide.Inputs, w_done: Mapping[str, dict]) -> dict[str, dict[str, Any]]:
+    """Where the runs ran: the primary arm's main seeds by machine, and the wide runs counted by machine."""
+    arm: dict[str, list[int]] = {}
+    for k in range(wide.n_seeds(s)):
+        m = w_in.arm_machine(k) if k < s.seeds else wide.machine(w_done, replace(w_in.primary, phase=wide.WIDE, seed=k))
+        if m is not None:
+            arm.setdefault(m, []).append(k)
+    runs = Counter(rec["curve"].get("machine") or "unknown" for rec in w_done.values())
+    return {"arm_seeds": arm, "wide_runs": dict(sorted(runs.items()))}
 
 
 def _shape_row(s: Settings, st: wide.WideState, z: str, w_done: Mapping[str, dict], loss: Callable) -> dict:
@@ -139,6 +152,17 @@ def _primary(arm: str, best: list[str], seeds: list[int], loss: Callable, arm_lo
                         and (sv_ci["ci95"][0] or 0) > 0,
         },
     }  # fmt: skip
+
+
+def _machines_line(m: Mapping[str, Any]) -> str:
+    """Where the runs ran, in words, with what that means for a paired comparison."""
+    arm = "; ".join(f"{name} (seeds {', '.join(map(str, ks))})" for name, ks in m["arm_seeds"].items()) or "none yet"
+    runs = "; ".join(f"{name} ({n})" for name, n in m["wide_runs"].items())
+    return (
+        f"Where the runs ran: the primary arm on {arm}; the wide runs on {runs}. Runs on different CPUs round "
+        "differently, and a run at a high LR can then drift from its twin (docs/evaluation.md, what reproduces): "
+        "a seed whose arm and shapes ran on two CPUs carries that noise in its pair, and the intervals with it."
+    )
 
 
 def _p(x: float | None) -> str:
@@ -246,6 +270,8 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
         "",
         f"## Cost\n{r['runs']} wide runs, {r['wall_s_runs_total'] / 3600:.1f} hours of run wall time (2 at a time on "
         "2 cores).",
+        "",
+        _machines_line(r["machines"]),
         "",
     ]
     return "\n".join(lines)

@@ -223,7 +223,8 @@ def _complete(s, arm_loss, offset=None):
     primary = RunSpec("main", "grow", 0, 1.0, 2e-3, arm="depth-x2", grow_flops=(5.0e12,), policy="rewarm")
     w_in = wide.Inputs(dict(KNOWN), dict(KNOWN_LR),
                        lambda z, k, b: loss(z, k, b, KNOWN_LR[z]) if (z, k, b) in experiment else None, primary,
-                       lambda k: arm_loss(k) if k < 5 else None)  # fmt: skip
+                       lambda k: arm_loss(k) if k < 5 else None,
+                       lambda k: "Xeon, 2 cores" if k < 5 else None)  # fmt: skip
     done: dict[str, dict] = {}
     while True:
         specs, st = wide.wide_plan(s, w_in.known_lr, w_in.known, done, w_in.known_loss, primary, w_in.arm_loss)
@@ -232,7 +233,10 @@ def _complete(s, arm_loss, offset=None):
             return w_in, done
         for sp in todo:
             v = loss(sp.size, sp.seed, sp.budget, sp.lr) if sp.kind == "scratch" else arm_loss(sp.seed)
-            done[sp.name] = {"spec": sp, "curve": {"final": {"val_loss": v}, "wall_s": 100.0}}
+            done[sp.name] = {
+                "spec": sp,
+                "curve": {"final": {"val_loss": v}, "wall_s": 100.0, "machine": "EPYC, 2 cores"},
+            }
 
 
 def test_the_report_compares_the_arm_with_the_best_shape_and_reads_the_saving_off_the_envelope_past_b(s, tmp_path):
@@ -274,6 +278,10 @@ def test_the_report_compares_the_arm_with_the_best_shape_and_reads_the_saving_of
     assert json.loads(first[0]) == r
     md = first[1]
     assert "sign test p = 0.00195, Wilcoxon signed-rank p = 0.00195" in md and "10 of 10 seeds below it" in md
+    # where the runs ran: the arm's first five seeds with the experiment, the rest and every wide run here
+    assert r["machines"] == {"arm_seeds": {"Xeon, 2 cores": [0, 1, 2, 3, 4], "EPYC, 2 cores": [5, 6, 7, 8, 9]},
+                             "wide_runs": {"EPYC, 2 cores": len(done)}}  # fmt: skip
+    assert "the primary arm on Xeon, 2 cores (seeds 0, 1, 2, 3, 4); EPYC, 2 cores (seeds 5, 6, 7, 8, 9)" in md
     assert f"{100 * sv['mean']:+.1f}% [{100 * sv['ci95'][0]:+.1f}%, {100 * sv['ci95'][1]:+.1f}%]" in md
 
 
