@@ -68,13 +68,12 @@ def summarize(s: Settings, w_in: wide.Inputs, w_done: Mapping[str, dict]) -> dic
     def arm_loss(k: int) -> float | None:
         return wide.seed_arm_loss(k, s, w_done, w_in.primary, w_in.arm_loss)
 
-    def finished(k: int) -> bool:
-        """Seed k's arm and best shapes have run at B and at every budget its bracket needs."""
-        la, env = arm_loss(k), wide.envelope(st.best, k, loss)
-        return bool(st.best) and la is not None and env(1.0) is not None and wide.next_budget(la, env) is None
+    def at_b(k: int) -> bool:
+        """Seed k's arm and every best shape have run at B (its primary comparison can be read)."""
+        return bool(st.best) and arm_loss(k) is not None and wide.envelope(st.best, k, loss)(1.0) is not None
 
     shapes = [_shape_row(s, st, z, w_done, loss) for z in st.shapes]
-    seeds = [k for k in range(wide.n_seeds(s)) if finished(k)]
+    seeds = [k for k in range(wide.n_seeds(s)) if at_b(k)]
     res: dict[str, Any] = {
         "protocol": WIDE_PROTOCOL, "budget_C": s.design["budget_C"], "budget_flops": s.c_flops,
         "primary_arm": w_in.primary.arm,
@@ -89,7 +88,8 @@ def summarize(s: Settings, w_in: wide.Inputs, w_done: Mapping[str, dict]) -> dic
         "machines": _machines(s, w_in, w_done), "primary": None,
     }  # fmt: skip
     if len(seeds) >= 2:
-        res |= _primary(w_in.primary.arm, st.best, seeds, loss, arm_loss)
+        bracketed = [k for k in seeds if wide.next_budget(arm_loss(k), wide.envelope(st.best, k, loss)) is None]
+        res |= _primary(w_in.primary.arm, st.best, seeds, bracketed, loss, arm_loss)
         res["comparator_missing_neighbours"] = wide.missing_neighbours(st.shapes[res["comparator"]], s, st.shapes)
     return res
 
@@ -117,8 +117,11 @@ def _shape_row(s: Settings, st: wide.WideState, z: str, w_done: Mapping[str, dic
             "screen_losses": [_r(loss(z, k, 1.0)) for k in wide.SCREEN_SEEDS], "best": z in st.best}  # fmt: skip
 
 
-def _primary(arm: str, best: list[str], seeds: list[int], loss: Callable, arm_loss: Callable) -> dict[str, Any]:
-    """The comparator among the best shapes and the primary comparison over ``seeds`` (every run there)."""
+def _primary(
+    arm: str, best: list[str], seeds: list[int], bracketed: list[int], loss: Callable, arm_loss: Callable
+) -> dict[str, Any]:
+    """The comparator among the best shapes and the primary comparison over ``seeds`` (the arm and every best shape
+    run at B), the saving over ``bracketed`` (those of them whose runs away from B are done; the rest pending)."""
     ran = {b: [k for k in seeds if wide.envelope(best, k, loss)(b) is not None] for b in wide.BUDGETS}
     by_budget = {b: {z: statistics.fmean(loss(z, k, b) for k in ks) for z in best} for b, ks in ran.items() if ks}
     comp = min(best, key=lambda z: (by_budget[1.0][z], z))
@@ -126,9 +129,11 @@ def _primary(arm: str, best: list[str], seeds: list[int], loss: Callable, arm_lo
     for k in seeds:
         la, lc, env = arm_loss(k), loss(comp, k, 1.0), wide.envelope(best, k, loss)
         points = [(b, x) for b in wide.BUDGETS if (x := env(b)) is not None]
-        need = an.compute_to_reach(points, la)
+        need = an.compute_to_reach(points, la) if k in bracketed else None
         sv = an.saving(1.0, need)
-        if sv is None:
+        if k not in bracketed:
+            pass
+        elif sv is None:
             b, where = (points[0][0], "above") if la > points[0][1] else (points[-1][0], "below")
             outside[str(k)] = f"{where} the envelope at {b:g} B"
         else:
@@ -136,7 +141,7 @@ def _primary(arm: str, best: list[str], seeds: list[int], loss: Callable, arm_lo
         deltas.append(la - lc)
         rows.append({"seed": k, "arm_loss": _r(la, 5), "comparator_loss": _r(lc, 5), "delta": _r(la - lc, 5),
                      "envelope": {f"{b:g}": _r(x, 5) for b, x in points}, "compute_to_reach_B": _r(need),
-                     "saving": _r(sv)})  # fmt: skip
+                     "saving": _r(sv), "bracketed": k in bracketed})  # fmt: skip
     sv_ci = _ci(savings) if savings else {"mean": None, "ci95": [None, None]}
     return {
         "comparator": comp,
@@ -147,9 +152,10 @@ def _primary(arm: str, best: list[str], seeds: list[int], loss: Callable, arm_lo
             "comparator_loss_mean": _r(by_budget[1.0][comp]), "per_seed": rows,
             "delta_vs_comparator": _ci(deltas), "n_negative": sum(d < 0 for d in deltas),
             "sign_test_p": _r(an.sign_test_p(deltas), 5), "wilcoxon_p": _r(an.wilcoxon_p(deltas), 5),
-            "saving_vs_envelope": {**sv_ci, "n": len(savings), "outside": outside},
-            "goal_met": sv_ci["mean"] is not None and not outside and sv_ci["mean"] >= GOAL
-                        and (sv_ci["ci95"][0] or 0) > 0,
+            "saving_vs_envelope": {**sv_ci, "n": len(savings), "outside": outside,
+                                   "pending": [k for k in seeds if k not in bracketed]},
+            "goal_met": sv_ci["mean"] is not None and not outside and len(bracketed) == len(seeds)
+                        and sv_ci["mean"] >= GOAL and (sv_ci["ci95"][0] or 0) > 0,
         },
     }  # fmt: skip
 
@@ -207,14 +213,15 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
     if not r["screen_complete"]:
         lines += ["", "The screen is not complete: the best shapes are not chosen yet."]
     if r["primary"] is None:
-        lines += ["", f"**Not finished.** The primary comparison needs at least 2 main seeds with every run "
-                      f"({r['runs']} wide runs so far).", ""]  # fmt: skip
+        lines += ["", "**Not finished.** The primary comparison needs at least 2 main seeds with the arm and every "
+                      f"best shape at B ({r['runs']} wide runs so far).", ""]  # fmt: skip
         return "\n".join(lines)
     p, sv = r["primary"], r["primary"]["saving_vs_envelope"]
     d = p["delta_vs_comparator"]
     lines += [
         "",
-        f"## The best shapes around B ({len(r['seeds'])} main seeds: {r['seeds']})",
+        f"## The best shapes around B ({len(r['seeds'])} main seeds with the arm and every best shape at B: "
+        f"{r['seeds']})",
         f"The {len(r['best_shapes'])} shapes with the lowest screen loss, mean final loss at each budget over the "
         "seeds that ran it; the comparator is the best of them at B (chosen after the seeds ran, which favours the "
         "envelope). A seed runs away from B only as far as its envelope needs to bracket the arm's loss (below B "
@@ -244,13 +251,15 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
     ]  # fmt: skip
     for x in p["per_seed"]:
         need = "n/a" if x["compute_to_reach_B"] is None else f"{x['compute_to_reach_B']:.3f}"
-        saving = "n/a" if x["saving"] is None else f"{100 * x['saving']:+.1f}%"
+        saving = "pending" if not x["bracketed"] else "n/a" if x["saving"] is None else f"{100 * x['saving']:+.1f}%"
         env = ", ".join(f"{b}: {v:.4f}" for b, v in x["envelope"].items())
         lines.append(f"| {x['seed']} | {x['arm_loss']:.4f} | {x['comparator_loss']:.4f} | {x['delta']:+.4f} | "
                      f"{env} | {need} | {saving} |")  # fmt: skip
     out = "".join(f"; seed {k}: {why}" for k, why in sorted(sv["outside"].items(), key=lambda kv: int(kv[0])))
+    if sv["pending"]:
+        out += f"; pending (the runs away from B not all done): seeds {', '.join(map(str, sv['pending']))}"
     if sv["mean"] is None:
-        sv_text = "n/a (no seed's arm loss lies between the envelope's at two of its budgets)"
+        sv_text = "n/a (no seed's arm loss lies between the envelope's at two of its budgets yet)"
     else:
         lo, hi = sv["ci95"]
         sv_text = f"{100 * sv['mean']:+.1f}%" + ("" if lo is None else f" [{100 * lo:+.1f}%, {100 * hi:+.1f}%]")
@@ -266,7 +275,7 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
         "",
         f"**Verdict.** The pre-registered goal (a saving of at least {100 * GOAL:.0f}% with the interval above 0) is "
         + ("met." if p["goal_met"] else "not met.")
-        + ("" if r["complete"] else " The comparison is not complete: more seeds are to come."),
+        + ("" if r["complete"] else " The comparison is not complete: more runs are to come."),
         "",
         f"## Cost\n{r['runs']} wide runs, {r['wall_s_runs_total'] / 3600:.1f} hours of run wall time (2 at a time on "
         "2 cores).",

@@ -186,7 +186,8 @@ def test_quick_optimal_phase_runs_pilot_main_and_levers_from_a_map_and_rebuilds_
     assert w["envelope_shapes"] == [{k: x[k] for k in ("n_layer", "n_embd", "n_head")} for x in pre["envelope_shapes"]]
     p, sv = w["primary"], w["primary"]["saving_vs_envelope"]
     assert w["comparator"] in w["best_shapes"] and len(p["per_seed"]) == 4 and 0 < p["wilcoxon_p"] <= 1
-    assert sv["n"] + len(sv["outside"]) == 4 and set(sv) == {"mean", "ci95", "n", "outside"}
+    assert sv["n"] + len(sv["outside"]) == 4 and set(sv) == {"mean", "ci95", "n", "outside", "pending"}
+    assert sv["pending"] == [] and all(x["bracketed"] for x in p["per_seed"])
     for x in p["per_seed"]:  # each seed's budgets: B and a run of neighbours on the side of its arm's loss
         got = sorted(float(b) for b in x["envelope"])
         i = wide.BUDGETS.index(got[0])

@@ -308,7 +308,10 @@ def test_an_arm_above_the_envelope_at_b_reads_a_negative_saving_below_b_and_one_
     assert "| 2 | 2.4800 | 2.4720 | +0.0080 | 0.75: 2.4928, 1: 2.4720 | 0.895 | -11.7% |" in wide_report.markdown(s, r)
 
 
-def test_no_report_before_the_pilot_is_complete_and_no_comparison_before_two_seeds_have_every_run(s, tmp_path, capsys):
+def test_no_report_before_the_pilot_then_the_comparison_at_b_before_the_saving(s, tmp_path, capsys):
+    """No report before the pilot is complete; the shapes table alone while fewer than 2 seeds have the arm and
+    every best shape at B; then the comparison at B over those seeds, their savings pending until the runs away
+    from B are done."""
     from growlm.eval.experiments import wide_report
 
     w_in, done = _complete(s, lambda k: 2.45)
@@ -316,14 +319,26 @@ def test_no_report_before_the_pilot_is_complete_and_no_comparison_before_two_see
         wide_report.summarize(s, w_in, {})
     assert wide_report.write(s, w_in, {}, tmp_path) == 0 and not (tmp_path / "results.json").exists()
     assert "no wide envelope report yet" in capsys.readouterr().out
-    # the screen done, the best shapes' runs on the other seeds and away from B not yet: the shapes table only
+    # the screen done (seeds 0 and 1 at B), the arm known on seed 0 only: the shapes table only
     early = {n: rec for n, rec in done.items() if rec["spec"].budget == 1.0 and rec["spec"].seed in (0, 1, 100)}
-    r = wide_report.summarize(s, w_in, early)
-    assert r["primary"] is None and not r["complete"] and r["screen_complete"] and r["seeds"] == []
+    one = replace(w_in, arm_loss=lambda k: 2.45 if k == 0 else None)
+    r = wide_report.summarize(s, one, early)
+    assert r["primary"] is None and not r["complete"] and r["screen_complete"] and r["seeds"] == [0]
     assert "**Not finished.**" in wide_report.markdown(s, r)
     d1w80 = next(x for x in r["shapes"] if x["name"] == "D1W80")
     assert d1w80["best"] and d1w80["trained_by"] == "wide" and len(d1w80["pilot_sweep"]) == 3
     assert d1w80["screen_losses"] == pytest.approx([2.47, 2.471])
+    # the arm on seeds 0 and 1 too: the comparison at B reads off both, the saving waits for the runs past B
+    r = wide_report.summarize(s, w_in, early)
+    p = r["primary"]
+    assert r["seeds"] == [0, 1] and r["comparator"] == "D1W80" and not r["complete"]
+    assert [x["delta"] for x in p["per_seed"]] == pytest.approx([-0.02, -0.021], abs=1e-9)
+    assert [x["bracketed"] for x in p["per_seed"]] == [False, False] and p["per_seed"][0]["saving"] is None
+    sv = p["saving_vs_envelope"]
+    assert sv == {"mean": None, "ci95": [None, None], "n": 0, "outside": {}, "pending": [0, 1]} and not p["goal_met"]
+    md = wide_report.markdown(s, r)
+    assert "| 0 | 2.4500 | 2.4700 | -0.0200 | 1: 2.4700 | n/a | pending |" in md
+    assert "; pending (the runs away from B not all done): seeds 0, 1" in md and "not complete" in md
 
 
 def test_a_shape_at_an_edge_of_the_envelope_names_its_missing_neighbours(s):
