@@ -408,7 +408,8 @@ def accepted_preregistrations(
 ) -> list[dict[str, Any]]:
     """The pre-registrations an existing ``wide/preregistration.json`` may hold: the plan as it stands
     (``preregistration``), or the first plan (runs past B only) with ``AMENDMENTS`` appended, its text unchanged."""
-    first = preregistration(s, primary, shapes) | {
+    now = preregistration(s, primary, shapes)
+    first = now | {
         "best_shapes": f"the {N_BEST} shapes with the lowest mean final loss at B over main seeds "
                        f"{list(SCREEN_SEEDS)}, each at its pilot LR; they run on every main seed at B and at "
                        f"{list(PAST_B)} x B",
@@ -417,4 +418,4 @@ def accepted_preregistrations(
                   "budget interpolated linearly between the two budgets whose losses bracket the arm's (none when "
                   "no pair brackets it); mean and 95% t-interval over the main seeds",
     }  # fmt: skip
-    return [preregistration(s, primary, shapes), first | {"amendments": list(AMENDMENTS)}]
+    return [now, first | {"amendments": list(AMENDMENTS)}]

@@ -131,13 +131,11 @@ def _primary(
         points = [(b, x) for b in wide.BUDGETS if (x := env(b)) is not None]
         need = an.compute_to_reach(points, la) if k in bracketed else None
         sv = an.saving(1.0, need)
-        if k not in bracketed:
-            pass
-        elif sv is None:
+        if sv is not None:
+            savings.append(sv)
+        elif k in bracketed:  # the budgets ran out on one side of the arm's loss
             b, where = (points[0][0], "above") if la > points[0][1] else (points[-1][0], "below")
             outside[str(k)] = f"{where} the envelope at {b:g} B"
-        else:
-            savings.append(sv)
         deltas.append(la - lc)
         rows.append({"seed": k, "arm_loss": _r(la, 5), "comparator_loss": _r(lc, 5), "delta": _r(la - lc, 5),
                      "envelope": {f"{b:g}": _r(x, 5) for b, x in points}, "compute_to_reach_B": _r(need),
