@@ -327,8 +327,9 @@ def write_error(err: BaseException, folder: str | os.PathLike) -> OSError | None
         if rust:
             return OSError(int(rust.group(1)), os.strerror(int(rust.group(1))))
         if isinstance(err, RuntimeError) and any(k in str(err) for k in TORCH_WRITER_FAILURES):
-            try:
-                usage = shutil.disk_usage(folder)
+            try:  # the folder the write left may be gone already: its filesystem is its nearest parent's
+                where = next(p for p in (Path(folder), *Path(folder).parents) if p.exists())
+                usage = shutil.disk_usage(where)
                 full = usage.free < max(NEARLY_FULL_BYTES, usage.total // 100)
             except OSError:
                 full = False
