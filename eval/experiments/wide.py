@@ -63,6 +63,19 @@ AMENDMENTS = (
                "a negative saving, which counts against the arm. Below B the best shapes keep the LR tuned at B, "
                "which can only raise their loss there and so favours the arm",
     },
+    {
+        "date": "2026-12-07",
+        "made": "after every run had finished, on a review of this record; it changes nothing in the plan or the "
+                "analysis",
+        "change": "a correction of the first amendment's 'made': the arm's main seeds 0-4 are the experiment's own "
+                  "runs, finished before the wide runs started, so when the plan was amended the arm's losses at B "
+                  "were known on seeds 2, 3 and 4 as well (2.4736, 2.4817, 2.4657), where no best shape had run; "
+                  "what had not finished was any run of the best shapes on seeds 2-9 and the arm's runs on the new "
+                  "seeds 5-9",
+        "why": "the record must say what was known when the plan changed. Which way it could move the result: the "
+               "amended rule reads, per seed, only on which side of the envelope at B the arm lies, which no run "
+               "known then showed for seeds 2-9",
+    },
 )  # fmt: skip
 SEED_FACTOR = 2  # main seeds of the primary comparison: this times the experiment's (10 for its 5)
 

@@ -85,13 +85,25 @@ def summarize(s: Settings, w_in: wide.Inputs, w_done: Mapping[str, dict]) -> dic
         "best_shapes": list(st.best), "seeds": seeds, "n_seeds": len(seeds),
         "complete": st.complete and len(seeds) == wide.n_seeds(s),
         "runs": len(w_done), "wall_s_runs_total": _r(sum(r["curve"]["wall_s"] for r in w_done.values()), 1),
-        "machines": _machines(s, w_in, w_done), "primary": None,
+        "machines": _machines(s, w_in, w_done), "unread_runs": _unread(st.best, w_done, loss), "primary": None,
     }  # fmt: skip
     if len(seeds) >= 2:
         bracketed = [k for k in seeds if wide.next_budget(arm_loss(k), wide.envelope(st.best, k, loss)) is None]
         res |= _primary(w_in.primary.arm, st.best, seeds, bracketed, loss, arm_loss)
         res["comparator_missing_neighbours"] = wide.missing_neighbours(st.shapes[res["comparator"]], s, st.shapes)
     return res
+
+
+def _unread(best: list[str], w_done: Mapping[str, dict], loss: Callable) -> list[dict[str, Any]]:
+    """The wide runs away from B that no table or comparison reads: a budget's envelope on a seed is read only once
+    every best shape has run there (``wide.envelope``), so a run there alone (one left from an earlier plan) is kept
+    and named, not used. Each: shape, seed, budget (x B), final loss."""
+    rows = []
+    for rec in w_done.values():
+        z, k, b = rec["spec"].size, rec["spec"].seed, rec["spec"].budget
+        if b != 1.0 and (z not in best or wide.envelope(best, k, loss)(b) is None):
+            rows.append({"shape": z, "seed": k, "budget": b, "final_loss": _r(loss(z, k, b), 5)})
+    return sorted(rows, key=lambda x: (x["seed"], x["budget"], x["shape"]))
 
 
 def _machines(s: Settings, w_in: wide.Inputs, w_done: Mapping[str, dict]) -> dict[str, dict[str, Any]]:
@@ -166,6 +178,18 @@ def _machines_line(m: Mapping[str, Any]) -> str:
         f"Where the runs ran: the primary arm on {arm}; the wide runs on {runs}. Runs on different CPUs round "
         "differently, and a run at a high LR can then drift from its twin (docs/evaluation.md, what reproduces): "
         "a seed whose arm and shapes ran on two CPUs carries that noise in its pair, and the intervals with it."
+    )
+
+
+def _unread_line(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    runs = ", ".join(
+        f"`{x['shape']}` at {x['budget']:g} B on seed {x['seed']} (loss {x['final_loss']:.4f})" for x in rows
+    )
+    return (
+        " Kept, read by no table or comparison (every best shape must have run at a budget on a seed before the "
+        f"envelope there is read): {runs}."
     )
 
 
@@ -276,7 +300,7 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
         + ("" if r["complete"] else " The comparison is not complete: more runs are to come."),
         "",
         f"## Cost\n{r['runs']} wide runs, {r['wall_s_runs_total'] / 3600:.1f} hours of run wall time (2 at a time on "
-        "2 cores).",
+        f"2 cores).{_unread_line(r['unread_runs'])}",
         "",
         _machines_line(r["machines"]),
         "",

@@ -117,7 +117,7 @@ def test_the_preregistration_fixes_the_arm_the_seeds_and_the_tests(s):
     # a new experiment writes the plan as it stands; the committed one keeps its first plan's text, amended
     assert "amendments" not in pre and "[0.75, 0.5] x B when the arm's loss is above" in pre["best_shapes"]
     now, first = wide.accepted_preregistrations(s, "depth-x2", shapes)
-    assert now == pre and first["amendments"] == list(wide.AMENDMENTS) and len(wide.AMENDMENTS) == 1
+    assert now == pre and first["amendments"] == list(wide.AMENDMENTS) and len(wide.AMENDMENTS) == 2
     assert first["best_shapes"].endswith("they run on every main seed at B and at [1.25, 1.5, 2.0] x B")
     assert {k: v for k, v in first.items() if k not in ("best_shapes", "saving", "amendments")} == {
         k: v for k, v in pre.items() if k not in ("best_shapes", "saving")
@@ -250,6 +250,7 @@ def test_the_report_compares_the_arm_with_the_best_shape_and_reads_the_saving_of
     r = wide_report.summarize(s, w_in, done)
     assert r["complete"] and r["seeds"] == list(range(10)) and r["n_seeds"] == 10
     assert r["best_shapes"] == ["D1W80", "L2", "D2W80"] and r["comparator"] == "D1W80"
+    assert r["unread_runs"] == []
     assert r["comparator_missing_neighbours"] == []  # 1 x 64, 2 x 80, 1 x 64 and 1 x 96 are all in the envelope
     assert len(r["envelope_shapes"]) == 13 and r["envelope_shapes"][1] == {"n_layer": 1, "n_embd": 80, "n_head": 5}
     assert r["best_shapes_by_budget"]["1.5"]["L2"] == pytest.approx(2.48 - 0.05 * math.log2(1.5) + 0.0045, abs=1e-4)
@@ -306,6 +307,17 @@ def test_an_arm_above_the_envelope_at_b_reads_a_negative_saving_below_b_and_one_
     assert r["seeds_by_budget"]["0.5"] == [4] and r["seeds_by_budget"]["2"] == [7]
     assert p["n_negative"] == 8 and p["sign_test_p"] == pytest.approx(112 / 1024, abs=1e-5)
     assert "| 2 | 2.4800 | 2.4720 | +0.0080 | 0.75: 2.4928, 1: 2.4720 | 0.895 | -11.7% |" in wide_report.markdown(s, r)
+    # a lone best-shape run at a budget its seed's other best shapes did not run at (one left from an earlier plan):
+    # kept and named, read by no comparison
+    assert r["unread_runs"] == [] and "read by no table" not in wide_report.markdown(s, r)
+    at_b = next(rec["spec"] for rec in done.values() if rec["spec"].size == "D1W80" and rec["spec"].seed == 2
+                and rec["spec"].budget == 1.0 and rec["spec"].kind == "scratch")  # fmt: skip
+    lone = replace(at_b, budget=2.0)
+    done[lone.name] = {"spec": lone, "curve": {"final": {"val_loss": 2.1}, "wall_s": 100.0, "machine": "EPYC, 2 cores"}}
+    r2 = wide_report.summarize(s, w_in, done)
+    assert r2["unread_runs"] == [{"shape": "D1W80", "seed": 2, "budget": 2.0, "final_loss": 2.1}]
+    assert r2["primary"] == p and r2["runs"] == r["runs"] + 1
+    assert "`D1W80` at 2 B on seed 2 (loss 2.1000)." in wide_report.markdown(s, r2)
 
 
 def test_no_report_before_the_pilot_then_the_comparison_at_b_before_the_saving(s, tmp_path, capsys):
