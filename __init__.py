@@ -2,9 +2,9 @@
 
 One import namespace, the repository's top level: ``model`` (the growth-aware model families) < ``runtime`` (DeepSpeed:
 process group, engine, checkpoints) < ``data`` (tokenizer, corpus, token files) < ``growth`` (operators, live and
-offline growth, the plan's stages) < ``eval.metrics`` (scores training uses) < ``trainer`` (the run behind
-``train``) < the commands (``train``, ``trainer.driver``, ``eval.bench``, ``eval.experiments``). An import only points
-down this list (DESIGN.md, "Layers"; checked by tests/unit/test_layers.py).
+offline growth, the plan's stages) < ``trainer`` (the run behind ``train``, its held-out scoring included) < the
+tools (``train``, ``trainer.driver``, all of ``eval``: growlm-eval, growlm-bench, growlm-experiment). An import only
+points down this list (DESIGN.md, "Layers"; checked by tests/unit/test_layers.py).
 """
 
 from pathlib import Path

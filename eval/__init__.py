@@ -1,4 +1,4 @@
-"""Evaluation by job: ``metrics/`` (perplexity, cloze, text sets, model loading, training-dynamics measures and the
-tiny grow-and-measure harness; growlm-eval) sits below trainer, which uses its perplexity; ``bench/`` (growlm-bench)
-and ``experiments/`` (growlm-experiment) launch train.py and sit above it. Committed measurements are data in
-``results/`` (no Python package)."""
+"""The tools, all above trainer (DESIGN.md, "Layers"): ``metrics/`` (growlm-eval: document and word perplexity,
+cloze, text sets, model loading), ``bench/`` (growlm-bench and the other benchmarks, the growth-dynamics measures and
+their tiny grow-and-measure harness among them) and ``experiments/`` (growlm-experiment). The token scorer training
+and growlm-eval share is trainer.scoring. Committed measurements are data in ``results/`` (no Python package)."""

@@ -1,6 +1,8 @@
 """The model families growlm builds, one line each: a config's ``arch`` and a transformers ``model_type`` name the
 family, which holds its config class, module, transformers adapter, presets and growth operators. Every place that
-needs a family's part looks it up here; nothing outside this file branches on the family.
+needs a family's part looks it up here; nothing outside this file branches on the family. ``model_type_problem`` is
+the one check of a transformers ``config.json`` against the families (train.py --init_from and growlm-eval refuse
+any other with its message).
 
 Adding a family (torchtitan's ``models/<name>/`` is the pattern): a folder ``model/<name>/`` with ``config.py`` (its
 config class, with ``arch`` and the methods model.config calls, and ``PRESETS``), ``model.py`` (a
@@ -81,6 +83,27 @@ def family(arch_or_config: str | Any) -> Family:
 def family_of_model_type(model_type: str | None) -> Family | None:
     """The family whose transformers ``model_type`` is ``model_type``, or None."""
     return next((f for f in FAMILIES.values() if f.model_type == model_type), None)
+
+
+def model_type_problem(config: Any) -> str | None:
+    """What is wrong with a transformers ``config.json`` (its parsed value) for growlm, as the problem and the fix of
+    a one-line refusal, or None when it describes a family growlm reads (``FAMILIES``: ``model_type`` "gpt2",
+    GPT2LMHeadModel; "llama", LlamaForCausalLM; "qwen2", Qwen2ForCausalLM), with that class among its
+    ``architectures`` when it lists any. E.g. "config.json says model_type 'mistral'; growlm reads GPT-2, Llama and
+    Qwen 2 folders (...)"."""
+    names = [f.name for f in FAMILIES.values()]
+    types = "; ".join(f"{f.model_type!r}, {f.hf_class}" for f in FAMILIES.values())
+    fix = f"growlm reads {', '.join(names[:-1])} and {names[-1]} folders (model_type {types})"
+    if not isinstance(config, dict):
+        return f"config.json is not a JSON object; {fix}"
+    kind = config.get("model_type")
+    fam = family_of_model_type(kind) if isinstance(kind, str) else None
+    if fam is None:
+        return f"config.json says {f'model_type {kind!r}' if kind else 'no model_type'}; {fix}"
+    archs = config.get("architectures")
+    if isinstance(archs, list) and archs and fam.hf_class not in archs:
+        return f"config.json says architectures {', '.join(map(str, archs))}, not {fam.hf_class}; {fix}"
+    return None
 
 
 def build_model(cfg: Any, masks: MaskSpec | None = None, *, activation_checkpointing: bool = False) -> Any:

@@ -6,6 +6,7 @@ plan_checks.py    the growth plan (--growth_plan) judged against the run before 
 errors.py         UsageError / RankError: bad input, one message, exit status 2
 loop.py           the training step: micro batches, gradient accumulation, optimizer step, fixed-batch loss
 evaluation.py     periodic validation and the before/after sliding-window perplexity
+scoring.py        the token scorer (token_nll, NLL, EvalStopped) and its token-id checks, shared with growlm-eval
 checkpointing.py  save/restore of the whole run through runtime.checkpoint and RunState
 init_from.py      --init_from: a transformers GPT-2 or Llama folder checked, then loaded into the fresh engine's masters
 growth_events.py  the growth trigger, the live growth (growth.live.grow.grow_engine) and its record

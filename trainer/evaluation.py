@@ -1,6 +1,6 @@
 """Held-out evaluation during a run: periodic validation and the before/after sliding-window perplexity.
 
-Both score the validation split's first tokens with eval.metrics.perplexity.token_nll, windows shared among the
+Both score the validation split's first tokens with trainer.scoring.token_nll, windows shared among the
 data-parallel ranks (a collective: every rank calls with the same arguments). The metric is described in DESIGN.md,
 section "Evaluation".
 """
@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from growlm.eval.metrics.perplexity import NLL, EvalStopped, token_nll
 from growlm.runtime import stop
 from growlm.runtime.dist import DistInfo
 from growlm.trainer.config import RunConfig
 from growlm.trainer.logger import MetricsLogger, Throughput
 from growlm.trainer.loop import Progress, agree_stop, all_reduce_sum
+from growlm.trainer.scoring import NLL, EvalStopped, token_nll
 
 
 @dataclass(frozen=True)

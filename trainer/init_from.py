@@ -34,13 +34,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from growlm.data import tokenizer as tok
-from growlm.eval.metrics.load import model_type_problem
 from growlm.growth.live.grow import refresh_working_copies
 from growlm.growth.ops.rules import param_shapes
 from growlm.growth.stages.plan import StageList
 from growlm.model.config import ModelConfig, from_preset
 from growlm.model.registry import family as model_family
-from growlm.model.registry import family_of_model_type
+from growlm.model.registry import family_of_model_type, model_type_problem
 from growlm.model.weight_files import safetensors_problem, tensors_differ
 from growlm.runtime import run_state
 from growlm.runtime.quiet import quiet_transformers
@@ -97,7 +96,7 @@ def read_config(path: Path) -> ModelConfig:
 
     Raises:
         UsageError: no such folder, no config.json, not JSON, another model_type or architecture
-            (eval.metrics.load.model_type_problem), or a variant growlm's model does not implement (GPT-2: another
+            (model.registry.model_type_problem), or a variant growlm's model does not implement (GPT-2: another
             activation, untied head; Llama: a rope scaling other than "linear" and "llama3", biases, another
             activation; Qwen 2: sliding-window attention).
     """

@@ -13,8 +13,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from growlm.eval.metrics.perplexity import NLL
 from growlm.runtime.metrics_file import open_for_append, purge_after, write_record
+from growlm.trainer.scoring import NLL
 
 TRAIN_SCALARS = ("loss", "lr", "grad_norm", "loss_scale")  # train/<key> in TensorBoard at every log interval
 

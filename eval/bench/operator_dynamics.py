@@ -2,7 +2,7 @@
 
     python -m growlm.eval.bench.operator_dynamics --data ~/.cache/growlm/bpe4096 --out dynamics.json
 
-1. One-step logit ratio (eval/metrics/dynamics.py ``logit_step_ratio``) per duplication operator, with the
+1. One-step logit ratio (eval/bench/dynamics.py ``logit_step_ratio``) per duplication operator, with the
    dynamics-preserving moment rules ("after") and the rules before them ("before": exp_avg_sq by the gradient rule
    alone, so entries that are 0 at growth start at 0, split copies and ln_f are not rescaled).
 2. Copy divergence of the width halves (wte, wpe, residual stream) after 20 / 60 / 160 AdamW steps for the block
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from growlm.data.tokens import cache_dir, open_tokens
-from growlm.eval.metrics.dynamics import (
+from growlm.eval.bench.dynamics import (
     TokenBatches,
     clone_training,
     grow_trained,
@@ -64,12 +64,12 @@ def batches_of(data: Path, b: int = 8, t: int = 64) -> tuple[TokenBatches, int]:
 
 
 def train(model: GPT, opt: torch.optim.Optimizer, data: TokenBatches, seeds: range) -> None:
-    """One AdamW step per seed's batch (eval.metrics.dynamics.train_steps)."""
+    """One AdamW step per seed's batch (eval.bench.dynamics.train_steps)."""
     train_steps(model, opt, (data(s) for s in seeds))
 
 
 def grow(model: GPT, opt: torch.optim.Optimizer, plan: RuleSet) -> tuple[GPT, torch.optim.Optimizer]:
-    """The grown model and its AdamW, from copies (eval.metrics.dynamics.grow_trained)."""
+    """The grown model and its AdamW, from copies (eval.bench.dynamics.grow_trained)."""
     return grow_trained(model, opt, plan, HP)
 
 

@@ -27,12 +27,12 @@ from typing import Any
 
 from growlm.data.tokenizer import Tokenizer
 from growlm.eval.metrics.cloze import ClozeItem, build_cloze, read_lambada, score_cloze
-from growlm.eval.metrics.errors import EvalInputError, check_token_ids
 from growlm.eval.metrics.load import LoadedModel, load
 from growlm.eval.metrics.perplexity import document_nll, word_count, word_perplexity
 from growlm.eval.metrics.textsets import cloze_source, heldout_documents, read_text_file, wikipedia_documents
 from growlm.runtime.atomic import write_failed_message, write_text
 from growlm.runtime.commands import HelpFormatter, add_version, interruptible
+from growlm.trainer.scoring import EvalInputError, check_token_ids
 
 SETS = ("heldout", "cloze", "wikipedia")
 DEFAULT_SETS = ",".join(SETS)

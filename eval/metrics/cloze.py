@@ -28,8 +28,7 @@ from tqdm import tqdm
 
 from growlm.data.text import InputError, read_json_rows, read_lines
 from growlm.data.tokenizer import Tokenizer
-from growlm.eval.metrics.errors import EvalInputError, check_token_ids, token_id_error
-from growlm.eval.metrics.perplexity import checked_logits
+from growlm.trainer.scoring import EvalInputError, check_token_ids, checked_logits, token_id_error
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"'\u201d\u2019)\]]*\s+")
 _FINAL_WORD = re.compile(r"([A-Za-z]+(?:'[A-Za-z]+)?)[^A-Za-z0-9]*$")

@@ -20,7 +20,6 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -28,13 +27,13 @@ from torch import Tensor
 
 from growlm.data import tokenizer as tok
 from growlm.data.tokenizer import Tokenizer, TokenizerError
-from growlm.eval.metrics.errors import EvalInputError
 from growlm.growth.offline.weights import fp32_model
 from growlm.model.config import ModelConfig
-from growlm.model.registry import FAMILIES, family_of_model_type
+from growlm.model.registry import family_of_model_type, model_type_problem
 from growlm.model.weight_files import safetensors_problem
 from growlm.runtime.checkpoint import STATE_FILE, CheckpointError, OpenCheckpoint, open_checkpoint
 from growlm.runtime.quiet import quiet_transformers
+from growlm.trainer.scoring import EvalInputError
 
 
 @dataclass
@@ -99,27 +98,6 @@ def load_deepspeed(path: str | Path, tokenizer: str | None = None) -> LoadedMode
         tokenizer, lambda: tok.from_run_data(state.data.dir, state.data.train_sha256), cfg, str(ckpt.tag_dir)
     )
     return LoadedModel(model, cfg, t, str(ckpt.tag_dir), "deepspeed", model)
-
-
-def model_type_problem(config: Any) -> str | None:
-    """What is wrong with a transformers ``config.json`` (its parsed value) for growlm, as the problem and the fix of
-    a one-line refusal, or None when it describes a family growlm reads (model.registry: ``model_type`` "gpt2",
-    GPT2LMHeadModel; "llama", LlamaForCausalLM; "qwen2", Qwen2ForCausalLM), with that class among its
-    ``architectures`` when it lists any. E.g. "config.json says model_type 'mistral'; growlm reads GPT-2, Llama and
-    Qwen 2 folders (...)"."""
-    names = [f.name for f in FAMILIES.values()]
-    types = "; ".join(f"{f.model_type!r}, {f.hf_class}" for f in FAMILIES.values())
-    fix = f"growlm reads {', '.join(names[:-1])} and {names[-1]} folders (model_type {types})"
-    if not isinstance(config, dict):
-        return f"config.json is not a JSON object; {fix}"
-    kind = config.get("model_type")
-    fam = family_of_model_type(kind) if isinstance(kind, str) else None
-    if fam is None:
-        return f"config.json says {f'model_type {kind!r}' if kind else 'no model_type'}; {fix}"
-    archs = config.get("architectures")
-    if isinstance(archs, list) and archs and fam.hf_class not in archs:
-        return f"config.json says architectures {', '.join(map(str, archs))}, not {fam.hf_class}; {fix}"
-    return None
 
 
 WEIGHTS_FIX = "export the model again (growlm-grow CKPT --export_hf DIR) or copy the whole file again"

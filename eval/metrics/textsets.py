@@ -15,7 +15,7 @@ from pathlib import Path
 from growlm.data.build_corpus import extra_dir
 from growlm.data.prepare import builtin_corpus_files
 from growlm.data.text import read_text
-from growlm.eval.metrics.errors import EvalInputError
+from growlm.trainer.scoring import EvalInputError
 
 CLOZE_NOVEL = "persuasion"
 _read = read_text  # every file is read by data/text.py, the one reader of text files

@@ -1,7 +1,7 @@
 """Growth in one process, without DeepSpeed's runtime: ``TrainingState`` (everything a growth carries, as full fp32
 tensors), ``grow_state`` (the whole-state growth through the same preparation and rules as live and offline growth),
 and the conversion to and from a model + torch AdamW + DeepSpeed WarmupCosineLR (``from_modules``, ``to_modules``).
-Used by the operator tests, the operator benchmarks and the dynamics harness (eval.metrics.dynamics). The scheduler
+Used by the operator tests, the operator benchmarks and the dynamics harness (eval.bench.dynamics). The scheduler
 class is imported lazily from deepspeed (it selects an accelerator at import).
 
 Param groups follow growlm's training loop (``runtime.engine.param_groups``): 2-D weights (matrices, embeddings, an

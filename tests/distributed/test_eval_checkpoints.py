@@ -12,10 +12,10 @@ from dist_utils import run_ranks, write_ds_config
 
 from growlm.eval.metrics import cli
 from growlm.eval.metrics.cloze import build_cloze, score_cloze
-from growlm.eval.metrics.errors import EvalInputError
 from growlm.eval.metrics.load import load, load_deepspeed, load_transformers
 from growlm.eval.metrics.perplexity import word_count
 from growlm.model.gpt2.hf import to_hf
+from growlm.trainer.scoring import EvalInputError
 
 TEXT = (
     "It was a bright cold day in April, and the clocks were striking thirteen. Winston Smith, his chin nuzzled "
@@ -115,7 +115,7 @@ def test_checkpoint_saved_mid_mask_ramp_scores_as_train_py_did(tmp_path, builtin
     from dist_utils import read_metrics
 
     from growlm.data.prepare import open_tokens
-    from growlm.eval.metrics.perplexity import token_nll
+    from growlm.trainer.scoring import token_nll
 
     plan = tmp_path / "plan.yaml"
     plan.write_text(

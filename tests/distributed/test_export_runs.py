@@ -21,9 +21,9 @@ from growlm.data.text import read_text
 from growlm.data.tokens import TokenFolderWriter
 from growlm.eval.metrics import cli
 from growlm.eval.metrics.cloze import build_cloze
-from growlm.eval.metrics.errors import EvalInputError
 from growlm.eval.metrics.load import load
 from growlm.growth.offline.cli import main as grow_main
+from growlm.trainer.scoring import EvalInputError
 
 SMALL_V = 320
 MISMATCH = "tokenizer/model mismatch"

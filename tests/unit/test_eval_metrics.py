@@ -13,11 +13,11 @@ import torch
 
 from growlm.data.tokenizer import gpt2
 from growlm.eval.metrics.cloze import ClozeItem, build_cloze, read_lambada, score_cloze
-from growlm.eval.metrics.errors import EvalInputError
 from growlm.eval.metrics.perplexity import document_nll, word_count, word_perplexity
 from growlm.model.config import GPTConfig
 from growlm.model.gpt2.hf import to_hf
 from growlm.model.gpt2.model import GPT
+from growlm.trainer.scoring import EvalInputError
 
 
 def tiny_pair(n_positions: int = 16, vocab: int = 97):
@@ -54,7 +54,7 @@ def test_overlapping_stride_and_several_documents_add_up():
 
 def test_word_perplexity_counts_whitespace_words():
     assert word_count("  the cat\nsat\t on  ") == 4
-    from growlm.eval.metrics.perplexity import NLL
+    from growlm.trainer.scoring import NLL
 
     assert word_perplexity(NLL(8.0, 10), 4) == pytest.approx(math.exp(2.0))
     with pytest.raises(ValueError, match="at least one word"):

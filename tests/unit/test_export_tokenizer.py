@@ -14,10 +14,10 @@ from growlm.data.prepare import builtin_corpus_files
 from growlm.data.small_vocab import train_tokenizer
 from growlm.data.text import read_text
 from growlm.eval.metrics.cloze import ClozeItem, score_cloze
-from growlm.eval.metrics.errors import EvalInputError
-from growlm.eval.metrics.perplexity import document_nll, token_nll
+from growlm.eval.metrics.perplexity import document_nll
 from growlm.model.config import GPTConfig
 from growlm.model.gpt2.model import GPT
+from growlm.trainer.scoring import EvalInputError, token_nll
 
 SMALL_V = 320
 MISMATCH = "tokenizer/model mismatch"

@@ -1,5 +1,5 @@
 """Dynamics preservation of the duplication family (DESIGN.md, "Growth dynamics"): one AdamW step right after growth
-moves the grown model's logits about as much as the same step moves the small model's (eval/metrics/dynamics.py),
+moves the grown model's logits about as much as the same step moves the small model's (eval/bench/dynamics.py),
 and the 'noise' symmetry breaker keeps the function exact while making the copies come apart."""
 
 from dataclasses import replace
@@ -8,7 +8,7 @@ import pytest
 import torch
 from growth_helpers import small_cfg
 
-from growlm.eval.metrics.dynamics import (
+from growlm.eval.bench.dynamics import (
     clone_training,
     copy_divergence,
     logit_step_ratio,

@@ -27,13 +27,14 @@ LAYERS = {
     "growlm.growth.stages": 6,
     "growlm.growth.live": 7,
     "growlm.growth.offline": 7,
-    "growlm.eval": 8,  # eval/__init__.py
-    "growlm.eval.metrics": 8,
-    "growlm.trainer": 9,
-    "growlm.trainer.driver": 10,
-    "growlm.train": 10,
-    "growlm.eval.bench": 10,
-    "growlm.eval.experiments": 10,
+    "growlm.trainer": 8,
+    # the tools on top: growlm-run, train.py, growlm-eval, growlm-bench, growlm-experiment
+    "growlm.trainer.driver": 9,
+    "growlm.train": 9,
+    "growlm.eval": 9,  # eval/__init__.py
+    "growlm.eval.metrics": 9,
+    "growlm.eval.bench": 9,
+    "growlm.eval.experiments": 9,
 }
 
 

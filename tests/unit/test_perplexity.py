@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from growlm.eval.metrics.perplexity import STOP_CHECK_EVERY, EvalStopped, sliding_windows, token_nll
 from growlm.model.config import GPTConfig
 from growlm.model.gpt2.hf import to_hf
 from growlm.model.gpt2.model import GPT
+from growlm.trainer.scoring import STOP_CHECK_EVERY, EvalStopped, sliding_windows, token_nll
 
 
 @pytest.mark.parametrize("n, context, stride", [(2, 8, 8), (9, 8, 8), (17, 8, 8), (100, 8, 3), (5, 8, 1), (33, 8, 4)])

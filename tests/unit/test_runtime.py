@@ -198,9 +198,9 @@ def test_a_crafted_pickle_is_refused_by_every_growlm_loader(tmp_path):
     """Where each loader reads: the checkpoint opener (resume, growlm-grow, growlm-eval: every .pt of the tag folder,
     RNG files included), a universal checkpoint's tensor file, growlm-eval's module weights, and a
     transformers folder holding a pickle instead of safetensors. The file the payload would create never appears."""
-    from growlm.eval.metrics.errors import EvalInputError
     from growlm.eval.metrics.load import load, load_transformers
     from growlm.growth.offline.universal import load_file
+    from growlm.trainer.scoring import EvalInputError
 
     marker = tmp_path / "pwned"
     tag = _tag_folder(tmp_path)
