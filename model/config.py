@@ -56,11 +56,6 @@ def from_preset(name: str, **overrides: Any) -> ModelConfig:
     return replace(base, **base.preset_overrides(overrides))
 
 
-def presets_of(arch: str) -> list[str]:
-    """The names of the presets of the family ``arch``, in order."""
-    return list(family(arch).presets)
-
-
 def grown_shape(base: ModelConfig, changes: dict[str, Any]) -> ModelConfig:
     """The shape a growth of ``base`` targets when only ``changes`` are given (a plan's target mapping, growlm-grow's
     shape flags): the fields given are taken as they are, and the ones that follow the width follow it unless given

@@ -6,8 +6,8 @@ any other with its message).
 
 Adding a family (torchtitan's ``models/<name>/`` is the pattern): a folder ``model/<name>/`` with ``config.py`` (its
 config class, with ``arch`` and the methods model.config calls, and ``PRESETS``), ``model.py`` (a
-``model.layers.CausalLM``) and ``hf.py`` (``HF_CLASS``, ``to_hf``, ``from_hf``, ``config_from_dict``,
-``config_json``); its operators file under growth/ops/ (``make_rules``); and one ``Family`` line below.
+``model.layers.CausalLM``) and ``hf.py`` (``HF_CLASS``, ``to_hf``, ``config_from_dict``, ``config_json``); its
+operators file under growth/ops/ (``make_rules``); and one ``Family`` line below.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ gloo, at the price of a second set of connections between all ranks and a second
 what is a few scalars per save or growth (copying 8 bytes to the GPU takes microseconds). The large collectives,
 the shard gathers of a live growth, must run on NCCL anyway. So there is one group, one backend, and staging.
 
-**Strict mode** (``set_strict``, ``strict_collectives``, or ``GROWLM_STRICT_COLLECTIVES=1`` in the environment of a
-process that starts its group with ``runtime.dist.init_distributed``): every tensor or object collective and barrier
+**Strict mode** (``set_strict``, or ``GROWLM_STRICT_COLLECTIVES=1`` in the environment of a process that starts
+its group with ``runtime.dist.init_distributed``): every tensor or object collective and barrier
 of ``torch.distributed`` that growlm's own code reaches is checked. It raises ``UnstagedCollectiveError`` when a
 growlm module other than this one calls ``torch.distributed`` directly, or when a tensor reaches a collective without
 having been staged here onto the group's device. Collectives that DeepSpeed or torch make for themselves pass
@@ -23,7 +23,6 @@ unchecked. The tests run live growth and checkpoint saves with it on.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import functools
 import pickle
@@ -147,12 +146,6 @@ def broadcast(t: Tensor, src: int, group: Any = None, device: torch.device | str
     staged = _stage(t, group_device(group))
     dist.broadcast(staged, src=src, group=group)
     return _out(staged, device, t)
-
-
-def empty_for(numel: int, dtype: torch.dtype = torch.float32, group: Any = None) -> Tensor:
-    """An uninitialised 1-D tensor of ``numel`` elements on ``group``'s device, to receive a ``broadcast`` there
-    without a staging copy."""
-    return _mark(torch.empty(numel, dtype=dtype, device=group_device(group)))
 
 
 # torch >= 2.13 names it all_gather_single (all_gather_into_tensor, the same collective, warns that it is deprecated)
@@ -328,14 +321,3 @@ def set_strict(on: bool) -> None:
                 _ORIGINAL[name] = fn
                 setattr(dist, name, _checked(name, fn))
     _STRICT["on"] = on
-
-
-@contextlib.contextmanager
-def strict_collectives() -> Iterator[None]:
-    """Strict mode for the duration of a ``with`` block."""
-    before = _STRICT["on"]
-    set_strict(True)
-    try:
-        yield
-    finally:
-        set_strict(before)

@@ -13,7 +13,6 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 
@@ -365,22 +364,3 @@ def close_distributed() -> None:
         else:
             os.environ[key] = value
     _ENV_BEFORE.clear()
-
-
-def live_comm_threads() -> list[str]:
-    """Names of this process's threads that belong to a process group (gloo worker and transport loops, the TCP
-    store server), read from /proc/self/task; empty after ``close_distributed`` freed every group, and on a system
-    without /proc. For tests and the abort stress check."""
-    prefixes = ("pt_gloo", "gloo_", "pt_tcpstore", "pt_nccl")
-    names = []
-    try:
-        for task in os.listdir("/proc/self/task"):
-            try:
-                name = Path(f"/proc/self/task/{task}/comm").read_text().strip()
-            except OSError:  # the thread ended meanwhile
-                continue
-            if name.startswith(prefixes):
-                names.append(name)
-    except OSError:
-        return []
-    return sorted(names)

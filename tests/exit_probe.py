@@ -4,7 +4,7 @@
 
 Builds a tiny GPT engine (ZeRO stage and precision from DS_CONFIG), takes two steps, releases the engine
 (runtime.engine.release_engine) and closes the process groups (runtime.dist.close_distributed). Each rank writes
-OUT_JSON.rankN with the communication threads alive before and after the close (runtime.dist.live_comm_threads) and
+OUT_JSON.rankN with the communication threads alive before and after the close (``live_comm_threads``) and
 whether torch.distributed.nn's collectives captured the default group as a default argument. A group that survives
 the close keeps gloo worker threads into the interpreter's teardown, where a rank can abort with "terminate called
 without an active exception" after a finished run.
@@ -13,10 +13,31 @@ without an active exception" after a finished run.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
-from growlm.runtime.dist import close_distributed, init_distributed, live_comm_threads  # noqa: E402
+from growlm.runtime.dist import close_distributed, init_distributed  # noqa: E402
+
+
+def live_comm_threads() -> list[str]:
+    """Names of this process's threads that belong to a process group (gloo worker and transport loops, the TCP
+    store server), read from /proc/self/task; empty after ``close_distributed`` freed every group, and on a system
+    without /proc."""
+    prefixes = ("pt_gloo", "gloo_", "pt_tcpstore", "pt_nccl")
+    names = []
+    try:
+        for task in os.listdir("/proc/self/task"):
+            try:
+                name = Path(f"/proc/self/task/{task}/comm").read_text().strip()
+            except OSError:  # the thread ended meanwhile
+                continue
+            if name.startswith(prefixes):
+                names.append(name)
+    except OSError:
+        return []
+    return sorted(names)
+
 
 info = init_distributed(120)
 

@@ -2,8 +2,8 @@
 come apart, and how much does a mask ramp cost? Torch only; single process; the caller owns models and optimizers.
 
 The harness that trains a tiny GPT, grows it and measures (``TokenBatches``, ``train_steps``, ``grow_trained``) is
-here too: the operator-dynamics benchmark (eval.bench.operator_dynamics), the experiments' dynamics probe
-(eval.experiments.dynamics_probe) and the tests all use it.
+here too: the operator-dynamics benchmark (eval.bench.operator_dynamics) and the tests
+(tests/unit/test_growth_dynamics.py) use it.
 
 Definitions (DESIGN.md, "Growth dynamics"):
 

@@ -1,5 +1,5 @@
-"""DeepSpeed universal checkpoints on disk: a ParamStore over their per-parameter folders, the conversion from a
-native ZeRO checkpoint, and the rewrite of their small metadata files for a grown model.
+"""DeepSpeed universal checkpoints on disk: a ParamStore over their per-parameter folders and the rewrite of their
+small metadata files for a grown model.
 
 Layout of a universal tag folder (DeepSpeed 0.19, ``deepspeed.checkpoint.ds_to_universal``; DESIGN.md, "DeepSpeed
 facts"):
@@ -14,10 +14,10 @@ loaders never read the module weights of ``*model_states.pt`` (weights come from
 does not check sizes, so this module checks every tensor's element count against the config itself.
 
 Only this module, growth/offline/shards.py (the native ZeRO shards) and runtime/checkpoint.py know DeepSpeed's file
-layout. growlm-grow writes universal checkpoints itself (growth/offline/pipeline.py); ``convert`` runs DeepSpeed's own
-``ds_to_universal`` as a subprocess (its worker pools and memory stay out of the caller) for the tests and the
-benchmark that compare against it. Every file written here can be hashed while it is written (``Written``), so the
-checkpoint's manifest (runtime.manifest) does not read the files a second time.
+layout. growlm-grow writes universal checkpoints itself (growth/offline/pipeline.py), without DeepSpeed's
+``ds_to_universal``, which only the tests and the benchmark that compare against it run. Every file written here can
+be hashed while it is written (``Written``), so the checkpoint's manifest (runtime.manifest) does not read the files
+a second time.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ import hashlib
 import math
 import os
 import shutil
-import subprocess
-import sys
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -238,41 +236,6 @@ class UniversalStore:
 
     def release(self, name: str) -> None:
         pass
-
-
-# ----- conversion ---------------------------------------------------------------------------------------------------
-
-
-def convert(tag_dir: Path, out_tag_dir: Path, workers: int = 1) -> None:
-    """Run DeepSpeed's ``ds_to_universal`` on a native tag folder (``--inject_missing_state``, see DESIGN.md, "DeepSpeed
-    facts").
-
-    Raises:
-        CheckpointError: the conversion failed (the message carries the end of its output).
-    """
-    cmd = [
-        sys.executable,
-        "-m",
-        "deepspeed.checkpoint.ds_to_universal",
-        "--input_folder",
-        str(tag_dir),
-        "--output_folder",
-        str(out_tag_dir),
-        "--inject_missing_state",
-        "--num_extract_workers",
-        str(workers),
-        "--num_merge_workers",
-        str(workers),
-    ]
-    env = dict(os.environ)
-    env.setdefault("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() else env.get("DS_ACCELERATOR", "cuda"))
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if r.returncode != 0 or not (out_tag_dir / "zero" / OPTIMIZER_STATE).is_file():
-        tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-8:])
-        raise CheckpointError(
-            f"DeepSpeed's ds_to_universal could not convert {tag_dir} (exit {r.returncode}); a shard file is probably "
-            f"missing, truncated or damaged. Its output ends:\n{tail}"
-        )
 
 
 def check_numel(path: Path, numel: int, name: str) -> None:

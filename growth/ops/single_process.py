@@ -64,10 +64,6 @@ class TrainingState:
     rng: Any = None
     masks: MaskSpec | None = None
 
-    def ramp_value(self) -> float:
-        """Current mask ramp value (1.0 when there are no masks)."""
-        return 1.0 if self.masks is None else self.masks.value(self.adam_step)
-
 
 def validate_growth(state: TrainingState, plan: RuleSet) -> None:
     """All checks of ``grow_state``, without touching the state.

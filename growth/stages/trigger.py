@@ -70,20 +70,6 @@ def slope_trigger(
     return loglog_slope(compute_flops, losses, window, beta) >= threshold
 
 
-def first_trigger_index(
-    compute_flops: Sequence[float],
-    losses: Sequence[float],
-    threshold: float,
-    window: int = SLOPE_WINDOW,
-    beta: float = 0.9,
-) -> int | None:
-    """Index of the first evaluation at which ``slope_trigger`` fires on the points so far (None: never)."""
-    for i in range(max(window, 2), len(losses) + 1):
-        if slope_trigger(compute_flops[:i], losses[:i], threshold, window, beta):
-            return i - 1
-    return None
-
-
 def _rate(compute_flops: Sequence[float], losses: Sequence[float], i: int, window: int, beta: float) -> float | None:
     """-dL/dC (nats per FLOP) of the smoothed curve at evaluation i: -slope * L / C from the log-log slope over the
     last min(window, i + 1) points (None with fewer than 3)."""
@@ -122,9 +108,11 @@ def equal_rate_reached(
     window: int = SLOPE_WINDOW,
     beta: float = 0.9,
 ) -> bool:
-    """The live form of ``equal_rate_threshold`` (a plan's ``when: {slope: auto, reference: ...}``): True once the
-    small model's loss falls no faster per FLOP than the target model's did at the same loss (Shen et al. 2022,
-    section 4), judged at the last of the small model's evaluations. False while there are fewer than ``window``.
+    """The equal-rate rule (a plan's ``when: {slope: auto, reference: ...}``): True once the small model's loss falls
+    no faster per FLOP than the target model's did at the same loss (Shen et al. 2022, section 4), judged at the last
+    of the small model's evaluations. The small model's rate is -dL/dC of its smoothed curve; the target's is taken
+    at the first of its evaluations whose smoothed loss is at or below the small model's. False while there are
+    fewer than ``window`` evaluations.
 
     Args:
         small_flops, small_losses: the small model's evaluations since its stage began (cumulative training FLOPs,
@@ -136,44 +124,6 @@ def equal_rate_reached(
     target_s = smooth(target_losses, beta)
     i = len(small_losses) - 1
     return _rates_meet(small_flops, small_losses, target_flops, target_losses, target_s, i, window, beta)
-
-
-def equal_rate_threshold(
-    small_flops: Sequence[float],
-    small_losses: Sequence[float],
-    target_flops: Sequence[float],
-    target_losses: Sequence[float],
-    window: int = SLOPE_WINDOW,
-    beta: float = 0.9,
-) -> tuple[float, int]:
-    """A slope-trigger threshold derived from a run's own curves instead of GPT-2 constants (Shen et al. 2022,
-    section 4: grow once the small model's loss falls more slowly per FLOP than the target model's does at the same
-    loss). The small model's rate at evaluation i is -dL/dC of its smoothed curve; the target's is taken at the
-    first of its evaluations whose smoothed loss is at or below the small model's. The threshold is the small curve's
-    smoothed log-log slope (``loglog_slope``, same window and beta as the live trigger) at the first i where its rate
-    is at most the target's, so ``slope_trigger`` fed the same evaluations fires there.
-
-    Args:
-        small_flops, small_losses: the small model's evaluations before any growth (FLOPs, nats/token), at the
-            evaluation cadence the live trigger will see.
-        target_flops, target_losses: the scratch target run's evaluations.
-
-    Returns:
-        (threshold, i): i is the equal-rate evaluation, or the last one when the rates never meet (grow at the end
-        of the curve given).
-
-    Raises:
-        GrowthError: fewer than ``window`` small-model evaluations.
-    """
-    if len(small_losses) < max(window, 2):
-        raise GrowthError(f"need at least window={window} small-model evaluations, have {len(small_losses)}")
-    target_s = smooth(target_losses, beta)  # once, not per small-model evaluation
-    i = next(
-        (k for k in range(window - 1, len(small_losses))
-         if _rates_meet(small_flops, small_losses, target_flops, target_losses, target_s, k, window, beta)),
-        len(small_losses) - 1,
-    )  # fmt: skip
-    return loglog_slope(small_flops[: i + 1], small_losses[: i + 1], window, beta), i
 
 
 def stage_due(stage: Any, step: int, tokens: int, slope_points: list[tuple[float, float]]) -> bool:

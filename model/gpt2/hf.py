@@ -1,15 +1,15 @@
-"""Conversion between growlm's GPT and ``transformers.GPT2LMHeadModel`` (both directions).
+"""Conversion between growlm's GPT and ``transformers.GPT2LMHeadModel``: the model out (``to_hf``, the export) and
+the config in (``config_from_dict``: train.py --init_from and growlm-eval read a folder's config.json with it).
 
 Both models use the same parameter names and the same (in, out) Conv1D layout, so conversion is a name filter:
-HF adds ``lm_head.weight`` (tied) and, in some versions, non-persistent ``attn.bias`` causal-mask buffers.
+HF adds ``lm_head.weight`` (tied) and, in some versions, non-persistent ``attn.bias`` causal-mask buffers. Weights
+come in by those names from the folder's safetensors (trainer.init_from).
 ``transformers`` is imported lazily, inside the functions that need it.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from growlm.model.gpt2.config import GPTConfig
 from growlm.model.gpt2.model import GPT
@@ -101,26 +101,6 @@ def to_hf(model: GPT, bos_token_id: int | None = None, eos_token_id: int | None 
         raise ValueError(f"state dict mismatch converting to HF: missing {missing}, unexpected {unexpected}")
     hf.tie_weights()
     return hf.eval()
-
-
-def from_hf(hf_model: GPT2LMHeadModel) -> GPT:
-    """A growlm GPT with copies of ``hf_model``'s weights (fp32).
-
-    Raises:
-        ValueError: the HF config is not convertible (see ``from_hf_config``) or parameters are missing.
-    """
-    model = GPT(from_hf_config(hf_model.config))
-    theirs = {
-        k: v.detach().float()
-        for k, v in hf_model.state_dict().items()
-        if not k.endswith((".attn.bias", ".attn.masked_bias")) and k != "lm_head.weight"
-    }
-    with torch.no_grad():
-        missing, unexpected = model.load_state_dict(theirs, strict=False)
-    missing = [k for k in missing if k != "lm_head.weight"]
-    if missing or unexpected:
-        raise ValueError(f"state dict mismatch converting from HF: missing {missing}, unexpected {unexpected}")
-    return model
 
 
 def config_from_dict(d: dict[str, Any]) -> GPTConfig:

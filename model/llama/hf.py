@@ -1,8 +1,11 @@
-"""Conversion between growlm's Llama and ``transformers.LlamaForCausalLM`` (both directions), and the parts of it
-that every Llama-shaped family shares (Qwen 2's adapter, model/qwen2/hf.py, calls them with its own classes).
+"""Conversion between growlm's Llama and ``transformers.LlamaForCausalLM``: the model out (``to_hf``, the export)
+and the config in (``config_from_dict``: train.py --init_from and growlm-eval read a folder's config.json with it);
+and the parts of it that every Llama-shaped family shares (Qwen 2's adapter, model/qwen2/hf.py, calls them with its
+own classes).
 
 Both use the same parameter names and the same ``nn.Linear`` (out, in) layout, so conversion is a name filter
-(transformers lists a tied ``lm_head.weight`` beside ``model.embed_tokens.weight``). This module imports
+(transformers lists a tied ``lm_head.weight`` beside ``model.embed_tokens.weight``); weights come in by those names
+from the folder's safetensors (trainer.init_from). This module imports
 ``transformers`` lazily.
 
 The rotary base moved in transformers 5: it lives only in ``rope_parameters["rope_theta"]`` (``to_hf_config`` passes
@@ -16,8 +19,6 @@ Llama reads ``config.head_dim`` (earlier ones use ``hidden_size // num_attention
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from growlm.model.llama.config import ROPE_TYPES, LlamaConfig
 from growlm.model.llama.model import Llama
@@ -196,34 +197,3 @@ def copy_to_hf(model: Llama, hf: Any) -> Any:
     if tied:
         hf.tie_weights()
     return hf.eval()
-
-
-def from_hf(hf_model: LlamaForCausalLM) -> Llama:
-    """A growlm Llama with copies of ``hf_model``'s weights (fp32).
-
-    Raises:
-        ValueError: the config is not convertible (``from_hf_config``) or parameters are missing.
-    """
-    return copy_from_hf(hf_model, Llama(from_hf_config(hf_model.config)))
-
-
-def copy_from_hf(hf_model: Any, model: Llama) -> Llama:
-    """``model`` (a growlm model of ``hf_model``'s family and shape) holding copies of its weights (fp32).
-
-    Raises:
-        ValueError: parameters are missing or unexpected.
-    """
-    tied = model.config.tie_word_embeddings
-    theirs = {
-        k: v.detach().float()
-        for k, v in hf_model.state_dict().items()
-        if not k.endswith("rotary_emb.inv_freq") and not (tied and k == "lm_head.weight")
-    }
-    with torch.no_grad():
-        missing, unexpected = model.load_state_dict(theirs, strict=False)
-    missing = [k for k in missing if not (k == "lm_head.weight" and tied)]
-    if missing or unexpected:
-        raise ValueError(
-            f"state dict mismatch converting from transformers: missing {missing}, unexpected {unexpected}"
-        )
-    return model

@@ -1,6 +1,6 @@
-"""Conversion between growlm's Qwen 2 and ``transformers.Qwen2ForCausalLM`` (both directions), through the Llama
-family's shared conversion (model/llama/hf.py): same names and ``nn.Linear`` layout, plus the q/k/v biases. This
-module imports ``transformers`` lazily."""
+"""Conversion between growlm's Qwen 2 and ``transformers.Qwen2ForCausalLM`` (the model out, the config in, as for
+Llama), through the Llama family's shared conversion (model/llama/hf.py): same names and ``nn.Linear`` layout, plus
+the q/k/v biases. This module imports ``transformers`` lazily."""
 
 from __future__ import annotations
 
@@ -60,12 +60,3 @@ def to_hf(model: Qwen2, bos_token_id: int | None = None, eos_token_id: int | Non
     from transformers import Qwen2ForCausalLM  # lazy: heavy (about 2 s), only for transformers' Qwen 2
 
     return llama_hf.copy_to_hf(model, Qwen2ForCausalLM(to_hf_config(model.config, bos_token_id, eos_token_id)))
-
-
-def from_hf(hf_model: Qwen2ForCausalLM) -> Qwen2:
-    """A growlm Qwen2 with copies of ``hf_model``'s weights (fp32).
-
-    Raises:
-        ValueError: the config is not convertible (``from_hf_config``) or parameters are missing.
-    """
-    return llama_hf.copy_from_hf(hf_model, Qwen2(from_hf_config(hf_model.config)))

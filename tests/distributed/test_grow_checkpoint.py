@@ -5,7 +5,10 @@ seq_len 32."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,7 @@ from growlm.data.sampler import TokenWindows
 from growlm.growth.offline.cli import main as grow_main
 from growlm.growth.offline.cli import parse_args, stage_from_flags
 from growlm.growth.offline.pipeline import grow_checkpoint, open_source
-from growlm.growth.offline.universal import UniversalStore, convert
+from growlm.growth.offline.universal import OPTIMIZER_STATE, UniversalStore
 from growlm.growth.offline.weights import fp32_model
 from growlm.growth.ops.apply import grow_param
 from growlm.growth.ops.rules import param_shapes
@@ -104,10 +107,22 @@ def universal_model(tag_dir: Path) -> GrowthMaskedModel:
     return fp32_model(checkpoint.open_checkpoint(tag_dir))  # the one checkpoint-weights reader
 
 
+def ds_to_universal(tag_dir: Path, out_tag_dir: Path) -> None:
+    """DeepSpeed's own ``ds_to_universal`` on a native tag folder, with ``--inject_missing_state`` (DESIGN.md,
+    "DeepSpeed facts") and one worker, in a process of its own (its worker pools and memory stay out of the test)."""
+    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(tag_dir),
+           "--output_folder", str(out_tag_dir), "--inject_missing_state", "--num_extract_workers", "1",
+           "--num_merge_workers", "1"]  # fmt: skip
+    env = dict(os.environ)
+    env.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and (out_tag_dir / "zero" / OPTIMIZER_STATE).is_file(), (r.stdout + r.stderr)[-3000:]
+
+
 def same_as_ds_to_universal(native_tag: Path, ours: Path, scratch: Path) -> None:
     """Every tensor file growlm-grow wrote (fp32, exp_avg, exp_avg_sq, step) equals ds_to_universal's, dtype and
     shape included; the tied lm_head alias is DeepSpeed's working copy (bf16 runs round it), ours the fp32 master."""
-    convert(native_tag, scratch / native_tag.name)
+    ds_to_universal(native_tag, scratch / native_tag.name)
     ds = scratch / native_tag.name / "zero"
     theirs = {p.relative_to(ds) for p in ds.rglob("*.pt")} - {Path("optimizer_state.pt")}
     mine = {p.relative_to(ours / "zero") for p in (ours / "zero").rglob("*.pt")} - {Path("optimizer_state.pt")}

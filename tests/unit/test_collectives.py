@@ -115,7 +115,8 @@ def test_a_one_rank_gloo_group_reduces_gathers_and_broadcasts_on_the_cpu(one_ran
 def test_strict_mode_refuses_a_direct_call_from_growlm_and_an_unstaged_tensor(one_rank_group):
     direct = {"__name__": "growlm.some_module"}
     exec("import torch, torch.distributed as dist\ndef f(t):\n    dist.all_reduce(t)\n", direct)
-    with collectives.strict_collectives():
+    collectives.set_strict(True)  # what init_distributed does under GROWLM_STRICT_COLLECTIVES=1
+    try:
         collectives.barrier()  # through the home: fine
         assert collectives.all_reduce(torch.ones(2), op="sum").tolist() == [1.0, 1.0]
         with pytest.raises(UnstagedCollectiveError, match="growlm.some_module called torch.distributed.all_reduce"):
@@ -124,4 +125,6 @@ def test_strict_mode_refuses_a_direct_call_from_growlm_and_an_unstaged_tensor(on
         with pytest.raises(UnstagedCollectiveError, match="not staged"):
             collectives._all_gather_single(torch.empty(2), torch.ones(2), None)
         dist.all_reduce(torch.ones(1))  # a caller outside growlm (a test, DeepSpeed) passes unchecked
+    finally:
+        collectives.set_strict(False)
     direct["f"](torch.ones(2))  # strict mode off again: the wrapper passes everything

@@ -11,18 +11,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from init_from_helpers import read_as_init_from
 
 import growlm
 from growlm.model.config import PRESETS, config_from_dict, flops_per_token, from_preset, param_count
 from growlm.model.layers import CausalLM
 from growlm.model.qwen2.config import Qwen2Config
-from growlm.model.qwen2.hf import from_hf, from_hf_config, to_hf, to_hf_config
+from growlm.model.qwen2.hf import from_hf_config, to_hf, to_hf_config
 from growlm.model.qwen2.model import Qwen2
 from growlm.model.registry import FAMILIES, build_model, family, family_of_model_type
 
 PACKAGE = Path(growlm.__file__).resolve().parent
 FAMILY_CLASSES = {"GPTConfig", "LlamaConfig", "Qwen2Config", "GPT", "Llama", "Qwen2"}
-ADAPTER = ("HF_CLASS", "to_hf", "from_hf", "config_from_dict", "config_json")
+ADAPTER = ("HF_CLASS", "to_hf", "config_from_dict", "config_json")
 
 
 def family_branches(path: Path) -> list[str]:
@@ -132,10 +133,10 @@ QWEN_SHAPES = [  # (n_head, n_kv_head, tied, rope scaling)
 
 
 @pytest.mark.parametrize("n_head,n_kv_head,tied,scaling", QWEN_SHAPES)
-def test_qwen2_logits_equal_transformers_both_ways(n_head, n_kv_head, tied, scaling):
-    """transformers' Qwen2ForCausalLM (its init, then non-zero biases, non-trivial gains) imported by ``from_hf``
-    gives logits within 1e-5 of it, and so does its ``to_hf`` export, on 48 positions (past the original context
-    of the scaled case)."""
+def test_qwen2_logits_equal_transformers_both_ways(n_head, n_kv_head, tied, scaling, tmp_path):
+    """transformers' Qwen2ForCausalLM (its init, then non-zero biases, non-trivial gains), saved and read back as
+    --init_from reads a folder, gives logits within 1e-5 of it, and so does its ``to_hf`` export, on 48 positions
+    (past the original context of the scaled case)."""
     from transformers import Qwen2Config as HFQwen2Config
     from transformers import Qwen2ForCausalLM
 
@@ -150,7 +151,7 @@ def test_qwen2_logits_equal_transformers_both_ways(n_head, n_kv_head, tied, scal
         for name, p in hf.named_parameters():
             p.add_((0.1 if "norm" in name or name.endswith("bias") else 0.05) * torch.randn_like(p))
     assert hf.model.layers[0].self_attn.q_proj.bias.abs().min() > 0
-    ours = from_hf(hf).eval()
+    ours = read_as_init_from(hf, tmp_path / "hf")
     assert type(ours) is Qwen2 and ours.config.tie_word_embeddings == tied and ours.config.n_kv_head == n_kv_head
     assert ours.config.rope_type == ("llama3" if scaling else "default") and ours.config.rope_theta == 1e6
     idx = torch.randint(0, 131, (3, 48))

@@ -6,13 +6,7 @@ import math
 import pytest
 
 from growlm.growth.errors import GrowthError
-from growlm.growth.stages.trigger import (
-    equal_rate_reached,
-    equal_rate_threshold,
-    first_trigger_index,
-    loglog_slope,
-    slope_trigger,
-)
+from growlm.growth.stages.trigger import equal_rate_reached, loglog_slope, slope_trigger
 from growlm.runtime.metrics_file import MetricsFileError, read_val_curve
 
 
@@ -28,11 +22,13 @@ def test_slope_of_a_power_law_and_trigger():
     assert math.isfinite(loglog_slope(compute, losses))
 
 
-def test_first_trigger_index_is_the_first_evaluation_at_which_the_trigger_fires():
+def test_the_trigger_on_the_evaluations_so_far_fires_once_a_window_of_them_exists():
     compute = [1e15 * 1.5**i for i in range(30)]
     losses = [10 * c**-0.05 for c in compute]
-    assert first_trigger_index(compute, losses, -0.0575, window=10, beta=0.0) == 9  # as soon as 10 points exist
-    assert first_trigger_index(compute, losses, -0.03, window=10, beta=0.0) is None  # never that flat
+    # as a run asks it at each evaluation: on the points up to and including that one
+    fired = [slope_trigger(compute[: k + 1], losses[: k + 1], -0.0575, window=10, beta=0.0) for k in range(30)]
+    assert fired == [False] * 9 + [True] * 21  # as soon as 10 points exist, and from then on
+    assert not any(slope_trigger(compute[: k + 1], losses[: k + 1], -0.03, beta=0.0) for k in range(30))  # never
 
 
 def curves():
@@ -45,11 +41,14 @@ def curves():
     return small_c, small_l, target_c, target_l
 
 
-def test_equal_rate_reached_is_the_live_form_of_the_derived_threshold():
+EQUAL_RATE_AT = 49  # the evaluation of curves() at which the small model's rate falls to the target's
+
+
+def test_equal_rate_reached_fires_where_the_small_models_rate_falls_to_the_targets():
     small_c, small_l, target_c, target_l = curves()
-    _, i = equal_rate_threshold(small_c, small_l, target_c, target_l, window=10, beta=0.9)
     live = [equal_rate_reached(small_c[: k + 1], small_l[: k + 1], target_c, target_l) for k in range(len(small_l))]
-    assert 20 < i < 60 and live.index(True) == i  # fires where the offline rule says, not at the first possible point
+    i = live.index(True)
+    assert i == EQUAL_RATE_AT and all(live[i:])  # not at the first possible point, and it stays fired
     assert not any(live[:9])  # fewer than the window's 10 evaluations: never
     # a target that learns twice as fast per FLOP at every loss makes the small model's rate fall below it sooner
     faster = [c / 2 for c in target_c]
@@ -89,7 +88,6 @@ def test_a_plan_stage_with_a_reference_fires_at_the_equal_rate_point(tmp_path):
         tmp_path / "metrics.jsonl",
         [{"event": "val", "step": k, "val_loss": v, "flops": c} for k, (c, v) in enumerate(pairs)],
     )
-    _, i = equal_rate_threshold(small_c, small_l, target_c, target_l)
     doc = {"start": {"preset": "tiny", "vocab_size": 97}, "stages": [
         {"target": {"n_layer": 3}, "family": "duplicate", "when": {"slope": "auto", "reference": str(ref)}},
     ]}  # fmt: skip
@@ -97,7 +95,7 @@ def test_a_plan_stage_with_a_reference_fires_at_the_equal_rate_point(tmp_path):
     due = [
         stage_due(stage, k, 0, list(zip(small_c[: k + 1], small_l[: k + 1], strict=True))) for k in range(len(small_l))
     ]
-    assert due.index(True) == i
+    assert due.index(True) == EQUAL_RATE_AT  # the reference read from its metrics.jsonl, as from memory above
     gpt2 = parse_stages(doc | {"stages": [doc["stages"][0] | {"when": {"slope": "auto"}}]}).stages[0]
     points = list(zip(small_c, small_l, strict=True))
     assert stage_due(gpt2, 0, 0, points) == slope_trigger(small_c, small_l, -0.0575)

@@ -4,13 +4,15 @@ and FLOP counts, masked norms and activation checkpointing."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
+from init_from_helpers import read_as_init_from
 
 from growlm.model.config import PRESETS, LlamaConfig, config_from_dict, flops_per_token, from_preset, param_count
 from growlm.model.layers import RMSNorm, grouped_kv
-from growlm.model.llama.hf import from_hf, from_hf_config, to_hf, to_hf_config
+from growlm.model.llama.hf import from_hf_config, to_hf, to_hf_config
 from growlm.model.llama.model import Llama
 from growlm.model.registry import build_model
 
@@ -25,28 +27,29 @@ SHAPES = [
 
 
 @pytest.mark.parametrize("n_head,n_kv_head,head_dim,tied,theta", SHAPES)
-def test_logits_equal_transformers_on_its_random_weights(n_head, n_kv_head, head_dim, tied, theta):
+def test_logits_equal_transformers_on_its_random_weights(n_head, n_kv_head, head_dim, tied, theta, tmp_path):
 
     torch.manual_seed(0)
     cfg = LlamaConfig(
         n_layer=2, n_embd=64, n_head=n_head, n_kv_head=n_kv_head, n_inner=96, head_dim=head_dim, n_positions=48,
         vocab_size=131, rope_theta=theta, tie_word_embeddings=tied,
     )  # fmt: skip
-    same_logits_both_ways(cfg, batch=3)
+    same_logits_both_ways(cfg, batch=3, folder=tmp_path / "hf")
 
 
-def same_logits_both_ways(cfg: LlamaConfig, batch: int) -> tuple:
+def same_logits_both_ways(cfg: LlamaConfig, batch: int, folder: Path) -> tuple:
     """transformers' LlamaForCausalLM of ``cfg`` (its own init, then non-trivial norm gains and larger weights, so
-    every term counts) imported by ``from_hf`` gives logits within 1e-5 of it, and so does its ``to_hf`` export, on
-    ``batch`` sequences of n_positions tokens. Returns (transformers' model, ours, the ids, transformers' logits)."""
+    every term counts), saved into ``folder`` and read back as --init_from reads it, gives logits within 1e-5 of it,
+    and so does its ``to_hf`` export, on ``batch`` sequences of n_positions tokens. Returns (transformers' model,
+    ours, the ids, transformers' logits)."""
     from transformers import LlamaForCausalLM
 
     hf = LlamaForCausalLM(to_hf_config(cfg)).eval()
     with torch.no_grad():
         for name, p in hf.named_parameters():
             p.add_((0.1 if "norm" in name else 0.05) * torch.randn_like(p))
-    ours = from_hf(hf).eval()
-    assert ours.config == cfg
+    ours = read_as_init_from(hf, folder)
+    assert type(ours) is Llama and ours.config == cfg
     idx = torch.randint(0, cfg.vocab_size, (batch, cfg.n_positions))
     with torch.no_grad():
         theirs = hf(idx).logits
@@ -64,7 +67,9 @@ ROPE_SCALINGS = [  # (rope_type, factor, low, high, original context): Llama 3.1
 
 @pytest.mark.parametrize("kind,factor,low,high,original", ROPE_SCALINGS)
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
-def test_scaled_rotary_logits_equal_transformers_past_the_original_context(kind, factor, low, high, original, tied):
+def test_scaled_rotary_logits_equal_transformers_past_the_original_context(
+    kind, factor, low, high, original, tied, tmp_path
+):
     """Llama 3.1 / 3.2's "llama3" rotary scaling (and "linear"): logits equal transformers' LlamaForCausalLM within
     1e-5 in fp32 at 96 positions, past the original context (16 / 24), both ways through the converters."""
 
@@ -74,7 +79,7 @@ def test_scaled_rotary_logits_equal_transformers_past_the_original_context(kind,
         tie_word_embeddings=tied, rope_type=kind, rope_factor=factor, rope_low_freq_factor=low,
         rope_high_freq_factor=high, rope_original_positions=original if kind == "llama3" else 8192,
     )  # fmt: skip
-    hf, ours, idx, theirs = same_logits_both_ways(cfg, batch=2)
+    hf, ours, idx, theirs = same_logits_both_ways(cfg, batch=2, folder=tmp_path / "hf")
     assert hf.config.rope_parameters["rope_type"] == kind and hf.config.rope_parameters["factor"] == factor
     plain = Llama(replace(cfg, rope_type="default")).eval()
     plain.load_state_dict(ours.state_dict())

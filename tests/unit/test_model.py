@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from init_from_helpers import read_as_init_from
 
 from growlm.model.config import PRESETS, GPTConfig, flops_per_token, from_preset, param_count
-from growlm.model.gpt2.hf import from_hf, to_hf, to_hf_config
+from growlm.model.gpt2.hf import to_hf, to_hf_config
 from growlm.model.gpt2.model import GPT
 
 
 @pytest.mark.parametrize("n_inner", [None, 48])
-def test_logits_equal_transformers_on_same_random_weights(n_inner):
+def test_logits_equal_transformers_on_same_random_weights(n_inner, tmp_path):
     from transformers import GPT2LMHeadModel
 
     torch.manual_seed(0)
@@ -21,17 +22,18 @@ def test_logits_equal_transformers_on_same_random_weights(n_inner):
         for name, p in hf.named_parameters():
             if "ln" in name or name.endswith("bias"):
                 p.add_(0.1 * torch.randn_like(p))
-    ours = from_hf(hf).eval()
+    ours = read_as_init_from(hf, tmp_path / "hf")
+    assert type(ours) is GPT and ours.config == cfg
     idx = torch.randint(0, cfg.vocab_size, (3, 32))
     with torch.no_grad():
         diff = (ours(idx) - hf(idx).logits).abs().max().item()
     assert diff <= 1e-5
 
 
-def test_round_trip_to_hf_and_back_is_exact():
+def test_round_trip_to_hf_and_back_is_exact(tmp_path):
     torch.manual_seed(1)
     ours = GPT(GPTConfig(n_layer=2, n_embd=32, n_head=2, n_positions=16, vocab_size=97)).eval()
-    back = from_hf(to_hf(ours))
+    back = read_as_init_from(to_hf(ours), tmp_path / "hf")
     for (name, a), (_, b) in zip(ours.state_dict().items(), back.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     idx = torch.randint(0, 97, (2, 16))
