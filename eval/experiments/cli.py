@@ -14,6 +14,9 @@ scratch model at the same FLOPs.
     growlm-experiment --quick --out runs/isoflop_quick      # the whole pipeline at toy size, under a minute
     growlm-experiment --profile gpu         # the GPU profile (16 seeds, larger budgets), results in
                                             # eval/results/isoflop_gpu/
+    growlm-experiment --spec eval/results/isoflop_optimum/experiment.yaml
+                                            # an experiment written as a spec file (eval/experiments/spec.py;
+                                            # docs/evaluation.md): its curves and report beside the file
 
 Exit status: 0 done; 1 a run failed (the others finish; a rerun retries it); 2 bad flags, curves in --out made
 with other settings or damaged, or another growlm-experiment writing --out (refused before anything is touched).
@@ -28,6 +31,7 @@ from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
+from growlm.runtime.atomic import write_json as atomic_write_json
 from growlm.runtime.commands import HelpFormatter, add_version, interruptible
 from growlm.runtime.lock import LockHeldError, output_held_message, output_lock
 
@@ -40,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     """growlm-experiment's flags."""
     p = argparse.ArgumentParser(prog="growlm-experiment", description=__doc__.split("\n\n")[0],
                                 formatter_class=HelpFormatter)  # fmt: skip
+    p.add_argument("--spec", type=Path, default=None,
+                   help="an experiment's spec file (YAML; eval/experiments/spec.py): run it, or with --report_only "
+                        "rebuild its report; its folder is the default --out")  # fmt: skip
     p.add_argument("--out", type=Path, default=None,
                    help="folder of the curves (curves/) and the report (default: eval/results/isoflop, "
                         "eval/results/isoflop_gpu with --profile gpu; runs/isoflop_quick with --quick)")  # fmt: skip
@@ -86,6 +93,8 @@ def fail(msg: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     """growlm-experiment (see the module docstring)."""
     args = build_parser().parse_args(argv)
+    if args.spec is not None:
+        return _spec_cli(args)
     from growlm.eval.experiments import protocol  # lazy: --help and --version stay fast
 
     s = protocol.PROFILES[args.profile]
@@ -117,7 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"--out {out} is a file; give a folder")
     if args.dry_run and not args.report_only:  # writes nothing under --out
         return _checked(args, s, out, parallel)
-    lock = ExitStack()  # one growlm-experiment per --out: two would train the same runs and race on its files
+    return _held(out, lambda: _checked(args, s, out, parallel))
+
+
+def _held(out: Path, work) -> int:
+    """``work()`` with --out held by this process: one growlm-experiment per --out (two would train the same runs
+    and race on its files); 2 with a one-line reason when another holds it or it cannot be used."""
+    lock = ExitStack()
     try:
         lock.enter_context(output_lock(out))
     except LockHeldError as e:
@@ -125,7 +140,151 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         return fail(f"--out {out} cannot be used ({e.strerror or e}); choose a folder you can write")
     with lock:
-        return _checked(args, s, out, parallel)
+        return work()
+
+
+SPEC_ONLY_NOT = ("phase", "map", "target", "budget", "seeds", "quick")
+
+
+def _spec_cli(args) -> int:
+    """growlm-experiment --spec FILE: check the flags and the file, hold --out, then run or report."""
+    from growlm.eval.experiments import spec as sp  # lazy: as in main
+
+    bad = [f"--{k}" for k in SPEC_ONLY_NOT if getattr(args, k) not in (None, False, "all")]
+    if bad or args.profile != "cpu":
+        return fail(f"{', '.join(bad) or '--profile'}: the spec file says what runs; drop the flag with --spec")
+    try:
+        spec = sp.load(args.spec)
+    except sp.SpecError as e:
+        return fail(str(e))
+    if args.device:
+        spec = spec.model_copy(update={"train": spec.train.model_copy(update={"device": args.device})})
+    parallel = args.parallel if args.parallel is not None else 2
+    if parallel < 1:
+        return fail(f"--parallel {parallel}: must be >= 1")
+    out = args.out or args.spec.parent
+    imports = [(args.spec.parent / x).resolve() for x in spec.imports]
+    if missing := [str(x) for x in imports if not x.is_dir()]:
+        return fail(f"{args.spec}: imports {missing[0]} is not a folder of curves; fix the path (relative to the "
+                    "spec file's folder)")  # fmt: skip
+    if out.exists() and not out.is_dir():
+        return fail(f"--out {out} is a file; give a folder")
+    return _held(out, lambda: _spec_checked(args, spec, out, imports, parallel))
+
+
+def _spec_checked(args, spec, out: Path, imports: list[Path], parallel: int) -> int:
+    """``_spec_run``, with damaged or foreign curves, a pre-registration the spec or curves disagree with, and a
+    design the shapes cannot give reported as bad input (2)."""
+    from growlm.eval.experiments import render, runner  # lazy: as in main
+
+    try:
+        return _spec_run(args, spec, out, imports, parallel)
+    except (runner.SettingsMismatch, runner.CurveFileError, render.PreregError, ValueError) as e:
+        return fail(str(e))
+
+
+def _spec_run(args, spec, out: Path, imports: list[Path], parallel: int) -> int:
+    """The runs of a spec's plan, round after round, the pre-registration's decisions fixed before the runs that
+    depend on them, then results.json and report.md (only the report with --report_only)."""
+    from growlm.eval.experiments import planner, render, runner  # lazy: as in main
+
+    ctx = planner.Context(spec)
+    where = out / render.PREREG
+    pre = render.read_json(where) if where.is_file() else None
+    if pre is not None:
+        render.prereg_check(pre, args.spec)
+    fp, data = None, None
+    if not args.report_only:
+        data, fp = _spec_data(args, spec)
+        if isinstance(data, int):
+            return data
+    store = runner.Store(ctx, out, imports, fp)
+    if args.report_only and not store.own and not store.imported:
+        return fail(f"no curves under {out / 'curves'} or the spec's imports; run growlm-experiment --spec "
+                    f"{args.spec} first")  # fmt: skip
+    settings = {"experiment": spec.name, "protocol": spec.protocol, "model": spec.model.model_dump(mode="json"),
+                "train": spec.train.model_dump(mode="json"), "data": fp}  # fmt: skip
+    with ExitStack() as stack:
+        workers = None if args.report_only or args.dry_run else stack.enter_context(runner.Workers(parallel))
+        rnd = 0
+        while True:
+            need, st = planner.plan(ctx, store.loss)
+            if args.report_only:
+                break
+            todo = [r for r in dict.fromkeys(need) if not store.has(r)]
+            if args.dry_run:
+                from growlm.eval.experiments.crossmap import eta_line  # lazy: as in main
+
+                for r in todo:
+                    print(f"{r.phase:7s} {r.name:64s} steps {r.job(ctx).steps[-1]:6d}")
+                print(eta_line(ctx, store.own, todo, parallel, "B"))
+                return 0
+            if pre is None:
+                out.mkdir(parents=True, exist_ok=True)
+                pre = render.prereg_new(spec, args.spec)
+                atomic_write_json(where, pre)
+            if st.optimum is not None and spec.arms:
+                pre = render.prereg_fix(where, pre, "optimum", st.optimum, "any arm run")
+            if st.primary is not None:
+                chosen = st.arms[st.primary].chosen.as_dict()
+                pre = render.prereg_fix(where, pre, "primary_arm", {"arm": st.primary, "run": chosen},
+                                        "its main runs")  # fmt: skip
+            if not todo:
+                break
+            rnd += 1
+            from growlm.eval.experiments.crossmap import eta_line  # lazy: as in main
+
+            print(f"growlm-experiment: {spec.name} round {rnd}: {eta_line(ctx, store.own, todo, parallel, 'B')}",
+                  flush=True)  # fmt: skip
+            failed = runner.run_all(ctx, todo, data, out, settings, workers, f"{spec.name} round {rnd}")
+            store = runner.Store(ctx, out, imports, fp)
+            if failed:
+                return 1
+            _spec_write(ctx, store, planner.plan(ctx, store.loss)[1], pre, out, args.spec.name)  # the report so far
+    res = _spec_write(ctx, store, st, pre, out, args.spec.name)
+    p = res["primary"] or {}
+    print(f"growlm-experiment: {spec.name}: report in {out / 'report.md'}; optimum {res['optimum']}, primary arm "
+          f"{res['primary_arm']}, saving vs envelope {(p.get('saving_vs_envelope') or {}).get('mean')}")  # fmt: skip
+    return 0
+
+
+def _spec_write(ctx, store, st, pre, out: Path, spec_file: str) -> dict:
+    """results.json and report.md of a spec-file experiment (each written whole, atomically); returns the results."""
+    from growlm.eval.experiments import render, results  # lazy: as in main
+    from growlm.runtime.atomic import write_text  # lazy: as in main
+
+    res = results.summarize(ctx, store, st, {f["what"]: f["value"] for f in (pre or {}).get("fixed", [])}, spec_file)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "results.json", res, overwrite=True)
+    write_text(out / "report.md", render.markdown(res), overwrite=True)
+    return res
+
+
+def _spec_data(args, spec) -> tuple[Path | int, dict | None]:
+    """The spec's token folder (--data, else growlm's cache, prepared when missing) and its fingerprint, or (2, None)
+    after a one-line error."""
+    from growlm.eval.experiments import runner  # lazy: as in main
+
+    data = args.data
+    if data is None:
+        from growlm.data.tokens import cache_dir  # lazy: only without --data
+
+        data = cache_dir() / "".join([f"bpe{spec.model.vocab_size}", *(f"-{e}" for e in spec.data.extra)])
+    if not (data / "meta.json").is_file():
+        if args.data is not None:
+            return fail(f"--data {data} has no meta.json; prepare it with python -m growlm.data.small_vocab"), None
+        from growlm.data.small_vocab import ensure_small_vocab  # lazy: HF tokenizers, only when preparing
+
+        print(f"growlm-experiment: training a {spec.model.vocab_size}-token BPE into {data}", flush=True)
+        try:
+            ensure_small_vocab(data, spec.model.vocab_size, extra=spec.data.extra)
+        except (FileExistsError, FileNotFoundError, ValueError) as e:
+            return fail(f"preparing the spec's token folder {data}: {e}"), None
+    fp = runner.data_fingerprint(data)
+    if fp["vocab_size"] != spec.model.vocab_size:
+        return fail(f"--data {data} has a {fp['vocab_size']}-token vocabulary; the spec needs "
+                    f"{spec.model.vocab_size}"), None  # fmt: skip
+    return data, fp
 
 
 def _checked(args, s, out: Path, parallel: int) -> int:

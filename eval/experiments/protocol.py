@@ -23,6 +23,8 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from growlm.eval.experiments.runs import Job
+from growlm.eval.experiments.runs import stage_steps as _stage_steps
 from growlm.model.config import GPTConfig, flops_per_token
 
 PROTOCOL = "isoflop-envelope-v1"  # bump when a change makes old curves incomparable
@@ -215,6 +217,35 @@ class RunSpec:
     def as_dict(self) -> dict[str, Any]:
         return json.loads(json.dumps(asdict(self)))
 
+    def job(self, s: Settings) -> Job:
+        """The Job this run trains by under settings ``s``: its stages' configs, each growth's operator options (the
+        ``symmetry`` override applied; the noise and mask seed the run's seed), its steps (``run_steps``)."""
+        stages = (self.size,) if self.kind == "scratch" else s.arm(self.arm).stages
+        ops = []
+        for op in () if self.kind == "scratch" else s.arm(self.arm).ops:
+            op = dict(op)
+            if self.symmetry:  # 'none', 'noise', or 'noise:<s.d.>' (the noise-scale lever)
+                kind, _, std = self.symmetry.partition(":")
+                op["symmetry"] = kind
+                if std:
+                    op["noise_std"] = float(std)
+            if op["family"] == "masked" or op.get("symmetry") == "noise":
+                op.setdefault("seed", self.seed)
+            ops.append(op)
+        return Job(tuple(s.config(z) for z in stages), tuple(stages), tuple(ops), tuple(run_steps(s, self)), self.lr,
+                   self.seed, self.policy, self.moments, "keep", s)  # fmt: skip
+
+
+def settings_from_dict(d: dict[str, Any]) -> Settings:
+    """The Settings a curve file stores (``Settings.as_dict``), lists back to tuples and arms to ``Arm``."""
+    d = {k: v for k, v in d.items() if k not in ("data", "map")}
+    d["sizes"] = {z: tuple(v) for z, v in d["sizes"].items()}
+    for k in ("budgets", "lrs"):
+        d[k] = tuple(d[k])
+    if d.get("arms") is not None:
+        d["arms"] = tuple(Arm(a["name"], tuple(a["stages"]), tuple(a["ops"]), a["what"]) for a in d["arms"])
+    return Settings(**d)
+
 
 def spec_from_dict(d: dict[str, Any]) -> RunSpec:
     """The RunSpec of a curve file's ``spec`` (lists back to tuples)."""
@@ -224,39 +255,15 @@ def spec_from_dict(d: dict[str, Any]) -> RunSpec:
 
 
 def stage_steps(s: Settings, stages: tuple[str, ...], grow_flops: tuple[float, ...], budget_flops: float) -> list:
-    """Optimizer steps of each stage of a growth arm under an equal FLOPs budget: stage i trains until the run has
-    spent ``grow_flops[i]`` FLOPs (rounded to whole steps), the last stage spends what is left of the budget.
-
-    Returns: the global step after which each growth happens, then the total step count (len(stages) values).
-
-    Raises:
-        ValueError: growth points that do not increase, or that leave the last stage no step.
-    """
-    if len(grow_flops) != len(stages) - 1:
-        raise ValueError(f"{len(stages)} stages need {len(stages) - 1} growth points, got {len(grow_flops)}")
-    steps, spent, prev_f = [], 0.0, 0.0
-    step = 0
-    for size, f in zip(stages, grow_flops, strict=False):
-        if f <= prev_f:
-            raise ValueError(f"growth points {list(grow_flops)} must increase")
-        n = max(1, round((f - spent) / s.step_flops(size)))
-        step += n
-        spent += n * s.step_flops(size)
-        steps.append(step)
-        prev_f = f
-    left = budget_flops - spent
-    n_last = round(left / s.step_flops(stages[-1]))
-    if n_last < 1:
-        raise ValueError(f"the small stages spend {spent:.3e} of {budget_flops:.3e} FLOPs; grow earlier")
-    return [*steps, step + n_last]
+    """Optimizer steps of each stage of a growth arm under an equal FLOPs budget (``runs.stage_steps`` with each
+    named size's FLOPs per step)."""
+    return _stage_steps([s.step_flops(z) for z in stages], grow_flops, budget_flops)
 
 
 def run_steps(s: Settings, spec: RunSpec) -> list[int]:
     """The growth steps and total steps of a run (``[total]`` for a scratch run)."""
-    budget = spec.budget * s.c_flops
-    if spec.kind == "scratch":
-        return [max(1, round(budget / s.step_flops(spec.size)))]
-    return stage_steps(s, s.arm(spec.arm).stages, spec.grow_flops, budget)
+    stages = (spec.size,) if spec.kind == "scratch" else s.arm(spec.arm).stages
+    return stage_steps(s, stages, spec.grow_flops, spec.budget * s.c_flops)
 
 
 def lr_grid_next(tried: dict[float, float], widen_left: int) -> float | None:

@@ -17,7 +17,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from growlm.eval.experiments.protocol import RunSpec, Settings, spec_from_dict
+from growlm.eval.experiments.protocol import RunSpec, Settings, settings_from_dict, spec_from_dict
+from growlm.eval.experiments.runs import Run, job_key, same_data
 from growlm.runtime import atomic
 from growlm.runtime.processes import exit_with_parent
 
@@ -32,8 +33,9 @@ class CurveFileError(Exception):
     """A curve file under OUT/curves cannot be read: not UTF-8 JSON (truncated, damaged), or not a curve record."""
 
 
-def read_curve(f: Path) -> dict[str, Any]:
-    """One curve file: {"settings": {...}, "spec": RunSpec, "curve": {...}} (``spec`` turned into a RunSpec).
+def read_curve(f: Path, parse: Any = spec_from_dict) -> dict[str, Any]:
+    """One curve file: {"settings": {...}, "spec": ..., "curve": {...}}, ``spec`` turned into a run by ``parse``
+    (default: a RunSpec of the envelope protocols; ``runs.Run.from_dict`` for a spec-file experiment's).
 
     Raises:
         CurveFileError: one line naming the file, what is wrong with it and the fix (a truncated or damaged file,
@@ -54,7 +56,7 @@ def read_curve(f: Path) -> dict[str, Any]:
         problem = "not a curve record (a JSON object with the objects settings, spec and curve)"
     else:
         try:
-            rec["spec"] = spec_from_dict(rec["spec"])
+            rec["spec"] = parse(rec["spec"])
         except (TypeError, ValueError) as e:
             problem = f"its spec is not a run of this experiment ({e})"
     if problem:
@@ -192,3 +194,53 @@ def run_all(s: Settings, specs: Iterable[RunSpec], data: Path, out: Path, settin
             bar.update()
     bar.close()
     return failed
+
+
+class Store:
+    """The finished runs an experiment can read, by ``job_key``: its own curves (OUT/curves/<phase>/<run>.json) and
+    those of the ``imports`` folders (curve files of any growlm experiment, each turned into its Job by the code of
+    the protocol that wrote it), when they were trained on the same token folder as this experiment's.
+
+    Raises (constructor):
+        runner.CurveFileError: a curve file is damaged or not a curve record.
+        SettingsMismatch: this experiment's own curves come from two token folders, or from another
+            experiment (another protocol or spec name).
+    """
+
+    def __init__(self, ctx: Any, out: Path, imports: list[Path], data: dict[str, Any] | None) -> None:
+        self.ctx, self.data = ctx, data
+        self.by_key: dict[str, dict] = {}
+        self.own: dict[str, dict] = {}
+        self.imported = 0
+        for f in sorted((out / "curves").glob("*/*.json")):
+            rec = read_curve(f, Run.from_dict)
+            if rec["settings"].get("experiment") != ctx.spec.name:
+                who = rec["settings"].get("experiment")
+                raise SettingsMismatch(f"{f} was made by another experiment ({who!r}); use another --out")
+            if self.data is None:
+                self.data = rec["settings"].get("data")
+            elif not same_data(rec["settings"].get("data"), self.data):
+                raise SettingsMismatch(f"{f} comes from another token folder than the experiment's; move it "
+                                              "away (a rerun trains it again) or give its --data")  # fmt: skip
+            self.own[rec["spec"].name] = rec
+            self.by_key[job_key(rec["spec"].job(ctx))] = rec
+        for folder in imports:
+            for f in sorted(folder.glob("*/*.json")):
+                rec = read_curve(f)
+                if self.data is not None and not same_data(rec["settings"].get("data"), self.data):
+                    continue
+                s = settings_from_dict(rec["settings"])
+                self.by_key.setdefault(job_key(rec["spec"].job(s)), rec)
+                self.imported += 1
+
+    def get(self, run: Run) -> dict | None:
+        """The finished record of ``run`` (its own or an imported run with the same Job), None when not run."""
+        return self.by_key.get(job_key(run.job(self.ctx)))
+
+    def loss(self, run: Run) -> float | None:
+        """The final validation loss of ``run``, None when it has not finished."""
+        rec = self.get(run)
+        return None if rec is None else float(rec["curve"]["final"]["val_loss"])
+
+    def has(self, run: Run) -> bool:
+        return self.get(run) is not None

@@ -21,12 +21,12 @@ import torch
 import torch.nn.functional as F
 
 from growlm.data.tokens import open_tokens
-from growlm.eval.experiments.protocol import RunSpec, Settings, run_steps
+from growlm.eval.experiments.runs import Job, flops_per_step
 from growlm.growth.ops import make_rules
 from growlm.growth.ops.apply import OptimizerPolicy
 from growlm.growth.ops.schedule_rule import ScheduleRule
 from growlm.growth.ops.single_process import from_modules, grow_state, make_optimizer, to_modules
-from growlm.model.gpt2.model import GPT
+from growlm.model.registry import build_model
 from growlm.runtime.machine import device_description
 from growlm.runtime.schedule import FIRST_ITERATION, ScheduleState
 
@@ -72,7 +72,7 @@ class Windows:
 
 
 @torch.no_grad()
-def window_losses(model: GPT, windows: torch.Tensor, device: str, chunk: int = 64) -> np.ndarray:
+def window_losses(model: Any, windows: torch.Tensor, device: str, chunk: int = 64) -> np.ndarray:
     """Mean next-token cross-entropy of each window (n, T+1) -> (n,) nats per token, eval mode."""
     model.eval()
     out = []
@@ -112,41 +112,44 @@ def cumulative_flops(step_costs: list[tuple[int, int]], total: int) -> np.ndarra
     return np.cumsum(per)
 
 
-def train_run(s: Settings, spec: RunSpec, data: Path) -> dict[str, Any]:
-    """Train one run and return its curve: {'points': [{step, tokens, flops, train_loss, val_loss, lr}], 'final':
-    {'val_loss', 'val_se', 'windows'}, 'growth': [{step, flops, loss_before, loss_after, wall_s}], 'wall_s',
-    'steps', 'machine' (runtime.machine.device_description: where wall_s was measured)}. val_loss of the last point
-    is on ``final_windows`` windows; its standard error is the windows' s.d. / sqrt(n). Single-threaded use is up to
-    the caller (torch.set_num_threads).
+def train_run(s: Any, spec: Any, data: Path) -> dict[str, Any]:
+    """Train one run (``spec.job(s)``: a RunSpec under Settings, or a runs.Run under a plan.Context) and return its
+    curve: {'points': [{step, tokens, flops, train_loss, val_loss, lr}], 'final': {'val_loss', 'val_se', 'windows'},
+    'growth': [{step, flops, to, loss_before, loss_after, wall_s}], 'wall_s', 'steps', 'machine'
+    (runtime.machine.device_description: where wall_s was measured)}. val_loss of the last point is on
+    ``final_windows`` windows; its standard error is the windows' s.d. / sqrt(n). Single-threaded use is up to the
+    caller (torch.set_num_threads).
 
     Raises:
         ValueError: the budget would read the data a third time, or a growth point leaves no step.
     """
-    t0 = time.perf_counter()
-    win = Windows(data, s.seq_len, s.batch)
-    steps = run_steps(s, spec)
-    total = steps[-1]
-    grow_at = steps[:-1]
-    stages = (spec.size,) if spec.kind == "scratch" else s.arm(spec.arm).stages
-    starts = [0, *grow_at]
-    step_costs = [(a, s.step_flops(size)) for a, size in zip(starts, stages, strict=True)]
-    cum = cumulative_flops(step_costs, total)
-    points_at = set(eval_steps(step_costs, total, s.curve_points))
-    curve_val = win.val(s.curve_windows)
-    device = s.device
+    return train_job(spec.job(s), data)
 
-    torch.manual_seed(spec.seed)
-    model = GPT(s.config(stages[0])).to(device)
-    hp = {"lr": spec.lr, **HPARAMS}
-    opt = make_optimizer(model, hp)
-    sched = fresh_schedule(total, s.warmup_frac)
+
+def train_job(job: Job, data: Path) -> dict[str, Any]:
+    """``train_run`` of a resolved Job (runs.Job)."""
+    t0 = time.perf_counter()
+    t = job.train
+    win = Windows(data, t.seq_len, t.batch)
+    total, grow_at = job.steps[-1], list(job.steps[:-1])
+    starts = [0, *grow_at]
+    step_costs = [(a, flops_per_step(c, t.seq_len, t.batch)) for a, c in zip(starts, job.configs, strict=True)]
+    cum = cumulative_flops(step_costs, total)
+    points_at = set(eval_steps(step_costs, total, t.curve_points))
+    curve_val = win.val(t.curve_windows)
+    device = t.device
+
+    torch.manual_seed(job.seed)
+    model = build_model(job.configs[0]).to(device)
+    opt = make_optimizer(model, {"lr": job.lr, **HPARAMS})
+    sched = fresh_schedule(total, t.warmup_frac)
     points, growth, losses = [], [], []
     stage = 0
     for step in range(1, total + 1):
-        lr = spec.lr * sched.ratio(step - 1)
+        lr = job.lr * sched.ratio(step - 1)
         for g in opt.param_groups:
-            g["lr"] = lr
-        x = win.batch(spec.seed, step - 1).to(device)
+            g["lr"] = lr * g.get("lr_scale", 1.0)
+        x = win.batch(job.seed, step - 1).to(device)
         loss = model(x[:, :-1], targets=x[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -156,8 +159,8 @@ def train_run(s: Settings, spec: RunSpec, data: Path) -> dict[str, Any]:
         model.set_growth_step(step)
         losses.append(loss.detach().item())
         if step in points_at:
-            val = window_losses(model, win.val(s.final_windows) if step == total else curve_val, device)
-            points.append({"step": step, "tokens": step * s.batch * s.seq_len, "flops": float(cum[step - 1]),
+            val = window_losses(model, win.val(t.final_windows) if step == total else curve_val, device)
+            points.append({"step": step, "tokens": step * t.batch * t.seq_len, "flops": float(cum[step - 1]),
                            "train_loss": float(np.mean(losses)), "val_loss": float(val.mean()), "lr": lr})  # fmt: skip
             losses = []
             if step == total:
@@ -166,43 +169,61 @@ def train_run(s: Settings, spec: RunSpec, data: Path) -> dict[str, Any]:
         if stage < len(grow_at) and step == grow_at[stage]:
             tg = time.perf_counter()
             before = float(window_losses(model, curve_val, device).mean())
-            model, opt, sched = grow(s, spec, stage, model, opt, sched, step, total)
+            model, opt, sched = grow(job, stage, model, opt, sched, total)
             after = float(window_losses(model, curve_val, device).mean())
-            growth.append({"step": step, "flops": float(cum[step - 1]), "to": stages[stage + 1],
+            growth.append({"step": step, "flops": float(cum[step - 1]), "to": job.stage_names[stage + 1],
                            "loss_before": before, "loss_after": after, "wall_s": time.perf_counter() - tg})  # fmt: skip
             stage += 1
-    return {"points": points, "final": final, "growth": growth, "steps": steps,
-            "wall_s": time.perf_counter() - t0, "machine": device_description(s.device)}  # fmt: skip
+    return {"points": points, "final": final, "growth": growth, "steps": list(job.steps),
+            "wall_s": time.perf_counter() - t0, "machine": device_description(device)}  # fmt: skip
 
 
-def grow(s: Settings, spec: RunSpec, stage: int, model: GPT, opt, sched: ScheduleState, step: int, total: int):
+def grow(job: Job, stage: int, model, opt, sched: ScheduleState, total: int):
     """Grow the run's model from stage ``stage`` to the next with growlm's operators: the whole training state
     (weights, exp_avg / exp_avg_sq, Adam step, schedule position, masks) through grow_state. Returns (model, AdamW,
-    schedule) of the grown model; the LR policy 'rewarm' re-warms linearly over rewarm_frac of the run."""
-    a = s.arm(spec.arm)
-    opts = dict(a.ops[stage])
+    schedule) of the grown model; the LR policy 'rewarm' re-warms linearly over rewarm_frac of the run; the LR rule
+    'mup' scales the hidden matrices' LR after a width growth (``Job``)."""
+    opts = dict(job.ops[stage])
     family = opts.pop("family")
-    if spec.symmetry:  # 'none', 'noise', or 'noise:<s.d.>' (the noise-scale lever)
-        kind, _, std = spec.symmetry.partition(":")
-        opts["symmetry"] = kind
-        if std:
-            opts["noise_std"] = float(std)
-    if family == "duplicate" and opts.get("symmetry") == "noise":
-        opts.setdefault("seed", spec.seed)
-    if family == "masked":
-        opts.setdefault("seed", spec.seed)
-    old_cfg, new_cfg = s.config(a.stages[stage]), s.config(a.stages[stage + 1])
+    old_cfg, new_cfg = job.configs[stage], job.configs[stage + 1]
     plan = make_rules(old_cfg, new_cfg, family, **opts)
     _adam_state_to(opt, "cpu")  # the growth runs on CPU tensors
+    scales = [g.get("lr_scale", 1.0) for g in opt.param_groups]
     state = from_modules(model.cpu(), opt, schedule=sched)
-    rewarm = max(2, round(s.rewarm_frac * total)) if spec.policy == "rewarm" else 0
+    rewarm = max(2, round(job.train.rewarm_frac * total)) if job.policy == "rewarm" else 0
     rule = ScheduleRule(kind="continue", rewarm_steps=rewarm, rewarm_from="zero")
-    grown = grow_state(state, plan, policy=OptimizerPolicy(moments=spec.moments), schedule=rule)
+    grown = grow_state(state, plan, policy=OptimizerPolicy(moments=job.moments), schedule=rule)
     new_sched = grown.schedule
     model, opt, _ = to_modules(replace(grown, schedule=None))
-    model = model.to(s.device)
-    _adam_state_to(opt, s.device)  # AdamW state follows its parameters
+    if len(scales) == len(opt.param_groups):
+        for g, k in zip(opt.param_groups, scales, strict=True):
+            g["lr_scale"] = k
+    if job.lr_rule == "mup" and new_cfg.n_embd != old_cfg.n_embd:
+        opt = _hidden_lr_scaled(model, opt, old_cfg.n_embd / new_cfg.n_embd)
+    model = model.to(job.train.device)
+    _adam_state_to(opt, job.train.device)  # AdamW state follows its parameters
     return model, opt, new_sched
+
+
+EMBEDDINGS = ("wte", "wpe", "embed", "lm_head")  # names of the 2-D parameters that are not hidden matrices
+
+
+def _hidden_lr_scaled(model, opt: torch.optim.Optimizer, factor: float) -> torch.optim.Optimizer:
+    """The optimizer with the hidden matrices (2-D parameters but the embeddings and the LM head) in a group of
+    their own whose ``lr_scale`` is multiplied by ``factor``; every parameter keeps its AdamW state."""
+    hidden = {id(p) for n, p in model.named_parameters() if p.ndim >= 2 and not any(e in n for e in EMBEDDINGS)}
+    groups = []
+    for g in opt.param_groups:
+        rest = {k: v for k, v in g.items() if k != "params"}
+        for inside in (True, False):
+            ps = [p for p in g["params"] if (id(p) in hidden) == inside]
+            if ps:
+                k = rest.get("lr_scale", 1.0) * (factor if inside else 1.0)
+                groups.append({**rest, "params": ps, "lr_scale": k})
+    new = torch.optim.AdamW(groups)
+    for p, st in opt.state.items():
+        new.state[p] = st
+    return new
 
 
 def _adam_state_to(opt: torch.optim.Optimizer, device: str) -> None:

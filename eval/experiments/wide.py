@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from growlm.eval.experiments import optimal, plan
+from growlm.eval.experiments import optimal, plan, planner
 from growlm.eval.experiments.protocol import RunSpec, Settings, run_steps
 from growlm.model.config import param_count
 
@@ -93,14 +93,7 @@ def next_budget(arm: float, envelope: Callable[[float], float | None]) -> float 
     Returns:
         the budget (x B) to run next, or None when the envelope brackets the arm's loss or the budgets run out.
     """
-    above = arm > envelope(1.0)
-    for b in BELOW_B if above else PAST_B:
-        e = envelope(b)
-        if e is None:
-            return b
-        if (e >= arm) if above else (e <= arm):
-            return None
-    return None
+    return planner.next_budget(arm, envelope, BELOW_B, PAST_B)
 
 
 def n_seeds(s: Settings) -> int:

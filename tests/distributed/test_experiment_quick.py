@@ -238,3 +238,48 @@ def test_quick_optimal_phase_runs_pilot_main_and_levers_from_a_map_and_rebuilds_
         shutil.copytree(out4 / sub, tmp_path / "copy4" / sub)
     assert experiment.main([*argv4[:9], "--report_only", "--out", str(tmp_path / "copy4")]) == 0
     assert json.loads((tmp_path / "copy4" / "results.json").read_text()) == r4
+
+
+# ------------------------------------------------------------------------------------------- spec-file experiments
+SPECS = Path(__file__).resolve().parents[2] / "eval" / "experiments" / "specs"
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_spec_runs_every_step_resumes_without_training_and_rebuilds_its_report(
+    tmp_path, small_vocab_data, capsys, family
+):
+    """The toy spec of each family through every planner step in 2 worker processes (real training, real growth),
+    then a rerun that trains nothing, then --report_only from a copy of the spec, its pre-registration and curves:
+    results.json and report.md byte for byte."""
+    out = tmp_path / "e"
+    spec = SPECS / f"quick-{family}.yaml"
+    argv = ["--spec", str(spec), "--out", str(out), "--data", str(small_vocab_data), "--parallel", "2"]
+    assert experiment.main(argv) == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["family"] == family and res["complete"] and res["optimum"] in res["best_shapes"]
+    curves = sorted((out / "curves").glob("*/*.json"))
+    recs = [json.loads(f.read_text()) for f in curves]
+    grown = [r for r in recs if r["spec"]["arm"]]
+    assert grown and all(len(r["curve"]["growth"]) == 1 for r in grown)
+    assert all(r["settings"]["model"]["family"] == family for r in recs)
+    p = res["primary"]
+    assert p["arm"] == res["primary_arm"] and p["n_seeds"] == 2
+    lo, hi = p["delta_vs_target"]["ci95"]
+    assert lo <= p["delta_vs_target"]["mean"] <= hi
+    assert all(abs(r["delta"] - (r["arm_loss"] - r["target_loss"])) <= 2e-5 for r in p["per_seed"])
+    pre = json.loads((out / "preregistration.json").read_text())
+    assert [f["what"] for f in pre["fixed"]] == ["optimum", "primary_arm"]
+    assert pre["fixed"][0]["value"] == res["optimum"] and pre["fixed"][1]["value"]["arm"] == res["primary_arm"]
+    before = {f.name: f.stat().st_mtime_ns for f in curves}
+    capsys.readouterr()
+    assert experiment.main(argv) == 0  # resumed: every run finished, none trains again
+    assert "round" not in capsys.readouterr().out
+    assert {f.name: f.stat().st_mtime_ns for f in sorted((out / "curves").glob("*/*.json"))} == before
+    copy = tmp_path / "copy"
+    shutil.copytree(out / "curves", copy / "curves")
+    shutil.copy(out / "preregistration.json", copy)
+    shutil.copy(spec, copy / "experiment.yaml")
+    assert experiment.main(["--spec", str(copy / "experiment.yaml"), "--report_only"]) == 0
+    for f in ("results.json", "report.md"):
+        want = (out / f).read_text().replace(spec.name, "experiment.yaml")
+        assert (copy / f).read_text() == want
