@@ -144,3 +144,38 @@ def best_lr(tried: Mapping[float, float]) -> float:
     if not tried:
         raise ValueError("best_lr of no runs")
     return min(tried, key=tried.get)
+
+
+# ------------------------------------------------------------------------------- numbers as the reports print them
+def r4(x: float | None, nd: int = 4) -> float | None:
+    """``x`` rounded to ``nd`` decimals (None stays None): how results.json stores a loss, a delta or a share."""
+    return None if x is None else round(float(x), nd)
+
+
+def ci(values: Sequence[float], nd: int = 4) -> dict:
+    """{mean, ci95: [low, high]} of ``values`` (``mean_ci95``) rounded to ``nd`` decimals; the interval None below
+    2 values."""
+    m, lo, hi = mean_ci95(values)
+    return {"mean": r4(m, nd), "ci95": [r4(lo, nd), r4(hi, nd)]}
+
+
+def p4(x: float | None, none: str = "n/a") -> str:
+    """A loss in a table: 4 decimals, ``none`` for a missing value."""
+    return none if x is None else f"{x:.4f}"
+
+
+def pv(x: float | None) -> str:
+    """A p-value in text: 3 significant digits, 'n/a' when there is none."""
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def pct(x: float | None, none: str = "n/a (outside the finished runs)") -> str:
+    """A share (a saving) as a signed percentage with one decimal, ``none`` for a missing value."""
+    return none if x is None else f"{100 * x:+.1f}%"
+
+
+def fmt_delta(a: Mapping) -> str:
+    """A paired difference and its interval from a row's ``delta_vs_envelope_mean`` / ``_ci95_low`` / ``_ci95_high``
+    (nats): '+0.0123 [-0.0045, +0.0291]'."""
+    lo, hi = a["delta_vs_envelope_ci95_low"], a["delta_vs_envelope_ci95_high"]
+    return f"{a['delta_vs_envelope_mean']:+.4f} [{lo:+.4f}, {hi:+.4f}]"

@@ -30,6 +30,7 @@ import sys
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from growlm.runtime.atomic import write_json as atomic_write_json
 from growlm.runtime.commands import HelpFormatter, add_version, interruptible
@@ -195,9 +196,14 @@ def _spec_run(args, spec, out: Path, imports: list[Path], parallel: int) -> int:
         render.prereg_check(pre, args.spec)
     fp, data = None, None
     if not args.report_only:
-        data, fp = _spec_data(args, spec)
-        if isinstance(data, int):
-            return data
+        from growlm.data.tokens import cache_dir  # lazy: only for the data check
+
+        default = cache_dir() / "".join([f"bpe{spec.model.vocab_size}", *(f"-{e}" for e in spec.data.extra)])
+        got = _token_folder(args.data, default, spec.model.vocab_size, spec.data.extra, spec.train.seq_len,
+                            lambda: planner.max_train_windows(ctx), "the spec's longest scratch run")  # fmt: skip
+        if isinstance(got, int):
+            return got
+        data, fp, _ = got
     store = runner.Store(ctx, out, imports, fp)
     if args.report_only and not store.own and not store.imported:
         return fail(f"no curves under {out / 'curves'} or the spec's imports; run growlm-experiment --spec "
@@ -248,6 +254,37 @@ def _spec_run(args, spec, out: Path, imports: list[Path], parallel: int) -> int:
     return 0
 
 
+def _token_folder(
+    given: Path | None, default: Path, vocab: int, extra: tuple, seq_len: int, need: Any, longest: str
+) -> tuple[Path, dict, int] | int:
+    """The experiment's token folder (``given`` by --data, else ``default`` in growlm's cache, prepared when missing),
+    its fingerprint and its training windows of ``seq_len`` tokens; or 2 after a one-line error: a --data without
+    meta.json, another vocabulary than ``vocab``, or fewer than half the windows ``need(have)`` says its longest run
+    (``longest``, in words) reads."""
+    from growlm.eval.experiments import runner  # lazy: as in main
+
+    data = given or default
+    if not (data / "meta.json").is_file():
+        if given is not None:
+            return fail(f"--data {data} has no meta.json; prepare it with python -m growlm.data.small_vocab")
+        from growlm.data.small_vocab import ensure_small_vocab  # lazy: HF tokenizers, only when preparing
+
+        print(f"growlm-experiment: training a {vocab}-token BPE into {data}", flush=True)
+        try:
+            ensure_small_vocab(data, vocab, extra=extra)  # a second growlm-experiment waits for the first to prepare it
+        except (FileExistsError, FileNotFoundError, ValueError) as e:
+            return fail(f"preparing the {vocab}-token BPE into {data}: {e}")
+    fp = runner.data_fingerprint(data)
+    if fp["vocab_size"] != vocab:
+        return fail(f"--data {data} has a {fp['vocab_size']}-token vocabulary; the protocol needs {vocab}")
+    have = (runner.train_tokens(data) - 1) // seq_len
+    if (n := need()) > 2 * have:
+        return fail(f"--data {data} holds {have:,} training windows of {seq_len} tokens; {longest} reads {n:,}, more "
+                    f"than twice over: give a token folder of at least {(n + 1) // 2 * seq_len + 1:,} training tokens "
+                    "(--data)")  # fmt: skip
+    return data, fp, have
+
+
 def _spec_write(ctx, store, st, pre, out: Path, spec_file: str) -> dict:
     """results.json and report.md of a spec-file experiment (each written whole, atomically); returns the results."""
     from growlm.eval.experiments import render, results  # lazy: as in main
@@ -258,33 +295,6 @@ def _spec_write(ctx, store, st, pre, out: Path, spec_file: str) -> dict:
     atomic_write_json(out / "results.json", res, overwrite=True)
     write_text(out / "report.md", render.markdown(res), overwrite=True)
     return res
-
-
-def _spec_data(args, spec) -> tuple[Path | int, dict | None]:
-    """The spec's token folder (--data, else growlm's cache, prepared when missing) and its fingerprint, or (2, None)
-    after a one-line error."""
-    from growlm.eval.experiments import runner  # lazy: as in main
-
-    data = args.data
-    if data is None:
-        from growlm.data.tokens import cache_dir  # lazy: only without --data
-
-        data = cache_dir() / "".join([f"bpe{spec.model.vocab_size}", *(f"-{e}" for e in spec.data.extra)])
-    if not (data / "meta.json").is_file():
-        if args.data is not None:
-            return fail(f"--data {data} has no meta.json; prepare it with python -m growlm.data.small_vocab"), None
-        from growlm.data.small_vocab import ensure_small_vocab  # lazy: HF tokenizers, only when preparing
-
-        print(f"growlm-experiment: training a {spec.model.vocab_size}-token BPE into {data}", flush=True)
-        try:
-            ensure_small_vocab(data, spec.model.vocab_size, extra=spec.data.extra)
-        except (FileExistsError, FileNotFoundError, ValueError) as e:
-            return fail(f"preparing the spec's token folder {data}: {e}"), None
-    fp = runner.data_fingerprint(data)
-    if fp["vocab_size"] != spec.model.vocab_size:
-        return fail(f"--data {data} has a {fp['vocab_size']}-token vocabulary; the spec needs "
-                    f"{spec.model.vocab_size}"), None  # fmt: skip
-    return data, fp
 
 
 def _checked(args, s, out: Path, parallel: int) -> int:
@@ -313,30 +323,13 @@ def _main_out(args, s, out: Path, parallel: int) -> int:
 
         if not torch.cuda.is_available():
             return fail("no CUDA device visible to torch; use --device cpu (or the cpu profile)")
-    data = args.data
-    if data is None:
-        from growlm.data.tokens import cache_dir  # lazy: only without --data
+    from growlm.data.tokens import cache_dir  # lazy: only for the data check
 
-        data = cache_dir() / f"bpe{s.vocab_size}"
-    if not (data / "meta.json").is_file():
-        if args.data is not None:
-            return fail(f"--data {data} has no meta.json; prepare it with python -m growlm.data.small_vocab")
-        from growlm.data.small_vocab import ensure_small_vocab  # lazy: HF tokenizers, only when preparing
-
-        print(f"growlm-experiment: training a {s.vocab_size}-token BPE into {data}", flush=True)
-        try:
-            ensure_small_vocab(data, s.vocab_size)  # a second growlm-experiment waits for the first to prepare it
-        except (FileExistsError, ValueError) as e:
-            return fail(f"preparing the {s.vocab_size}-token BPE into {data}: {e}")
-    settings["data"] = runner.data_fingerprint(data)
-    if settings["data"]["vocab_size"] != s.vocab_size:
-        return fail(f"--data {data} has a {settings['data']['vocab_size']}-token vocabulary; the protocol needs "
-                    f"{s.vocab_size}")  # fmt: skip
-    have = (runner.train_tokens(data) - 1) // s.seq_len
-    if (need := plan.max_train_windows(s)) > 2 * have:
-        return fail(f"--data {data} holds {have:,} training windows of {s.seq_len} tokens; the longest run of the "
-                    f"{s.profile} profile reads {need:,}, more than twice over: give a token folder of at least "
-                    f"{(need + 1) // 2 * s.seq_len + 1:,} training tokens (--data)")  # fmt: skip
+    got = _token_folder(args.data, cache_dir() / f"bpe{s.vocab_size}", s.vocab_size, (), s.seq_len,
+                        lambda: plan.max_train_windows(s), f"the longest run of the {s.profile} profile")  # fmt: skip
+    if isinstance(got, int):
+        return got
+    data, settings["data"], _ = got
     done = runner.load_curves(out, settings)
     try:
         return _run(s, args, done, data, out, settings, parallel)
@@ -384,26 +377,12 @@ def _map(args, s, out: Path, parallel: int) -> int:
     settings = crossmap.settings_dict(s, m)
     if args.report_only:
         return _report_only(out, settings, lambda done: crossmap.write(s, m, done, out), "--phase map")
-    data = args.data or crossmap.token_folder(s, m)
-    if not (data / "meta.json").is_file():
-        if args.data is not None:
-            return fail(f"--data {data} has no meta.json; prepare it with python -m growlm.data.small_vocab")
-        from growlm.data.small_vocab import ensure_small_vocab  # lazy: HF tokenizers, only when preparing
-
-        print(f"growlm-experiment: training a {s.vocab_size}-token BPE into {data}", flush=True)
-        try:
-            ensure_small_vocab(data, s.vocab_size, extra=m.extra)
-        except (FileExistsError, FileNotFoundError, ValueError) as e:
-            return fail(f"preparing the map's token folder {data}: {e}")
-    have = (runner.train_tokens(data) - 1) // s.seq_len
-    settings["data"] = runner.data_fingerprint(data) | {"train_windows": have}
-    if settings["data"]["vocab_size"] != s.vocab_size:
-        return fail(f"--data {data} has a {settings['data']['vocab_size']}-token vocabulary; the protocol needs "
-                    f"{s.vocab_size}")  # fmt: skip
-    if (need := crossmap.max_train_windows(s, m)) > 2 * have:
-        return fail(f"--data {data} holds {have:,} training windows of {s.seq_len} tokens; the map's longest run "
-                    f"reads {need:,}, more than twice over: give a token folder of at least "
-                    f"{(need + 1) // 2 * s.seq_len + 1:,} training tokens (--data)")  # fmt: skip
+    got = _token_folder(args.data, crossmap.token_folder(s, m), s.vocab_size, m.extra, s.seq_len,
+                        lambda: crossmap.max_train_windows(s, m), "the map's longest run")  # fmt: skip
+    if isinstance(got, int):
+        return got
+    data, fp, have = got
+    settings["data"] = fp | {"train_windows": have}
     done = runner.load_curves(out, settings)
     rc = _rounds(args, s, lambda d: crossmap.map_plan(s, m, d)[0], "map", done, data, out, settings, parallel)
     if rc is not None:

@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from growlm.eval.experiments.analysis import crossover
+from growlm.eval.experiments.analysis import crossover, r4
 from growlm.eval.experiments.plan import final_loss, lr_sweep
-from growlm.eval.experiments.protocol import RunSpec, Settings, run_steps
+from growlm.eval.experiments.protocol import RunSpec, Settings, max_windows, run_steps
 from growlm.model.config import param_count
 from growlm.runtime import atomic
 
@@ -105,7 +105,7 @@ def nearest_tuned(m: MapSettings, budget: float) -> float:
 
 def max_train_windows(s: Settings, m: MapSettings) -> int:
     """The most training windows any map run reads: the cheapest size's run at the largest budget."""
-    return max(run_steps(s, RunSpec("map", "scratch", 0, max(m.budgets), 0.0, size=z))[-1] for z in m.sizes()) * s.batch
+    return max_windows(s, ((z, max(m.budgets)) for z in m.sizes()))
 
 
 def epochs(s: Settings, spec: RunSpec, train_windows: int) -> float:
@@ -221,7 +221,7 @@ def summarize(s: Settings, m: MapSettings, done: Mapping[str, dict], train_windo
             rec = done[sp.name]["curve"]
             pts[f"{b:g}"] = {
                 "loss": round(st.loss[s.pilot_seed][size][b], 4),
-                "loss_second_seed": _round(st.loss.get(m.second_seed, {}).get(size, {}).get(b)),
+                "loss_second_seed": r4(st.loss.get(m.second_seed, {}).get(size, {}).get(b)),
                 "lr": sp.lr,
                 "epochs": float(f"{epochs(s, sp, train_windows):.4g}"),
                 "wall_s": round(rec["wall_s"], 3),
@@ -290,10 +290,6 @@ def choose_target(r: dict[str, Any]) -> dict[str, Any]:
     return {"target": target, "budget": float(b), "budget_flops": float(b) * r["c_flops"], "margin": round(margin, 4),
             "runner_up": runner_up, "grow_from": sorted({x for x, y in pairs if y == target}), "confirmed": ok,
             "why": why}  # fmt: skip
-
-
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(float(x), 4)
 
 
 def _where(c: dict[str, Any]) -> str:

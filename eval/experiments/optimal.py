@@ -49,7 +49,7 @@ from typing import Any
 
 from growlm.eval.experiments import analysis as an
 from growlm.eval.experiments import plan
-from growlm.eval.experiments.protocol import DEPTH, Arm, RunSpec, Settings, run_steps
+from growlm.eval.experiments.protocol import DEPTH, Arm, RunSpec, Settings, max_windows, run_steps
 
 OPTIMAL_PROTOCOL = "isoflop-optimal-v1"  # bump when a change makes old curves incomparable
 ENVELOPE = (0.25, 0.5, 1.0)  # the envelope's budgets, x B
@@ -124,7 +124,7 @@ def design(base: Settings, r: Mapping[str, Any], target: str | None = None, budg
     s = replace(base, c_flops=b * r["c_flops"], sizes=sizes, target=target, budgets=ENVELOPE, budgets_2c_seeds=0,
                 lrs=(t_lr / 2, t_lr, t_lr * 2), arms=arms, protocol=OPTIMAL_PROTOCOL)  # fmt: skip
     tw = int(r["train_windows"])
-    past = next((x for x in SAME_SIZE if _windows(s, target, x) <= 2 * tw), None)
+    past = next((x for x in SAME_SIZE if max_windows(s, [(target, x)]) <= 2 * tw), None)
     d = {"map_protocol": r["protocol"], "map_c_flops": r["c_flops"], "budget_C": b, "target": target,
          "envelope": envelope, "comparator": comparator, "same_size_budget": past, "crossovers": cross,
          "lr_from_map": lr_from_map, "lr_sweep_centre": sweep_centre, "train_windows": tw}  # fmt: skip
@@ -159,10 +159,6 @@ def _nearest_lr(lrs: Mapping[str, float], b: float) -> float:
     """The LR the map tuned at the budget nearest to ``b`` (x C) in log FLOPs (ties to the smaller)."""
     k = min(lrs, key=lambda x: (abs(math.log(float(x) / b)), float(x)))
     return float(lrs[k])
-
-
-def _windows(s: Settings, size: str, budget: float) -> int:
-    return run_steps(s, RunSpec("main", "scratch", 0, budget, 0.0, size=size))[-1] * s.batch
 
 
 def half_width(shape) -> tuple[int, int, int]:
@@ -417,11 +413,8 @@ def max_train_windows(s: Settings) -> int:
     """The most training windows any run reads: the cheapest envelope size's at its largest budget (the target's
     past B included), and each arm at B (the cheapest first stage bounds it)."""
     d = s.design
-    runs = [(z, max(ENVELOPE)) for z in d["envelope"]]
-    if d["same_size_budget"]:
-        runs.append((s.target, d["same_size_budget"]))
-    w = max(_windows(s, z, b) for z, b in runs)
-    return max(w, *(_windows(s, a.stages[0], 1.0) for a in s.arm_list()))
+    runs = [(z, max(ENVELOPE)) for z in d["envelope"]] + [(a.stages[0], 1.0) for a in s.arm_list()]
+    return max_windows(s, runs + ([(s.target, d["same_size_budget"])] if d["same_size_budget"] else []))
 
 
 def epochs(s: Settings, sp: RunSpec) -> float:

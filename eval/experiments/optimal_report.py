@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from growlm.eval.experiments import analysis as an
 from growlm.eval.experiments import plan
+from growlm.eval.experiments.analysis import fmt_delta, pct, r4
 from growlm.eval.experiments.optimal import (
     ENVELOPE,
     LATE_MAX,
@@ -30,13 +30,9 @@ from growlm.eval.experiments.optimal import (
     refine_settings,
 )
 from growlm.eval.experiments.protocol import RunSpec, Settings
-from growlm.eval.experiments.report import comparison_fields, results_json
+from growlm.eval.experiments.report import comparison_fields, lr_policy, lr_sweep, results_json
 from growlm.model.config import param_count
 from growlm.runtime import atomic
-
-
-def _r(x: float | None, nd: int = 4) -> float | None:
-    return None if x is None else round(float(x), nd)
 
 
 def refine_summary(
@@ -55,14 +51,14 @@ def refine_summary(
     specs, lrs = refine_plan(s, st, refined)
     sizes, per_seed = {}, {}
     for z, shape in between_sizes(s).items():
-        sweep = {f"{sp.lr:.2e}": _r(v) for sp in specs if sp.size == z and sp.seed == s.pilot_seed
+        sweep = {f"{sp.lr:.2e}": r4(v) for sp in specs if sp.size == z and sp.seed == s.pilot_seed
                  if (v := plan.final_loss(refined, sp)) is not None}  # fmt: skip
         lr = lrs.get(z)  # None until its sweep is complete
         got = [plan.final_loss(refined, RunSpec(REFINE, "scratch", k, 1.0, lr, size=z)) for k in seeds] if lr else []
         per_seed[z] = got if got and None not in got else None
         sizes[z] = {"shape": list(shape), "n_params": param_count(r_s.config(z), include_position_embeddings=False),
                     "lr": lr, "lr_sweep": dict(sorted(sweep.items(), key=lambda kv: float(kv[0]))),
-                    "loss_at_B_mean": _r(statistics.fmean(per_seed[z])) if per_seed[z] else None}  # fmt: skip
+                    "loss_at_B_mean": r4(statistics.fmean(per_seed[z])) if per_seed[z] else None}  # fmt: skip
     not_run = [sp.name for sp in specs if sp.name not in refined]
     out: dict[str, Any] = {"sizes": sizes, "runs_not_run": not_run,  # the current round's
                            "runs_left": len(not_run) + s.seeds * sum(z not in lrs for z in sizes),
@@ -70,10 +66,10 @@ def refine_summary(
     if out["complete"]:
         cand = {**size_losses, **per_seed}
         best = min(cand, key=lambda z: statistics.fmean(cand[z]))
-        out |= {"best_size_at_B": best, "best_loss_at_B": _r(statistics.fmean(cand[best])), "arms": {}}
+        out |= {"best_size_at_B": best, "best_loss_at_B": r4(statistics.fmean(cand[best])), "arms": {}}
         for a, la in arm_losses.items():
             m, lo, hi = an.mean_ci95([x - y for x, y in zip(la, cand[best], strict=True)])
-            out["arms"][a] = {"delta_mean": _r(m), "delta_ci95_low": _r(lo), "delta_ci95_high": _r(hi),
+            out["arms"][a] = {"delta_mean": r4(m), "delta_ci95_low": r4(lo), "delta_ci95_high": r4(hi),
                               "beats": hi is not None and hi < 0}  # fmt: skip
         out["epochs"] = {sp.name: float(f"{epochs(r_s, sp):.4g}") for sp in sorted(specs, key=lambda x: x.name)}
     return out
@@ -115,13 +111,13 @@ def _arm_rows(
         arms.append({"arm": a.name, "what": a.what, "stages": list(a.stages), "final_size": a.stages[-1],
                      "n_seeds": len(seeds), "lr": st.lr[a.name], "lr_policy": st.policy[a.name],
                      "growth_at_B": [round(f / s.c_flops, 4) for f in st.growth[a.name]],
-                     "growth_flags": st.growth_flags[a.name], "final_loss_mean": _r(statistics.fmean(la)),
+                     "growth_flags": st.growth_flags[a.name], "final_loss_mean": r4(statistics.fmean(la)),
                      **comparison_fields(deltas, need, same_ok),
-                     "delta_vs_best_size_at_B_mean": _r(bm), "delta_vs_best_size_at_B_ci95_low": _r(blo),
-                     "delta_vs_best_size_at_B_ci95_high": _r(bhi),
-                     "loss_change_at_growth_mean": _r(statistics.fmean(statistics.fmean(
+                     "delta_vs_best_size_at_B_mean": r4(bm), "delta_vs_best_size_at_B_ci95_low": r4(blo),
+                     "delta_vs_best_size_at_B_ci95_high": r4(bhi),
+                     "loss_change_at_growth_mean": r4(statistics.fmean(statistics.fmean(
                          g["loss_after"] - g["loss_before"] for g in c["growth"]) for c in runs)),
-                     "wall_s_mean": _r(statistics.fmean(c["wall_s"] for c in runs), 2)})  # fmt: skip
+                     "wall_s_mean": r4(statistics.fmean(c["wall_s"] for c in runs), 2)})  # fmt: skip
     return arms
 
 
@@ -135,32 +131,10 @@ def _scratch_rows(s: Settings, st: State, done: Mapping[str, dict], seeds: list[
         m, lo, hi = an.mean_ci95([x - y for x, y in zip(lz, comp_b, strict=True)])
         scratch_out.append({"size": z, "shape": list(s.sizes[z]), "lr": st.lr[z],
                             "n_params": param_count(s.config(z), include_position_embeddings=False),
-                            "loss_by_budget": {f"{b:g}": _r(means[b].get(z)) for b in bud},
-                            "delta_vs_envelope_mean": _r(m), "delta_vs_envelope_ci95_low": _r(lo),
-                            "delta_vs_envelope_ci95_high": _r(hi)})  # fmt: skip
+                            "loss_by_budget": {f"{b:g}": r4(means[b].get(z)) for b in bud},
+                            "delta_vs_envelope_mean": r4(m), "delta_vs_envelope_ci95_low": r4(lo),
+                            "delta_vs_envelope_ci95_high": r4(hi)})  # fmt: skip
     return scratch_out
-
-
-def _lr_sweep(done: Mapping[str, dict]) -> dict[str, dict[str, float]]:
-    """The pilot's LR sweep: per size and arm, LR -> final loss (policy 'continue', no lever)."""
-    sweep: dict[str, dict[str, float]] = {}
-    for rec in done.values():
-        sp = rec["spec"]
-        if sp.phase == "pilot" and sp.policy == "continue" and not sp.tag:
-            sweep.setdefault(sp.size or sp.arm, {})[f"{sp.lr:.2e}"] = _r(rec["curve"]["final"]["val_loss"])
-    sweep = {k: dict(sorted(v.items(), key=lambda kv: float(kv[0]))) for k, v in sorted(sweep.items())}
-    return sweep
-
-
-def _lr_policy(s: Settings, st: State, done: Mapping[str, dict]) -> dict[str, dict[str, Any]]:
-    """Per arm, the pilot's loss with the LR schedule continued and re-warmed after growth, and the choice."""
-    policy = {}
-    for a in s.arm_list():
-        base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name])
-        policy[a.name] = {"continue": _r(plan.final_loss(done, base)),
-                          "rewarm": _r(plan.final_loss(done, replace(base, policy="rewarm"))),
-                          "chosen": st.policy[a.name]}  # fmt: skip
-    return policy
 
 
 def _levers(s: Settings, st: State, done: Mapping[str, dict], lever_runs: list[RunSpec]) -> list[dict[str, Any]]:
@@ -175,8 +149,8 @@ def _levers(s: Settings, st: State, done: Mapping[str, dict], lever_runs: list[R
                            policy=st.policy[sp.arm])  # fmt: skip
             lb = plan.final_loss(done, base)
             levers.append({"lever": sp.tag, "arm": sp.arm, "what": lever_what(s, sp),
-                           "growth_at_B": [round(f / s.c_flops, 4) for f in sp.grow_flops], "loss": _r(lv),
-                           "base": base.name, "base_loss": _r(lb), "effect": _r(lv - lb)})  # fmt: skip
+                           "growth_at_B": [round(f / s.c_flops, 4) for f in sp.grow_flops], "loss": r4(lv),
+                           "base": base.name, "base_loss": r4(lb), "effect": r4(lv - lb)})  # fmt: skip
     return levers
 
 
@@ -234,7 +208,8 @@ def summarize(
     best_b = [_scratch_loss(done, st, env[1.0][0], 1.0, k) for k in seeds]  # the best size over the main seeds
     arms = _arm_rows(s, st, done, seeds, bud, env_points, comp_b, best_b)
     scratch_out = _scratch_rows(s, st, done, seeds, bud, means, comp_b)
-    sweep, policy = _lr_sweep(done), _lr_policy(s, st, done)
+    sweep = lr_sweep(done, st.growth, sorted({sp.size or sp.arm for sp in (r["spec"] for r in done.values())}))
+    policy = lr_policy(s, st, done)
     lever_runs = lever_specs(s, st)
     levers = _levers(s, st, done, lever_runs)
     best = min(arms, key=lambda x: x["delta_vs_envelope_mean"])
@@ -249,10 +224,10 @@ def summarize(
         "data": data,
         "budget_flops": s.c_flops, "budget_C": d["budget_C"], "C_flops": d["map_c_flops"], "target": s.target,
         **(note or {}), "comparator": comp,
-        "envelope": {f"{b:g}": {"budget_flops": b * s.c_flops, "best_size": z, "loss": _r(loss),
-                                "losses": {k: _r(v) for k, v in means[b].items()}} for b, (z, loss) in env.items()},
-        "envelope_at_B": {"size": env[1.0][0], "loss": _r(env[1.0][1]), "comparator_loss": _r(statistics.fmean(comp_b)),
-                          "comparator_seed_sd": _r(statistics.stdev(comp_b), 5)},
+        "envelope": {f"{b:g}": {"budget_flops": b * s.c_flops, "best_size": z, "loss": r4(loss),
+                                "losses": {k: r4(v) for k, v in means[b].items()}} for b, (z, loss) in env.items()},
+        "envelope_at_B": {"size": env[1.0][0], "loss": r4(env[1.0][1]), "comparator_loss": r4(statistics.fmean(comp_b)),
+                          "comparator_seed_sd": r4(statistics.stdev(comp_b), 5)},
         "seeds": seeds, "pilot_seed": s.pilot_seed, "n_seeds": len(seeds),
         "arms": arms, "scratch": scratch_out, "primary_arm": primary["arm"],
         "primary_arm_beats_envelope": primary["beats_envelope"], "best_arm": best["arm"],
@@ -263,19 +238,10 @@ def summarize(
         **({"refine": refine, "primary_arm_beats_refined_envelope": refine["arms"][st.primary]["beats"]
             if refine["complete"] else None} if refine is not None else {}),
         "epochs": {name: float(f"{epochs(s, rec['spec']):.4g}") for name, rec in sorted(done.items())},
-        "eval_noise": {"final_windows": s.final_windows, "val_se_mean": _r(statistics.fmean(ses), 5)},
-        "wall_s_runs_total": {ph: _r(sum(r["curve"]["wall_s"] for r in done.values() if r["spec"].phase == ph), 1)
+        "eval_noise": {"final_windows": s.final_windows, "val_se_mean": r4(statistics.fmean(ses), 5)},
+        "wall_s_runs_total": {ph: r4(sum(r["curve"]["wall_s"] for r in done.values() if r["spec"].phase == ph), 1)
                               for ph in ("pilot", "main")},
     }  # fmt: skip
-
-
-def _fmt_delta(a: Mapping[str, Any]) -> str:
-    return (f"{a['delta_vs_envelope_mean']:+.4f} [{a['delta_vs_envelope_ci95_low']:+.4f}, "
-            f"{a['delta_vs_envelope_ci95_high']:+.4f}]")  # fmt: skip
-
-
-def _pct(x: float | None) -> str:
-    return "n/a (outside the finished runs)" if x is None else f"{100 * x:+.1f}%"
 
 
 def markdown(s: Settings, r: Mapping[str, Any]) -> str:
@@ -322,7 +288,7 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
               "| arm (stages) | growth at (x B) | LR | after growth | loss | delta vs envelope [95% CI] | beats it | "
               "saving vs envelope | saving vs same size |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for a in r["arms"]:
-        same = _pct(a["saving_vs_same_size_mean"])
+        same = pct(a["saving_vs_same_size_mean"])
         if a["saving_vs_same_size_n"] < a["n_seeds"]:
             same += (f" ({a['saving_vs_same_size_n']} of {a['n_seeds']} seeds inside the finished runs; the others "
                      "saved more than the longest run measures, so this understates the saving)")  # fmt: skip
@@ -330,20 +296,20 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
         stages = " -> ".join(a["stages"])
         lines.append(
             f"| `{a['arm']}` ({stages}) | {grown_at} | {a['lr']:.1e} | {a['lr_policy']} | "
-            f"{a['final_loss_mean']:.4f} | {_fmt_delta(a)} | {'yes' if a['beats_envelope'] else 'no'} | "
-            f"{_pct(a['saving_vs_envelope_mean'])} | {same} |"
+            f"{a['final_loss_mean']:.4f} | {fmt_delta(a)} | {'yes' if a['beats_envelope'] else 'no'} | "
+            f"{pct(a['saving_vs_envelope_mean'])} | {same} |"
         )
     p = next(a for a in r["arms"] if a["arm"] == r["primary_arm"])
     verdict = ("beats the envelope: its interval lies below 0" if p["beats_envelope"] else
                f"does not beat the envelope: its interval's upper bound is {p['delta_vs_envelope_ci95_high']:+.4f} "
                "nats")  # fmt: skip
     lines += ["", f"**Verdict.** At B = {d['budget_C']:g} C the primary arm, `{p['arm']}` (the lowest pilot loss, "
-              f"chosen before any main seed; {_fmt_delta(p)} nats), {verdict}."]  # fmt: skip
+              f"chosen before any main seed; {fmt_delta(p)} nats), {verdict}."]  # fmt: skip
     if r["n_seeds"] < 5:
         lines.append(f"Only {r['n_seeds']} seeds: too few for the claim, which needs at least 5.")
     if r["best_arm"] != r["primary_arm"]:
         b_ = next(a for a in r["arms"] if a["arm"] == r["best_arm"])
-        lines.append(f"The arm with the lowest main mean is `{b_['arm']}` ({_fmt_delta(b_)}); chosen after the fact, "
+        lines.append(f"The arm with the lowest main mean is `{b_['arm']}` ({fmt_delta(b_)}); chosen after the fact, "
                      f"its interval is not adjusted for choosing among {len(r['arms'])} arms.")  # fmt: skip
     if r["comparator"] != r["target"]:
         lines.append(f"The comparator `{r['comparator']}` is not the target: at B the target is not the best size "
@@ -450,6 +416,6 @@ def write(
         return 2
     atomic.write_text(out / "report.md", markdown(s, res), overwrite=True)
     p = next(a for a in res["arms"] if a["arm"] == res["primary_arm"])
-    print(f"growlm-experiment: report in {out / 'report.md'}; primary arm {p['arm']}: {_fmt_delta(p)} nats vs "
+    print(f"growlm-experiment: report in {out / 'report.md'}; primary arm {p['arm']}: {fmt_delta(p)} nats vs "
           f"{res['comparator']} at {s.design['budget_C']:g} C")  # fmt: skip
     return 0

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from growlm.eval.experiments.analysis import best_lr, crossover
-from growlm.eval.experiments.protocol import ARMS, Arm, RunSpec, Settings, arm, lr_grid_next, run_steps
+from growlm.eval.experiments.protocol import ARMS, Arm, RunSpec, Settings, arm, lr_grid_next, max_windows
 
 GROW_MIN, GROW_MAX = 0.05, 0.75  # a growth point is kept within these fractions of the budget (flagged when moved)
 PROBE = (2.0, 4.0, 8.0)  # pilot-seed budgets (x C) past C of the sizes the arms grow between: the crossovers
@@ -230,8 +230,7 @@ def main_levers(s: Settings, st: PilotState, seed: int) -> list[RunSpec]:
 def max_train_windows(s: Settings) -> int:
     """The most training windows any run of the protocol reads (steps x batch): a scratch run of a size at its
     largest budget (``BIG`` for the sizes the arms grow between, else the largest of ``Settings.budgets``)."""
-    return max(run_steps(s, RunSpec("pilot", "scratch", 0, BIG if z in GROWN else max(s.budgets), 0.0, size=z))[-1]
-               for z in s.sizes) * s.batch  # fmt: skip
+    return max_windows(s, ((z, BIG if z in GROWN else max(s.budgets)) for z in s.sizes))
 
 
 def main_specs(s: Settings, st: PilotState) -> list[RunSpec]:

@@ -23,14 +23,13 @@ The steps, in order (each waits for the one before):
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from growlm.eval.experiments.runs import Run, parse_shape, shape_name
-from growlm.eval.experiments.spec import Spec
+from growlm.eval.experiments.runs import Run, flops_per_step, max_windows, parse_shape, shape_name
+from growlm.eval.experiments.spec import Spec, shape_config
 
 
 class DesignError(ValueError):
@@ -313,14 +312,12 @@ def _arm_pilot(ctx: Context, a: str, arm: Any, start: str, target: str, t_lr: fl
     return st
 
 
-def required_data_windows(ctx: Context, st: State) -> int:
-    """The most training windows a planned scratch run reads (steps x batch): the cheapest shape at the largest
-    budget any run may reach (2 x the largest bracket budget bounds it)."""
-    from growlm.eval.experiments.runs import flops_per_step  # lazy: torch
-    from growlm.eval.experiments.spec import shape_config  # lazy: torch
+def max_train_windows(ctx: Context) -> int:
+    """The most training windows a planned scratch run reads: the cheapest envelope shape at the largest budget a
+    bracket may reach (``runs.max_windows``). An arm's small first stage reads more per FLOP; a run that would read
+    the data a third time fails with its own message."""
 
-    spec = ctx.spec
+    spec, t = ctx.spec, ctx.spec.train
     b = max((1.0, *spec.bracket.past)) * ctx.budget_flops
-    t = spec.train
     costs = [flops_per_step(shape_config(spec, v.shape), t.seq_len, t.batch) for v in spec.envelope.shapes.values()]
-    return math.ceil(b / min(costs)) * t.batch
+    return max_windows(((c, b) for c in costs), t.batch)

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from growlm.eval.experiments.runs import Job
+from growlm.eval.experiments.runs import max_windows as _max_windows
 from growlm.eval.experiments.runs import stage_steps as _stage_steps
 from growlm.model.config import GPTConfig, flops_per_token
 
@@ -258,6 +259,12 @@ def stage_steps(s: Settings, stages: tuple[str, ...], grow_flops: tuple[float, .
     """Optimizer steps of each stage of a growth arm under an equal FLOPs budget (``runs.stage_steps`` with each
     named size's FLOPs per step)."""
     return _stage_steps([s.step_flops(z) for z in stages], grow_flops, budget_flops)
+
+
+def max_windows(s: Settings, runs: Any) -> int:
+    """The most training windows any of ``runs`` reads: (size name, budget x C) pairs of scratch runs
+    (``runs.max_windows``)."""
+    return _max_windows(((s.step_flops(z), b * s.c_flops) for z, b in runs), s.batch)
 
 
 def run_steps(s: Settings, spec: RunSpec) -> list[int]:

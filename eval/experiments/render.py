@@ -9,26 +9,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from growlm.eval.experiments.analysis import p4, pct, pv
 from growlm.runtime import atomic
 
 PREREG = "preregistration.json"
 
 
-def _p(x: float | None) -> str:
-    return "-" if x is None else f"{x:.4f}"
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:+.1f}%"
-
-
-def _pv(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3g}"
-
-
 def _ci_pct(c: dict[str, Any]) -> str:
     lo, hi = c["ci95"]
-    return _pct(c["mean"]) + ("" if lo is None else f" [{100 * lo:+.1f}%, {100 * hi:+.1f}%]")
+    return pct(c["mean"], "n/a") + ("" if lo is None else f" [{100 * lo:+.1f}%, {100 * hi:+.1f}%]")
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -49,9 +38,9 @@ def markdown(r: dict[str, Any]) -> str:
         sweep = ", ".join(f"{k}: {v:.4f}" for k, v in x["pilot_sweep"].items()) or (
             "tuned before (the spec's LR)" if x["lr_tuned_by"] == "spec" else "-"
         )
-        main = f"{_p(x['main_loss'])} ({x['main_seeds']})" if x["main_seeds"] else "-"
+        main = f"{p4(x['main_loss'], '-')} ({x['main_seeds']})" if x["main_seeds"] else "-"
         lines.append(f"| `{x['label']}` | {x['n_layer']} x {x['n_embd']} ({x['n_head']}) | {x['n_params']:,} | {lr} | "
-                     f"{sweep} | {_p(x['screen_loss'])} | {main} | {'yes' if x['best'] else ''} |")  # fmt: skip
+                     f"{sweep} | {p4(x['screen_loss'], '-')} | {main} | {'yes' if x['best'] else ''} |")  # fmt: skip
     if r["optimum"] is None:
         return "\n".join([*lines, "", "**Not finished**: the optimum S* is not known yet.", ""])
     edge = r["optimum_missing_neighbours"]
@@ -64,7 +53,9 @@ def markdown(r: dict[str, Any]) -> str:
                   "| arm | start -> target | runs (loss) | pilot loss |", "|---|---|---|---|"]  # fmt: skip
         for a, x in r["arms"].items():
             tried = "; ".join(f"`{n}` {v:.4f}" for n, v in x["pilot"].items() if v is not None) or "-"
-            lines.append(f"| `{a}`: {x['what']} | {x['start']} -> {x['target']} | {tried} | {_p(x['pilot_loss'])} |")
+            lines.append(
+                f"| `{a}`: {x['what']} | {x['start']} -> {x['target']} | {tried} | {p4(x['pilot_loss'], '-')} |"
+            )
     for a, why in r["arms_skipped"].items():
         lines.append(f"\nArm `{a}` did not run: {why}.")
     p = r["primary"]
@@ -77,11 +68,11 @@ def markdown(r: dict[str, Any]) -> str:
     for x in p["per_seed"]:
         e = ", ".join(f"{b}: {v:.4f}" for b, v in x["envelope"]["losses"].items())
         lines.append(f"| {x['seed']} | {x['arm_loss']:.4f} | {x['target_loss']:.4f} | {x['delta']:+.4f} | {e} | "
-                     f"{_pct(x['envelope']['saving'])} | {_pct(x['target']['saving'])} |")  # fmt: skip
+                     f"{pct(x['envelope']['saving'], 'n/a')} | {pct(x['target']['saving'], 'n/a')} |")  # fmt: skip
     out = "".join(f"; seed {k}: {w}" for ref in (env, tgt) for k, w in ref["outside"].items())
     lines += ["", f"- Loss against S\\* at B: {d['mean']:+.4f} nats, 95% t-interval [{d['ci95'][0]:+.4f}, "
               f"{d['ci95'][1]:+.4f}]; {p['n_negative']} of {p['n_seeds']} seeds below it; sign test p = "
-              f"{_pv(p['sign_test_p'])}, Wilcoxon signed-rank p = {_pv(p['wilcoxon_p'])} (two-sided).",
+              f"{pv(p['sign_test_p'])}, Wilcoxon signed-rank p = {pv(p['wilcoxon_p'])} (two-sided).",
               f"- Saving of compute against the envelope of the best shapes: {_ci_pct(env)} over {env['n']} seeds; "
               f"against S\\* alone: {_ci_pct(tgt)} over {tgt['n']} seeds{out}.", "",
               f"**Verdict.** The pre-registered goal (a saving of at least {100 * p['goal']:.0f}% against the "

@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import statistics
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from growlm.eval.experiments import analysis as an
 from growlm.eval.experiments import plan
+from growlm.eval.experiments.analysis import fmt_delta, pct, r4
 from growlm.eval.experiments.protocol import ARMS, RunSpec, Settings, arm
 from growlm.model.config import param_count
 from growlm.runtime import atomic
-
-
-def _r(x: float | None, nd: int = 4) -> float | None:
-    return None if x is None else round(float(x), nd)
 
 
 def comparison_fields(deltas: list[float], need: float | None, same: list[float]) -> dict[str, Any]:
@@ -33,11 +31,11 @@ def comparison_fields(deltas: list[float], need: float | None, same: list[float]
     seed savings inside the finished runs)."""
     m, lo, hi = an.mean_ci95(deltas)
     sm, slo, shi = an.mean_ci95(same) if same else (None, None, None)
-    return {"delta_vs_envelope_mean": _r(m), "delta_vs_envelope_ci95_low": _r(lo),
-            "delta_vs_envelope_ci95_high": _r(hi), "beats_envelope": hi is not None and hi < 0,
-            "delta_vs_envelope_per_seed": [_r(d) for d in deltas], "saving_vs_envelope_mean": _r(an.saving(1.0, need)),
-            "saving_vs_same_size_mean": _r(sm), "saving_vs_same_size_ci95_low": _r(slo),
-            "saving_vs_same_size_ci95_high": _r(shi), "saving_vs_same_size_n": len(same)}  # fmt: skip
+    return {"delta_vs_envelope_mean": r4(m), "delta_vs_envelope_ci95_low": r4(lo),
+            "delta_vs_envelope_ci95_high": r4(hi), "beats_envelope": hi is not None and hi < 0,
+            "delta_vs_envelope_per_seed": [r4(d) for d in deltas], "saving_vs_envelope_mean": r4(an.saving(1.0, need)),
+            "saving_vs_same_size_mean": r4(sm), "saving_vs_same_size_ci95_low": r4(slo),
+            "saving_vs_same_size_ci95_high": r4(shi), "saving_vs_same_size_n": len(same)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -116,11 +114,11 @@ def _arm_rows(f: _Finished, env_points: list[tuple[float, float]], comp_c: list[
             "lr_policy": st.policy[a.name],
             "growth_at_C": [round(g / s.c_flops, 4) for g in st.growth[a.name]],
             "growth_flags": st.growth_flags[a.name],
-            "final_loss_mean": _r(statistics.fmean(la)),
+            "final_loss_mean": r4(statistics.fmean(la)),
             **comparison_fields(deltas, need, same_ok),
-            "wall_s_mean": _r(statistics.fmean(c["wall_s"] for c in curves), 2),
-            "growth_wall_s_mean": _r(statistics.fmean(sum(g["wall_s"] for g in c["growth"]) for c in curves), 3),
-            "loss_change_at_growth_mean": _r(statistics.fmean(
+            "wall_s_mean": r4(statistics.fmean(c["wall_s"] for c in curves), 2),
+            "growth_wall_s_mean": r4(statistics.fmean(sum(g["wall_s"] for g in c["growth"]) for c in curves), 3),
+            "loss_change_at_growth_mean": r4(statistics.fmean(
                 statistics.fmean(g["loss_after"] - g["loss_before"] for g in c["growth"]) for c in curves)),
         })  # fmt: skip
     return rows
@@ -139,38 +137,37 @@ def _scratch_rows(f: _Finished, budget_means: dict[float, dict[str, float]], com
                 "size": size,
                 "lr": st.lr[size],
                 "n_params": param_count(s.config(size), include_position_embeddings=False),
-                "loss_by_budget": {str(b): _r(budget_means[b].get(size)) for b in budget_means},
-                "delta_vs_envelope_mean": _r(m),
-                "delta_vs_envelope_ci95_low": _r(lo),
-                "delta_vs_envelope_ci95_high": _r(hi),
-                "wall_s_mean": _r(statistics.fmean(walls), 2),
+                "loss_by_budget": {str(b): r4(budget_means[b].get(size)) for b in budget_means},
+                "delta_vs_envelope_mean": r4(m),
+                "delta_vs_envelope_ci95_low": r4(lo),
+                "delta_vs_envelope_ci95_high": r4(hi),
+                "wall_s_mean": r4(statistics.fmean(walls), 2),
             }
         )
     return rows
 
 
-def _lr_sweep(f: _Finished) -> dict[str, dict[str, float]]:
-    """The pilot's LR sweep at C: per size and arm, LR -> final loss (the chosen growth point and policy only)."""
+def lr_sweep(done: Mapping[str, dict], growth: Mapping[str, tuple], order: list[str]) -> dict[str, dict[str, float]]:
+    """The pilot's LR sweep at the budget: per size and arm (in ``order``), LR -> final loss, the arms at their chosen
+    growth points (``growth``) with the LR continued after growth, no lever."""
     sweep: dict[str, dict[str, float]] = {}
-    for rec in f.done.values():
+    for rec in done.values():
         sp = rec["spec"]
         if sp.phase == "pilot" and sp.budget == 1.0 and not sp.tag and sp.policy == "continue":
-            who = sp.size or sp.arm
-            if sp.kind == "grow" and sp.grow_flops != f.st.growth[sp.arm]:
+            if sp.kind == "grow" and sp.grow_flops != growth[sp.arm]:
                 continue
-            sweep.setdefault(who, {})[f"{sp.lr:.2e}"] = _r(rec["curve"]["final"]["val_loss"])
-    order = [*f.s.sizes, *(a.name for a in ARMS)]
+            sweep.setdefault(sp.size or sp.arm, {})[f"{sp.lr:.2e}"] = r4(rec["curve"]["final"]["val_loss"])
     return {k: dict(sorted(sweep[k].items(), key=lambda kv: float(kv[0]))) for k in order if k in sweep}
 
 
-def _lr_policy(f: _Finished) -> dict[str, dict[str, Any]]:
-    """Per arm, the pilot's final loss with the LR schedule continued and re-warmed after growth, and the choice."""
-    s, st = f.s, f.st
+def lr_policy(s: Settings, st: Any, done: Mapping[str, dict]) -> dict[str, dict[str, Any]]:
+    """Per arm, the pilot's final loss with the LR schedule continued and re-warmed after growth, and the choice
+    (``st``: the plan's state, with each arm's LR, growth points and policy)."""
     policy = {}
-    for a in ARMS:
+    for a in s.arm_list():
         base = RunSpec("pilot", "grow", s.pilot_seed, 1.0, st.lr[a.name], arm=a.name, grow_flops=st.growth[a.name])
-        policy[a.name] = {"continue": _r(plan.final_loss(f.done, base)),
-                          "rewarm": _r(plan.final_loss(f.done, replace(base, policy="rewarm"))),
+        policy[a.name] = {"continue": r4(plan.final_loss(done, base)),
+                          "rewarm": r4(plan.final_loss(done, replace(base, policy="rewarm"))),
                           "chosen": st.policy[a.name]}  # fmt: skip
     return policy
 
@@ -181,7 +178,7 @@ def _pilot_envelope(f: _Finished) -> dict[str, dict[str, float]]:
     for rec in f.done.values():
         sp = rec["spec"]
         if sp.phase == "pilot" and sp.kind == "scratch" and sp.lr == f.st.lr[sp.size]:
-            pilot_env.setdefault(f"{sp.budget:g}", {})[sp.size] = _r(rec["curve"]["final"]["val_loss"])
+            pilot_env.setdefault(f"{sp.budget:g}", {})[sp.size] = r4(rec["curve"]["final"]["val_loss"])
     return {b: dict(sorted(v.items(), key=lambda kv: list(f.s.sizes).index(kv[0])))
             for b, v in sorted(pilot_env.items(), key=lambda kv: float(kv[0]))}  # fmt: skip
 
@@ -200,7 +197,7 @@ def _levers(f: _Finished, pilot_env: dict[str, dict[str, float]]) -> list[dict[s
         flags = plan.big_growth(st, arm(sp.arm))[1] if sp.tag == "big" else []
         levers.append({"lever": sp.tag, "what": plan.LEVERS[(sp.arm, sp.tag)], "arm": sp.arm, "budget_C": sp.budget,
                        "growth_at_C": [round(g / s.c_flops, 4) for g in sp.grow_flops], "growth_flags": flags,
-                       "base": base.name, "loss": _r(lv), "base_loss": _r(lb), "effect": _r(lv - lb)})  # fmt: skip
+                       "base": base.name, "loss": r4(lv), "base_loss": r4(lb), "effect": r4(lv - lb)})  # fmt: skip
     return levers
 
 
@@ -219,10 +216,10 @@ def _levers_main(f: _Finished, comp_c: list[float]) -> list[dict[str, Any]]:
             dm, dlo, dhi = an.mean_ci95([plan.final_loss(f.done, sp) - comp_c[f.seeds.index(sp.seed)] for sp in runs])
             levers_main.append({"lever": tag, "arm": a.name, "what": plan.LEVERS[(a.name, tag)], "n_seeds": len(eff),
                                 "growth_at_C": [round(g / s.c_flops, 4) for g in runs[0].grow_flops],
-                                "effect_mean": _r(m), "effect_ci95_low": _r(lo), "effect_ci95_high": _r(hi),
-                                "effect_per_seed": [_r(e) for e in eff], "delta_vs_envelope_mean": _r(dm),
-                                "delta_vs_envelope_ci95_low": _r(dlo),
-                                "delta_vs_envelope_ci95_high": _r(dhi)})  # fmt: skip
+                                "effect_mean": r4(m), "effect_ci95_low": r4(lo), "effect_ci95_high": r4(hi),
+                                "effect_per_seed": [r4(e) for e in eff], "delta_vs_envelope_mean": r4(dm),
+                                "delta_vs_envelope_ci95_low": r4(dlo),
+                                "delta_vs_envelope_ci95_high": r4(dhi)})  # fmt: skip
     return levers_main
 
 
@@ -258,35 +255,35 @@ def summarize(s: Settings, done: dict[str, dict]) -> dict[str, Any]:
             str(b): {
                 "budget_flops": b * s.c_flops,
                 "best_size": sz,
-                "loss": _r(loss),
-                "losses": {k: _r(v) for k, v in budget_means[b].items()},
+                "loss": r4(loss),
+                "losses": {k: r4(v) for k, v in budget_means[b].items()},
                 "n_seeds": budget_seeds[b],
             }
             for b, (sz, loss) in env.items()
         },  # fmt: skip
         "comparator": {
             "size": comp,
-            "loss_at_C_mean": _r(statistics.fmean(comp_c)),
-            "seed_sd": _r(statistics.stdev(comp_c)),
+            "loss_at_C_mean": r4(statistics.fmean(comp_c)),
+            "seed_sd": r4(statistics.stdev(comp_c)),
         },  # fmt: skip
-        "crossovers": {k: {"budget_C": _r(v["budget"]), "flag": v["flag"]} for k, v in st.crossovers.items()},
+        "crossovers": {k: {"budget_C": r4(v["budget"]), "flag": v["flag"]} for k, v in st.crossovers.items()},
         "pilot_envelope": pilot_env,
-        "lr_sweep": _lr_sweep(f),
+        "lr_sweep": lr_sweep(f.done, f.st.growth, [*f.s.sizes, *(a.name for a in ARMS)]),
         "lr_best": {k: v for k, v in st.lr.items()},
-        "lr_policy": _lr_policy(f),
+        "lr_policy": lr_policy(f.s, f.st, f.done),
         "levers": _levers(f, pilot_env),
         "levers_main": _levers_main(f, comp_c),
         "arms": arms_out,
         "scratch": _scratch_rows(f, budget_means, comp_c),
         "eval_noise": {
             "final_windows": s.final_windows,
-            "val_se_mean": _r(statistics.fmean(ses), 5),
-            "comparator_seed_sd": _r(statistics.stdev(comp_c), 5),
+            "val_se_mean": r4(statistics.fmean(ses), 5),
+            "comparator_seed_sd": r4(statistics.stdev(comp_c), 5),
         },  # fmt: skip
         "best_arm": best["arm"],
         "best_arm_beats_envelope": best["beats_envelope"],
         "wall_s_runs_total": {
-            ph: _r(sum(r["curve"]["wall_s"] for r in done.values() if r["spec"].phase == ph), 1)
+            ph: r4(sum(r["curve"]["wall_s"] for r in done.values() if r["spec"].phase == ph), 1)
             for ph in ("pilot", "main")
         },  # fmt: skip
         "machines": machines(done),
@@ -327,18 +324,9 @@ def write(s: Settings, done: dict[str, dict], out: Path) -> int:
     atomic.write_text(out / "report.md", markdown(s, res), overwrite=True)
     print(
         f"growlm-experiment: report in {out / 'report.md'}; best arm {res['best_arm']}: "
-        f"{_fmt_delta(next(a for a in res['arms'] if a['arm'] == res['best_arm']))} nats vs {res['comparator']['size']}"
+        f"{fmt_delta(next(a for a in res['arms'] if a['arm'] == res['best_arm']))} nats vs {res['comparator']['size']}"
     )
     return 0
-
-
-def _fmt_delta(a: dict) -> str:
-    lo, hi = a["delta_vs_envelope_ci95_low"], a["delta_vs_envelope_ci95_high"]
-    return f"{a['delta_vs_envelope_mean']:+.4f} [{lo:+.4f}, {hi:+.4f}]"
-
-
-def _pct(x: float | None) -> str:
-    return "n/a (outside the finished runs)" if x is None else f"{100 * x:+.1f}%"
 
 
 def _md_setup(s: Settings, r: dict) -> list[str]:
@@ -404,7 +392,7 @@ def _md_primary(s: Settings, r: dict) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for a in r["arms"]:
-        same = _pct(a["saving_vs_same_size_mean"])
+        same = pct(a["saving_vs_same_size_mean"])
         if a["saving_vs_same_size_ci95_low"] is not None:
             same += (
                 f" [{100 * a['saving_vs_same_size_ci95_low']:+.1f}, {100 * a['saving_vs_same_size_ci95_high']:+.1f}]"
@@ -413,8 +401,8 @@ def _md_primary(s: Settings, r: dict) -> list[str]:
             same += f" ({a['saving_vs_same_size_n']} of {a['n_seeds']} seeds inside the finished runs)"
         lines.append(f"| `{a['arm']}` (`{a['final_size']}`) | {', '.join(f'{g:.3g}' for g in a['growth_at_C'])} | "
                      f"{a['lr']:.1e} | "
-                     f"{a['lr_policy']} | {a['final_loss_mean']:.4f} | {_fmt_delta(a)} | "
-                     f"{'yes' if a['beats_envelope'] else 'no'} | {_pct(a['saving_vs_envelope_mean'])} | {same} | "
+                     f"{a['lr_policy']} | {a['final_loss_mean']:.4f} | {fmt_delta(a)} | "
+                     f"{'yes' if a['beats_envelope'] else 'no'} | {pct(a['saving_vs_envelope_mean'])} | {same} | "
                      f"{a['wall_s_mean']:.1f} ({a['growth_wall_s_mean']:.2f}) |")  # fmt: skip
     lines += [
         "",
@@ -431,7 +419,7 @@ def _md_primary(s: Settings, r: dict) -> list[str]:
     verdict = ("beats the envelope: its interval lies below 0" if best["beats_envelope"] else
                f"does not beat the envelope: its interval's upper bound is {best['delta_vs_envelope_ci95_high']:+.4f} "
                "nats")  # fmt: skip
-    lines += ["", f"**Verdict.** The best arm, `{best['arm']}` ({_fmt_delta(best)} nats), {verdict}.", ""]
+    lines += ["", f"**Verdict.** The best arm, `{best['arm']}` ({fmt_delta(best)} nats), {verdict}.", ""]
     return lines
 
 
@@ -490,7 +478,7 @@ def _md_levers(s: Settings, r: dict) -> list[str]:
             lines.append(
                 f"| {lv['what']} | {', '.join(f'{g:.3g}' for g in lv['growth_at_C'])} | {lv['n_seeds']} | "
                 f"{lv['effect_mean']:+.4f} [{lv['effect_ci95_low']:+.4f}, {lv['effect_ci95_high']:+.4f}] | "
-                f"{_fmt_delta(lv)} |"
+                f"{fmt_delta(lv)} |"
             )
     return lines
 

@@ -18,20 +18,10 @@ from collections import Counter
 from typing import Any
 
 from growlm.eval.experiments import analysis as an
+from growlm.eval.experiments.analysis import ci, r4
 from growlm.eval.experiments.planner import Context, State, names
 from growlm.eval.experiments.runner import Store
 from growlm.eval.experiments.runs import Run, parse_shape
-
-
-def r4(x: float | None, nd: int = 4) -> float | None:
-    """``x`` rounded to ``nd`` decimals (None stays None): how results.json stores a loss, delta or share."""
-    return None if x is None else round(float(x), nd)
-
-
-def ci(values: list[float], nd: int = 4) -> dict[str, Any]:
-    """{mean, ci95: [low, high]} of ``values`` (analysis.mean_ci95), rounded; the interval None below 2 values."""
-    m, lo, hi = an.mean_ci95(values)
-    return {"mean": r4(m, nd), "ci95": [r4(lo, nd), r4(hi, nd)]}
 
 
 def n_params(ctx: Context, z: str) -> int:

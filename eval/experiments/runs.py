@@ -81,6 +81,12 @@ def stage_steps(costs: list[int], grow_flops: tuple[float, ...], budget_flops: f
     return [*steps, step + n_last]
 
 
+def max_windows(runs: Any, batch: int) -> int:
+    """The most training windows any of ``runs`` reads (steps x batch): each a scratch run given as (FLOPs per step,
+    budget in FLOPs), its steps as ``stage_steps`` counts them. The one bound every protocol's data check uses."""
+    return max(stage_steps([cost], (), budget)[-1] for cost, budget in runs) * batch
+
+
 SHAPE_NAME = re.compile(r"D(\d+)W(\d+)")
 
 

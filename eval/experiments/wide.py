@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from growlm.eval.experiments import optimal, plan, planner
-from growlm.eval.experiments.protocol import RunSpec, Settings, run_steps
+from growlm.eval.experiments.protocol import RunSpec, Settings, max_windows
 from growlm.model.config import param_count
 
 WIDE = "wide"  # the phase, and the sub-folder of the output folder, of the wide envelope's runs
@@ -370,8 +370,7 @@ def envelope(
 
 def max_train_windows(s: Settings, shapes: Mapping[str, tuple[int, int, int]]) -> int:
     """The most training windows a wide run reads: the cheapest shape at the largest budget past B."""
-    w_s = replace(s, sizes={**s.sizes, **shapes})
-    return max(run_steps(w_s, RunSpec(WIDE, "scratch", 0, max(PAST_B), 0.0, size=z))[-1] * s.batch for z in shapes)
+    return max_windows(replace(s, sizes={**s.sizes, **shapes}), ((z, max(PAST_B)) for z in shapes))
 
 
 def preregistration(s: Settings, primary: str, shapes: Mapping[str, tuple[int, int, int]]) -> dict[str, Any]:

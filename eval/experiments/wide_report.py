@@ -26,20 +26,12 @@ from typing import Any
 
 from growlm.eval.experiments import analysis as an
 from growlm.eval.experiments import plan, wide
+from growlm.eval.experiments.analysis import ci, p4, pv, r4
 from growlm.eval.experiments.protocol import RunSpec, Settings
 from growlm.runtime import atomic
 
 WIDE_PROTOCOL = "isoflop-wide-envelope-v1"
 GOAL = 0.10  # the saving the pre-registration names as the goal (a share of compute; its interval above 0 too)
-
-
-def _r(x: float | None, nd: int = 4) -> float | None:
-    return None if x is None else round(float(x), nd)
-
-
-def _ci(values: list[float], nd: int = 4) -> dict[str, Any]:
-    m, lo, hi = an.mean_ci95(values)
-    return {"mean": _r(m, nd), "ci95": [_r(lo, nd), _r(hi, nd)]}
 
 
 def summarize(s: Settings, w_in: wide.Inputs, w_done: Mapping[str, dict]) -> dict[str, Any]:
@@ -84,7 +76,7 @@ def summarize(s: Settings, w_in: wide.Inputs, w_done: Mapping[str, dict]) -> dic
         "shapes": shapes, "pilot_seed": s.pilot_seed, "screen_complete": st.screen_complete,
         "best_shapes": list(st.best), "seeds": seeds, "n_seeds": len(seeds),
         "complete": st.complete and len(seeds) == wide.n_seeds(s),
-        "runs": len(w_done), "wall_s_runs_total": _r(sum(r["curve"]["wall_s"] for r in w_done.values()), 1),
+        "runs": len(w_done), "wall_s_runs_total": r4(sum(r["curve"]["wall_s"] for r in w_done.values()), 1),
         "machines": _machines(s, w_in, w_done), "unread_runs": _unread(st.best, w_done, loss), "primary": None,
     }  # fmt: skip
     if len(seeds) >= 2:
@@ -102,7 +94,7 @@ def _unread(best: list[str], w_done: Mapping[str, dict], loss: Callable) -> list
     for rec in w_done.values():
         z, k, b = rec["spec"].size, rec["spec"].seed, rec["spec"].budget
         if b != 1.0 and (z not in best or wide.envelope(best, k, loss)(b) is None):
-            rows.append({"shape": z, "seed": k, "budget": b, "final_loss": _r(loss(z, k, b), 5)})
+            rows.append({"shape": z, "seed": k, "budget": b, "final_loss": r4(loss(z, k, b), 5)})
     return sorted(rows, key=lambda x: (x["seed"], x["budget"], x["shape"]))
 
 
@@ -124,9 +116,9 @@ def _shape_row(s: Settings, st: wide.WideState, z: str, w_done: Mapping[str, dic
              if (sp := rec["spec"]).size == z and sp.seed == s.pilot_seed and sp.budget == 1.0}  # fmt: skip
     return {"name": z, "n_layer": v[0], "n_embd": v[1], "n_head": v[2], "n_params": wide.n_params(v, s),
             "trained_by": "wide" if z in st.new else "experiment", "lr": st.lr[z], "lr_at_edge": st.lr_edge.get(z),
-            "pilot_sweep": {f"{lr:.3e}": _r(x) for lr, x in sorted(sweep.items())},
-            "screen_loss": _r(st.screen_loss.get(z)),
-            "screen_losses": [_r(loss(z, k, 1.0)) for k in wide.SCREEN_SEEDS], "best": z in st.best}  # fmt: skip
+            "pilot_sweep": {f"{lr:.3e}": r4(x) for lr, x in sorted(sweep.items())},
+            "screen_loss": r4(st.screen_loss.get(z)),
+            "screen_losses": [r4(loss(z, k, 1.0)) for k in wide.SCREEN_SEEDS], "best": z in st.best}  # fmt: skip
 
 
 def _primary(
@@ -149,19 +141,19 @@ def _primary(
             b, where = (points[0][0], "above") if la > points[0][1] else (points[-1][0], "below")
             outside[str(k)] = f"{where} the envelope at {b:g} B"
         deltas.append(la - lc)
-        rows.append({"seed": k, "arm_loss": _r(la, 5), "comparator_loss": _r(lc, 5), "delta": _r(la - lc, 5),
-                     "envelope": {f"{b:g}": _r(x, 5) for b, x in points}, "compute_to_reach_B": _r(need),
-                     "saving": _r(sv), "bracketed": k in bracketed})  # fmt: skip
-    sv_ci = _ci(savings) if savings else {"mean": None, "ci95": [None, None]}
+        rows.append({"seed": k, "arm_loss": r4(la, 5), "comparator_loss": r4(lc, 5), "delta": r4(la - lc, 5),
+                     "envelope": {f"{b:g}": r4(x, 5) for b, x in points}, "compute_to_reach_B": r4(need),
+                     "saving": r4(sv), "bracketed": k in bracketed})  # fmt: skip
+    sv_ci = ci(savings) if savings else {"mean": None, "ci95": [None, None]}
     return {
         "comparator": comp,
-        "best_shapes_by_budget": {f"{b:g}": {z: _r(x) for z, x in m.items()} for b, m in by_budget.items()},
+        "best_shapes_by_budget": {f"{b:g}": {z: r4(x) for z, x in m.items()} for b, m in by_budget.items()},
         "seeds_by_budget": {f"{b:g}": ks for b, ks in ran.items() if ks},
         "primary": {
-            "arm": arm, "final_loss_mean": _r(statistics.fmean(arm_loss(k) for k in seeds)),
-            "comparator_loss_mean": _r(by_budget[1.0][comp]), "per_seed": rows,
-            "delta_vs_comparator": _ci(deltas), "n_negative": sum(d < 0 for d in deltas),
-            "sign_test_p": _r(an.sign_test_p(deltas), 5), "wilcoxon_p": _r(an.wilcoxon_p(deltas), 5),
+            "arm": arm, "final_loss_mean": r4(statistics.fmean(arm_loss(k) for k in seeds)),
+            "comparator_loss_mean": r4(by_budget[1.0][comp]), "per_seed": rows,
+            "delta_vs_comparator": ci(deltas), "n_negative": sum(d < 0 for d in deltas),
+            "sign_test_p": r4(an.sign_test_p(deltas), 5), "wilcoxon_p": r4(an.wilcoxon_p(deltas), 5),
             "saving_vs_envelope": {**sv_ci, "n": len(savings), "outside": outside,
                                    "pending": [k for k in seeds if k not in bracketed]},
             "goal_met": sv_ci["mean"] is not None and not outside and len(bracketed) == len(seeds)
@@ -193,14 +185,6 @@ def _unread_line(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def _p(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.4f}"
-
-
-def _pv(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3g}"
-
-
 def markdown(s: Settings, r: Mapping[str, Any]) -> str:
     """wide/report.md from wide/results.json's content."""
     ru = r["rule"]
@@ -230,8 +214,8 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
         pilot = min(x["pilot_sweep"].values()) if x["pilot_sweep"] else None
         edge = f" ({x['lr_at_edge']} of its grid)" if x["lr_at_edge"] else ""
         lines.append(f"| `{x['name']}` | {x['n_layer']} x {x['n_embd']} ({x['n_head']}) | {x['n_params']:,} | "
-                     f"{x['lr']:.3g}{edge} | {_p(pilot) if pilot is not None else 'experiment'} | "
-                     f"{_p(x['screen_loss'])} | {'yes' if x['best'] else ''} |")  # fmt: skip
+                     f"{x['lr']:.3g}{edge} | {p4(pilot) if pilot is not None else 'experiment'} | "
+                     f"{p4(x['screen_loss'])} | {'yes' if x['best'] else ''} |")  # fmt: skip
     if not r["screen_complete"]:
         lines += ["", "The screen is not complete: the best shapes are not chosen yet."]
     if r["primary"] is None:
@@ -256,7 +240,7 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
         "|---|" + "---|" * len(r["best_shapes_by_budget"]),
     ]
     for z in r["best_shapes"]:
-        cells = " | ".join(_p(m[z]) for m in r["best_shapes_by_budget"].values())
+        cells = " | ".join(p4(m[z]) for m in r["best_shapes_by_budget"].values())
         lines.append(f"| `{z}`{' (comparator)' if z == r['comparator'] else ''} | {cells} |")
     if r["comparator_missing_neighbours"]:
         edge = ", ".join(r["comparator_missing_neighbours"])
@@ -289,7 +273,7 @@ def markdown(s: Settings, r: Mapping[str, Any]) -> str:
         "",
         f"- Loss against the comparator `{r['comparator']}` at B: {d['mean']:+.4f} nats, 95% t-interval "
         f"[{d['ci95'][0]:+.4f}, {d['ci95'][1]:+.4f}]; {p['n_negative']} of {len(r['seeds'])} seeds below it; "
-        f"sign test p = {_pv(p['sign_test_p'])}, Wilcoxon signed-rank p = {_pv(p['wilcoxon_p'])} (two-sided).",
+        f"sign test p = {pv(p['sign_test_p'])}, Wilcoxon signed-rank p = {pv(p['wilcoxon_p'])} (two-sided).",
         f"- Saving of compute against the envelope of the best shapes (per seed, 1 - B / the compute at which their "
         f"lowest loss at each budget reaches the arm's; a share of compute, between -100% and +50% where the "
         f"budgets bracket it): {sv_text} over {sv['n']} seeds{out}. Taking each seed's lowest of "
