@@ -266,3 +266,11 @@ def test_the_committed_preregistration_fixes_the_committed_spec():
     pre = json.loads((OPTIMUM.parent / render.PREREG).read_text())
     render.prereg_check(pre, OPTIMUM)
     assert pre["experiment"] == sp.load(OPTIMUM).name and pre["goal"] == 0.10
+
+
+def test_the_spec_in_the_docs_is_a_valid_spec(tmp_path):
+    text = (REPO / "docs" / "evaluation.md").read_text()
+    block = text.split("### Writing an experiment")[1].split("```yaml\n")[1].split("```")[0]
+    spec = sp.load(_write(tmp_path, block))
+    assert spec.model.family == "llama" and sp.shape_config(spec, (2, 96)).n_kv_head == 3
+    assert spec.arms["depth"].lr_rules == ("keep", "mup") and spec.imports == ("../isoflop_optimal/wide/curves",)
