@@ -82,13 +82,10 @@ def stage_from_plan_file(
 
 
 def stage_from_flags(args: argparse.Namespace, cfg: ModelConfig, step: int) -> Stage | None:
-    """The stage described by the shape/family flags, or None when no shape flag is given (reshard only)."""
+    """The stage described by the shape/family flags, or None when no shape flag is given (reshard only; a stage
+    flag without a shape flag is refused before, ``check_flags_apply``)."""
     given = {k: getattr(args, k) for k in _SHAPE_FLAGS if getattr(args, k) is not None}
     if not given:
-        if args.family:
-            raise GrowthError(
-                "--family needs a target shape (--n_layer / --n_embd / --n_head / --n_inner / --n_kv_head)"
-            )
         return None
     from growlm.growth.ops.apply import OptimizerPolicy  # lazy: torch (see start_input_check)
     from growlm.growth.ops.schedule_rule import ScheduleRule  # lazy: torch (see start_input_check)
@@ -147,6 +144,40 @@ def stage_flags_given(argv: list[str] | None) -> list[str]:
         action.default = argparse.SUPPRESS
     given = vars(p.parse_args(argv))
     return [a.option_strings[0] for a in group._group_actions if a.dest in given]
+
+
+def check_flags_apply(args: argparse.Namespace, argv: list[str] | None) -> None:
+    """Refuse, before anything is read, a flag that nothing this command does would use: --stage without
+    --growth_plan, --zero_stage with --export_hf (a transformers folder is not resumed at a ZeRO stage), and a flag of
+    the "growth stage from flags" group (``PLAN_KEY_OF_FLAG``: how a growth is done) given without a target shape
+    flag (the command would only reshard) or with --export_hf (an export writes the checkpoint as it is). With
+    --growth_plan the plan gives the stage (those flags are refused in ``main``, with the plan key that sets each).
+
+    Raises:
+        GrowthError: names the first such flag and the fix.
+    """
+    if args.stage is not None and not args.growth_plan:
+        raise GrowthError(f"--stage {args.stage} names a stage of a plan file; add --growth_plan FILE, or drop --stage")
+    if args.zero_stage is not None and args.export_hf is not None:
+        raise GrowthError(
+            f"--zero_stage {args.zero_stage} sets the ZeRO stage a resume of OUT will use, and --export_hf writes a "
+            "transformers folder, which is not resumed; drop --zero_stage"
+        )
+    unused = [f for f in stage_flags_given(argv) if f in PLAN_KEY_OF_FLAG] if not args.growth_plan else []
+    if not unused:
+        return
+    if args.export_hf is not None:
+        raise GrowthError(
+            f"{unused[0]} sets how a growth is done, and --export_hf exports the checkpoint as it is; drop "
+            f"{unused[0]} (to export a grown model, grow first with a target such as --n_layer, then export the "
+            "result)"
+        )
+    if not any(getattr(args, k) is not None for k in _SHAPE_FLAGS):
+        targets = " / ".join(f"--{k}" for k in _SHAPE_FLAGS)
+        raise GrowthError(
+            f"{unused[0]} sets how a growth is done, and no target shape is given ({targets}), so this would only "
+            f"reshard and ignore it; add a target such as --n_layer, or drop {unused[0]}"
+        )
 
 
 def check_schedule_fits(src: Any, stage: Stage | None, plan_path: str | None) -> None:
@@ -265,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{ignored[0]} sets a stage given by flags, and --growth_plan gives the stage; set it in the plan's "
                 f"stage ({PLAN_KEY_OF_FLAG[ignored[0]]}) or drop --growth_plan"
             )
+        check_flags_apply(args, argv)
         plan = (
             load_plan_file(args.growth_plan) if args.growth_plan else None
         )  # a bad plan file is refused before any reading
@@ -280,8 +312,6 @@ def main(argv: list[str] | None = None) -> int:
                 raise GrowthError("give the growth stage either by --growth_plan or by shape flags, not both")
             stage, seed = stage_from_plan_file(args.growth_plan, args.stage, src.config, plan)
         else:
-            if args.stage:
-                raise GrowthError("--stage needs --growth_plan")
             stage, seed = stage_from_flags(args, src.config, step), 0
         check_schedule_fits(src, stage, args.growth_plan)
         grow_checkpoint(

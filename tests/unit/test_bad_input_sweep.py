@@ -66,6 +66,11 @@ SWEEP: dict[str, list[str]] = {
     "--total_num_steps (and every other stage flag) with --growth_plan": [
         "unit/test_plan_meaning.py::test_growlm_grow_refuses_stage_flags_that_a_plan_would_override",
     ],
+    "growlm-grow CKPT OUT --option foo=1 or --ramp_steps 5 (any growth flag) without a target flag, --zero_stage or "
+    "a growth flag with --export_hf, --stage without --growth_plan": [
+        "unit/test_plan_meaning.py::test_growlm_grow_refuses_a_growth_flag_without_a_target",
+        "unit/test_plan_meaning.py::test_growlm_grow_refuses_every_flag_its_command_would_ignore",
+    ],
     "growlm-grow on a run shorter than its warm-up (warmup_num_steps 20 > total 4)": [
         "distributed/test_grow_checkpoint.py::test_bad_input_is_refused_before_writing",
     ],

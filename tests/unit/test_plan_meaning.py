@@ -127,6 +127,69 @@ def test_growlm_grow_refuses_stage_flags_that_a_plan_would_override(capsys, tmp_
     assert not (tmp_path / "grown").exists()
 
 
+RESHARD_ONLY = "--n_layer / --n_embd / --n_head / --n_inner / --n_kv_head"
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--option", "foo=1"],
+        ["--ramp_steps", "5"],
+        ["--family", "masked"],
+        ["--moments", "reset"],
+        ["--fresh_exp_avg_sq", "mean"],
+        ["--schedule", "target"],
+        ["--constant_op", "2"],
+        ["--rewarm_steps", "10"],
+        ["--total_num_steps", "100"],
+        ["--warmup_num_steps", "5"],
+    ],
+)
+def test_growlm_grow_refuses_a_growth_flag_without_a_target(capsys, tmp_path, flags):
+    """Without a target shape growlm-grow only reshards: a flag that says how to grow would be ignored, so it is
+    refused, before the checkpoint is read (it does not exist here)."""
+    argv = [str(tmp_path / "ckpt"), str(tmp_path / "resharded"), *flags]
+    assert grow.main(argv) == 2
+    assert one_error_line(capsys.readouterr().err, "growlm-grow") == (
+        f"{flags[0]} sets how a growth is done, and no target shape is given ({RESHARD_ONLY}), so this would only "
+        f"reshard and ignore it; add a target such as --n_layer, or drop {flags[0]}"
+    )
+    assert not (tmp_path / "resharded").exists()
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (
+            ["--export_hf", "HF", "--ramp_steps", "5"],
+            "--ramp_steps sets how a growth is done, and --export_hf exports the checkpoint as it is; drop "
+            "--ramp_steps (to export a grown model, grow first with a target such as --n_layer, then export the "
+            "result)",
+        ),
+        (
+            ["--export_hf", "HF", "--zero_stage", "3"],
+            "--zero_stage 3 sets the ZeRO stage a resume of OUT will use, and --export_hf writes a transformers "
+            "folder, which is not resumed; drop --zero_stage",
+        ),
+        (
+            ["--export_hf", "HF", "--stage", "deeper"],
+            "--stage deeper names a stage of a plan file; add --growth_plan FILE, or drop --stage",
+        ),
+        (
+            ["OUT", "--stage", "deeper"],
+            "--stage deeper names a stage of a plan file; add --growth_plan FILE, or drop --stage",
+        ),
+    ],
+)
+def test_growlm_grow_refuses_every_flag_its_command_would_ignore(capsys, tmp_path, flags, expected):
+    argv = [str(tmp_path / "ckpt"), *[str(tmp_path / f) if f in ("HF", "OUT") else f for f in flags]]
+    assert grow.main(argv) == 2
+    assert one_error_line(capsys.readouterr().err, "growlm-grow") == expected
+    assert not (tmp_path / "HF").exists() and not (tmp_path / "OUT").exists()
+
+
 @pytest.mark.bad_input
 @pytest.mark.parametrize("tokens", [9985, 10**6])
 def test_train_refuses_a_token_trigger_the_run_never_reaches(capsys, tmp_path, tokens):
