@@ -15,8 +15,10 @@ text (UTF-8, a leading BOM removed, line endings normalised to "\n", a bad row n
 Hub datasets ("hf:NAME[:CONFIG][@SPLIT]", only where the Hub is reachable) go through HF `datasets`.
 
 ``--tokenizer`` takes another tokenizer: a model folder's ``tokenizer.json`` (a transformers GPT-2 or Llama folder,
-e.g. SmolLM's or TinyLlama's; its end-of-text token is tokenizer_config.json's ``eos_token``) or a ``tokenizers``
-JSON file, through the ``tokenizers`` library. The file is copied into the token folder, and meta.json records it
+e.g. SmolLM's or TinyLlama's; its end-of-text token is tokenizer_config.json's ``eos_token``; refused when it has more
+ids than its config.json's ``vocab_size``), a token folder (the tokenizer and end-of-text token its meta.json names,
+as every growlm command reads a token folder given as ``--tokenizer``) or a ``tokenizers`` JSON file, through the
+``tokenizers`` library. The file is copied into the token folder, and meta.json records it
 (``tokenizer_file``), its end-of-text token (``eot_token``) and its sha256 (``tokenizer_sha256``, checked whenever the
 folder's tokenizer is read back), so that train.py --init_from can check that the data fits the model. The folder's
 special tokens (bos, eos, unk, pad: tokenizer_config.json / special_tokens_map.json, else config.json's ids) are
@@ -356,8 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SPEC",
         help="gpt2 (default: OpenAI's GPT-2 BPE), a model folder holding tokenizer.json (a transformers GPT-2 or Llama "
-        "folder; end-of-text: its eos_token), or a tokenizers JSON file; copied into --out and recorded in meta.json "
-        "with its sha256; needs --out unless gpt2",
+        "folder; end-of-text: its eos_token), a token folder (its meta.json's tokenizer), or a tokenizers JSON file; "
+        "copied into --out and recorded in meta.json with its sha256; needs --out unless gpt2",
     )
     return add_version(parser)
 

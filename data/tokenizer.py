@@ -31,6 +31,7 @@ import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenizer regex
 
+from growlm.data.tokens import load_meta
 from growlm.runtime.atomic import write_json, write_text
 
 GPT2_BPE_DIR = Path(__file__).resolve().parent / "gpt2_bpe"
@@ -290,15 +291,17 @@ def from_data_dir(data_dir: str | Path) -> Tokenizer:
     holds, whose end-of-text token is meta.json's ``eot_token`` (default ``<|endoftext|>``) and whose sha256, when
     meta.json records one (``tokenizer_sha256``, growlm-prepare --tokenizer), must be the file's.
 
+    meta.json is read by the one reader of token folders (data.tokens.load_meta), which checks its fields.
+
     Raises:
-        TokenizerError: meta.json is missing or not JSON, names an unknown tokenizer, or its tokenizer file is not the
-            one it was tokenized with (another sha256).
+        TokenizerError: meta.json is missing or not a token folder's (data.tokens.load_meta's message), names an
+            unknown tokenizer, or its tokenizer file is not the one it was tokenized with (another sha256).
     """
     meta_path = Path(data_dir) / "meta.json"
     try:
-        meta = json.loads(meta_path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError) as e:
-        raise TokenizerError(f"cannot read {meta_path} ({e}); pass --tokenizer gpt2 or a tokenizer.json") from e
+        meta = load_meta(data_dir)
+    except (FileNotFoundError, ValueError) as e:  # data.tokens.TokenFolderError names the field and the fix
+        raise TokenizerError(str(e)) from None
     if meta.get("tokenizer_file"):
         path = Path(data_dir) / meta["tokenizer_file"]
         want = meta.get("tokenizer_sha256")
@@ -345,17 +348,19 @@ def from_run_data(data_dir: str | None, train_sha256: str | None) -> Tokenizer:
     folder as given to train.py, relative to the current folder if relative, and the sha256 of its train split).
 
     Raises:
-        TokenizerError: the run recorded no folder, the folder or its meta.json is gone, its train split is not the
-            one the run trained on (the folder was rebuilt since), or its tokenizer cannot be loaded.
+        TokenizerError: the run recorded no folder, the folder or its meta.json is gone or damaged
+            (data.tokens.load_meta), its train split is not the one the run trained on (the folder was rebuilt
+            since), or its tokenizer cannot be loaded.
     """
     if not data_dir:
         raise TokenizerError("the checkpoint does not record the token folder it was trained on")
-    meta_path = Path(data_dir) / "meta.json"
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise TokenizerError(f"its token folder {data_dir} is gone or unreadable ({e.__class__.__name__})") from e
-    got = (meta.get("splits", {}).get("train") or {}).get("sha256") if isinstance(meta, dict) else None
+        meta = load_meta(data_dir)
+    except OSError as e:
+        raise TokenizerError(f"its token folder {data_dir} is gone or unreadable ({e.__class__.__name__})") from None
+    except ValueError as e:  # data.tokens.TokenFolderError: the field and the fix
+        raise TokenizerError(f"its token folder is damaged: {e}") from None
+    got = meta["splits"]["train"].get("sha256")
     if train_sha256 and got and got != train_sha256:
         raise TokenizerError(
             f"its token folder {data_dir} was rebuilt since (train split sha256 {got[:12]}..., the run trained on "
@@ -472,23 +477,46 @@ def resolve(spec: str | None, default: Tokenizer | None = None) -> Tokenizer:
     return from_data_dir(p) if p.is_dir() else from_file(p)
 
 
+def config_vocab_size(path: str | Path) -> int | None:
+    """A model folder's ``vocab_size`` in its config.json (the rows of its embedding), or None when it has no
+    config.json or names no positive integer there (the model's loader names a damaged config.json)."""
+    try:
+        data = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    v = data.get("vocab_size") if isinstance(data, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
 def for_prepare(spec: str | None) -> Tokenizer:
-    """growlm-prepare's ``--tokenizer``: None or 'gpt2' (OpenAI's GPT-2 BPE), a model folder holding a
-    ``tokenizer.json`` (a transformers GPT-2 or Llama folder: its end-of-text token from tokenizer_config.json's
-    ``eos_token``, ``from_hf_dir``), or a ``tokenizers`` JSON file (end-of-text ``<|endoftext|>``).
+    """growlm-prepare's ``--tokenizer``: None or 'gpt2' (OpenAI's GPT-2 BPE), a token folder (its meta.json names
+    its tokenizer and end-of-text token: ``from_data_dir``, as every command that takes ``--tokenizer`` reads one), a
+    model folder holding a ``tokenizer.json`` (a transformers GPT-2 or Llama folder: its end-of-text token from
+    tokenizer_config.json's ``eos_token``, ``from_hf_dir``), or a ``tokenizers`` JSON file (end-of-text
+    ``<|endoftext|>``).
 
     Raises:
         TokenizerError: no such file or folder, a folder without tokenizer.json, a file that is not a ``tokenizers``
-            JSON, or no end-of-text token.
+            JSON, no end-of-text token; a token folder that cannot be read (``from_data_dir``); a model folder whose
+            tokenizer has more ids than its config.json's vocab_size (it is not the model's).
     """
     if spec is None or spec == "gpt2":
         return gpt2()
     p = Path(spec)
     if p.is_dir():
+        if (p / "meta.json").is_file():  # a token folder
+            return from_data_dir(p)
         t = from_hf_dir(p)
         if t is None:
             raise TokenizerError(
-                f"{p} has no tokenizer.json; give gpt2, a model folder with its tokenizer.json, or a tokenizer.json"
+                f"{p} has no tokenizer.json; give gpt2, a model folder with its tokenizer.json, a token folder, or "
+                "a tokenizer.json"
+            )
+        vocab = config_vocab_size(p)
+        if vocab is not None and t.vocab_size > vocab:
+            raise TokenizerError(
+                f"{p}: its tokenizer has {t.vocab_size} tokens, more than vocab_size {vocab} in config.json: it is "
+                "not this model's tokenizer; put the model's own tokenizer.json beside it"
             )
         return t
     return from_file(p)

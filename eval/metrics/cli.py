@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from growlm.data.tokenizer import Tokenizer
+from growlm.data.tokenizer import Tokenizer, TokenizerError, resolve
 from growlm.eval.metrics.cloze import ClozeItem, build_cloze, read_lambada, score_cloze
 from growlm.eval.metrics.load import LoadedModel, load
 from growlm.eval.metrics.perplexity import document_nll, word_count, word_perplexity
@@ -253,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             check_writable(Path(args.out))
         files = read_eval_files(args.wikitext, args.lambada)
+        if args.tokenizer is not None:
+            check_tokenizer(args.tokenizer)
         m = load(args.model, args.tokenizer)
         out = evaluate(
             m,
@@ -279,6 +281,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"growlm-eval: error: {write_failed_message(e, '--out', args.out, kept)}", file=sys.stderr)
             return 2
     return 0
+
+
+def check_tokenizer(spec: str) -> None:
+    """Refuse a ``--tokenizer`` that cannot be read (a token folder whose meta.json growlm cannot read, as
+    data.tokens.load_meta says; a damaged tokenizer.json) before any model is loaded; it is checked against the
+    model's vocabulary once the model is (data.tokenizer.model_tokenizer).
+
+    Raises:
+        EvalInputError: ``--tokenizer SPEC: problem; fix``.
+    """
+    try:
+        resolve(spec)
+    except TokenizerError as e:
+        raise EvalInputError(f"--tokenizer {spec}: {e}") from None
 
 
 def check_writable(out: Path) -> None:

@@ -93,6 +93,20 @@ SWEEP: dict[str, list[str]] = {
         "unit/test_prepare_model_tokenizer.py::test_tokenizers_that_cannot_make_a_token_folder_are_refused",
         "unit/test_prepare_bos.py::test_a_folder_asking_for_a_bos_it_does_not_have_is_refused",
     ],
+    "a token folder whose ids lie past its vocab_size (all of train.bin, a few positions, one id of val.bin); a "
+    "meta.json without vocab_size, a split without n_tokens or file, splits as a list, vocab_size as a string or -1, "
+    "n_tokens as a float or a string, an eot_token_id past the vocabulary (train.py, growlm-eval and growlm-prepare "
+    "--tokenizer, open_tokens)": [
+        "unit/test_token_folder_checks.py::test_train_refuses_a_bad_token_folder_up_front",
+        "unit/test_token_folder_checks.py::test_open_tokens_refuses_what_train_refuses",
+        "unit/test_token_folder_checks.py::test_growlm_eval_and_growlm_prepare_refuse_a_bad_token_folder_as_tokenizer",
+        "distributed/test_token_folder_runs.py::test_ids_past_the_vocabulary_are_refused_in_one_line_on_two_ranks",
+    ],
+    "growlm-prepare --tokenizer: a model folder whose tokenizer has more ids than its config.json's vocab_size, and "
+    "a token folder (its meta.json names the end-of-text token)": [
+        "unit/test_token_folder_checks.py::test_growlm_prepare_refuses_a_tokenizer_larger_than_its_folders_vocabulary",
+        "unit/test_prepare_model_tokenizer.py::test_a_token_folder_is_taken_as_the_tokenizer",
+    ],
     "Llama-only shape flags (--n_kv_head, --head_dim, --rope_theta, --rms_norm_eps, --tie_word_embeddings, "
     "--untie_word_embeddings) with a GPT-2 preset or checkpoint, and Llama shapes that cannot be built": [
         "unit/test_llama_train_flags.py::test_llama_flags_are_refused_for_a_gpt2_model",

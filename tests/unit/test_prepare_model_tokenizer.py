@@ -113,3 +113,17 @@ def test_a_vocabulary_past_65536_ids_gets_uint32_token_files(tmp_path, builtin_d
     assert (out / "train.bin").stat().st_size == 4 * len(want)
     old = json.loads((builtin_data / "meta.json").read_text())
     assert (old["format"], old["dtype"]) == (FORMAT, "uint16") and open_tokens(builtin_data, "val").dtype == np.uint16
+
+
+@pytest.mark.bad_input
+def test_a_token_folder_is_taken_as_the_tokenizer(capsys, tmp_path, llama):
+    """growlm-prepare --tokenizer TOKEN_FOLDER, as growlm-eval and growlm-grow take one: its meta.json names the
+    tokenizer and its end-of-text token (here ``</s>``, not ``<|endoftext|>``), and the new folder is tokenized
+    exactly as the first."""
+    docs, first, second = sources(tmp_path), tmp_path / "first", tmp_path / "second"
+    assert prepare_main(["--train", *docs, "--val", docs[0], "--out", str(first), "--tokenizer", str(llama)]) == 0
+    assert prepare_main(["--train", *docs, "--val", docs[0], "--out", str(second), "--tokenizer", str(first)]) == 0
+    a, b = load_meta(first), load_meta(second)
+    assert (b["eot_token"], b["eot_token_id"], b["vocab_size"]) == ("</s>", 1, 300)
+    assert b["tokenizer_sha256"] == a["tokenizer_sha256"] and b["splits"]["train"]["max_id"] < 300
+    assert (second / "train.bin").read_bytes() == (first / "train.bin").read_bytes()
