@@ -161,9 +161,12 @@ def rank_memory_bytes(device: torch.device, free: bool) -> int:
     return int((vm.available if free else vm.total) // ranks_on_this_node())
 
 
-def shortfall(need: float, device: torch.device, free: bool, what: str) -> str:
+SHORTFALL_FIX = "choose a smaller target, more ranks or a higher ZeRO stage"
+
+
+def shortfall(need: float, device: torch.device, free: bool, what: str, fix: str = SHORTFALL_FIX) -> str:
     """The one-line refusal when ``need`` bytes per rank exceed ``rank_memory_bytes(device, free)``, naming both
-    figures in GiB and ``what`` needs them; '' when it fits."""
+    figures in GiB, ``what`` needs them and the ``fix``; '' when it fits."""
     have = rank_memory_bytes(device, free)
     if need <= have:
         return ""
@@ -171,7 +174,23 @@ def shortfall(need: float, device: torch.device, free: bool, what: str) -> str:
     kind = "free" if free else "in all"
     return (
         f"{what} needs about {need / GIB:,.1f} GiB per rank, and this rank's {where} has {have / GIB:,.1f} GiB "
-        f"{kind}: choose a smaller target, more ranks or a higher ZeRO stage"
+        f"{kind}: {fix}"
+    )
+
+
+def placed_shortfall(
+    parts: list[tuple[float, float]], work: float, device: torch.device, offloaded: bool, what: str,
+    fix: str = SHORTFALL_FIX,
+) -> str:  # fmt: skip
+    """``shortfall`` of the models whose ``model_state_split`` parts are ``parts`` (plus a growth's ``work``ing set,
+    0 for none) placed where they live (``placed_bytes``: on a GPU rank the GPU's part against the GPU's total memory,
+    then the host's part; on a CPU rank everything against the host's total divided by the ranks on this node); ''
+    when they fit. The one check of train.py's run and plan stages against the machine."""
+    pg, opt = sum(p for p, _ in parts), sum(o for _, o in parts)
+    on_gpu = device.type == "cuda"
+    gpu, host = placed_bytes(pg, opt, work, on_gpu, offloaded)
+    return (shortfall(gpu, device, False, what, fix) if on_gpu else "") or shortfall(
+        host, torch.device("cpu"), False, what, fix
     )
 
 

@@ -32,6 +32,7 @@ from growlm.trainer.plan_checks import (
     LLAMA_FLAGS,
     SHAPE_FLAGS,
     check_plan_fits_run,
+    check_run_fits_memory,
     check_stop_stage,
     load_growth_plan,
     plan_config,
@@ -434,7 +435,8 @@ def resolve(args: argparse.Namespace) -> RunConfig:
     Checks, in this order: the numeric flags' ranges, --out_dir, the DeepSpeed config (``check_ds_config``: keys,
     DeepSpeed's parser, batch sizes against the launched world size, optimizer, numbers, offload, scheduler), the
     --resume checkpoint (whose LR schedule replaces the config's unless --new_schedule: ``keep_saved_scheduler``),
-    the model shape, the growth plan, the data
+    the model shape, its model states against this machine's memory (``check_run_fits_memory``), the growth plan,
+    the data
     order (--seq_len/--seed against the checkpoint), --seq_len against n_positions, the checkpoint against the
     launched world size and ZeRO stage (and its per-rank RNG files), the token folder and its token files, the save
     steps against existing tags, and fp16 support.
@@ -474,6 +476,9 @@ def resolve(args: argparse.Namespace) -> RunConfig:
         growth = load_growth_plan(args.growth_plan)
         start = init_from.check_plan_start(init, growth, args.growth_plan) if init is not None else None
         cfg = start or plan_config(args, growth, cfg, state, stage_index)
+    check_run_fits_memory(cfg, ds_cfg, max(launched_world, 1))  # the model alone first, then a plan's growths (a
+    # WORLD_SIZE below 1 is refused when the ranks join)
+    if growth is not None:
         check_plan_fits_run(growth, stage_index, args, ds_cfg, state.schedule if state else None)
     stop = check_stop_stage(getattr(args, "stop_before_stage", None), growth, stage_index)
     seq_len = args.seq_len if args.seq_len is not None else (state.seq_len if state else cfg.n_positions)

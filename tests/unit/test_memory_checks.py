@@ -14,6 +14,7 @@ import pytest
 import torch
 from cli_utils import one_error_line, train_fails
 
+from growlm import DS_CONFIG_DIR
 from growlm.growth.errors import GrowthError
 from growlm.growth.live import grow as live
 from growlm.growth.live.transfer import BUCKET_BYTES
@@ -26,9 +27,12 @@ from growlm.growth.ops.stores import ParamState
 from growlm.growth.stages.plan import parse_stages
 from growlm.model.config import GPTConfig, from_preset, largest_param_numel, param_count
 from growlm.runtime import collectives, memory
+from growlm.trainer import plan_checks
+from growlm.trainer import run as train_run
 from growlm.trainer.driver import cli as run_cli
 from growlm.trainer.driver import fits_here as machine
 from growlm.trainer.driver.segments import make_segments
+from growlm.trainer.errors import UsageError
 
 HUGE_PLAN = """
 start: {preset: tiny, n_layer: 1, n_embd: 32, n_head: 2}
@@ -304,3 +308,84 @@ def test_jobs_on_other_machines_are_not_checked_here_and_a_small_job_fits(monkey
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=80 * 2**30))
     monkeypatch.delenv("DS_ACCELERATOR")
     assert machine.check_jobs_fit_here(plan, segments, ds) == []
+
+
+def host_of(monkeypatch, gib: float) -> None:
+    """This machine as a CPU host of ``gib`` GiB in all (the one hook of every host-memory check: psutil)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=0, total=int(gib * 2**30)))
+
+
+@pytest.mark.bad_input
+@pytest.mark.parametrize("ranks_here", [1, 2])
+def test_train_refuses_a_model_that_cannot_fit_the_host_before_building_it(tmp_path, capsys, monkeypatch, ranks_here):
+    """A released-model preset on a small host: refused in one line with its figures and what would fit, before
+    the model is built or anything is written (a plain train.py run was killed by the kernel instead). Ranks on
+    one host share its memory (LOCAL_WORLD_SIZE); at ZeRO-2 each holds all parameters and 1/N of the rest."""
+    host_of(monkeypatch, 23.5)
+
+    def past_the_checks(cfg):
+        raise AssertionError("train.py went past its checks: it would build a 3.2B-parameter model")
+
+    monkeypatch.setattr(train_run, "join", past_the_checks)  # where the process group, data and model come next
+    for key in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.setenv(key, str(ranks_here))
+    out = tmp_path / "run"
+    cfg_path = str(DS_CONFIG_DIR / "zero2_fp32.json")
+    line = train_fails(capsys, ["--preset", "llama-3.2-3b", "--ds_config", cfg_path, "--out_dir", str(out)])
+    n = param_count(from_preset("llama-3.2-3b"))
+    need = memory.model_state_bytes(n, 2, "fp32", ranks_here)
+    assert need == (4 + 16 / ranks_here) * n  # parameters replicated; gradients and Adam state (with fp32 master) split
+    assert line.startswith(
+        f"growlm-train: error: the model {from_preset('llama-3.2-3b').shape_str()} (3.21B parameters; ZeRO-2, fp32, "
+        f"{ranks_here} rank(s)), its parameters, gradients and Adam state alone, needs about {need / 2**30:,.1f} GiB "
+        f"per rank, and this rank's host memory ({ranks_here} rank(s) on this node) has {23.5 / ranks_here:,.1f} GiB "
+        "in all: it cannot fit; what would (at most 1/2 of the memory, leaving room for activations): a smaller "
+        "preset (smollm-360m, 0.36B parameters, about "
+    ), line
+    ranks = 6  # 2 x 20 bytes x 3.21B parameters = 119.7 GiB over hosts of 23.5 GiB
+    assert line.endswith(
+        f"or ZeRO-3 (ds_configs/zero3_fp32.json) on {ranks} ranks, each on a host of this size (ranks on one host "
+        "share its memory); CPU offload moves nothing off a CPU rank's host"
+    ), line
+    assert not out.exists()  # no train.lock, metrics.jsonl or tb/
+
+
+def test_on_a_gpu_the_refusal_names_the_offload_that_fits(monkeypatch):
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(plan_checks, "run_device", lambda: gpu)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=80 * 2**30))
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=0, total=2**40))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    ds = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
+    with pytest.raises(UsageError) as e:
+        plan_checks.check_run_fits_memory(from_preset("llama-3.1-8b"), ds, 1)
+    msg = str(e.value)
+    assert "needs about 119.7 GiB per rank, and this rank's GPU has 80.0 GiB in all: it cannot fit;" in msg, msg
+    # 2 x 16 bytes x 8.03B over 80 GiB GPUs: 3; the offload leaves 4 bytes a parameter (30 GiB) on the GPU
+    assert msg.endswith(
+        "or ZeRO-3 (ds_configs/zero3_bf16.json) on 3 GPUs, or the optimizer offloaded to the CPU "
+        "(ds_configs/zero2_bf16_offload.json)"
+    ), msg
+    plan_checks.check_run_fits_memory(from_preset("llama-3.2-1b"), ds, 1)  # 18.4 GiB: fits
+
+
+@pytest.mark.bad_input
+def test_dry_run_warns_where_the_real_run_refuses_for_memory(tmp_path, capsys, monkeypatch):
+    argv = run_plan(
+        tmp_path,
+        monkeypatch,
+        "start: {preset: llama-3.2-3b, resources: {ranks_per_node: 1}}\n"
+        "stages:\n  - {name: deeper, target: {n_layer: 30}, family: masked, when: {step: 2}}\n",
+    )
+    argv = [argv[0], "--", "--ds_config", str(DS_CONFIG_DIR / "zero2_fp32.json"), *argv[2:]]
+    cpu_machine(monkeypatch, cores=2, host_gib=23.5)
+    assert run_cli.main(argv) == 2
+    refusal = one_error_line(capsys.readouterr().err, "growlm-run")
+    assert refusal.startswith("job 0: stage 'start' (llama L=28") and "needs about 59.8 GiB per rank" in refusal
+    assert run_cli.main([argv[0], "--dry_run", *argv[1:]]) == 0
+    out = capsys.readouterr().out
+    assert "model states per rank: 59.842 GiB" in out and out.count("WARNING") == 1  # once per job
+    assert f"  WARNING: {refusal}; growlm-run without --dry_run refuses it" in out
+    assert "growlm-run dry run: 1 warning(s)" in out

@@ -1,6 +1,7 @@
 """growlm-run --dry_run: per stage the model shape, parameters, where and how it is reached, the launcher command of
 its job and the expected model-state memory per rank (runtime.memory), with a warning where it exceeds
---mem_per_rank_gib. Starts nothing and writes nothing."""
+--mem_per_rank_gib, and where a job that runs on this machine cannot fit its memory (the check that growlm-run makes
+before launching and refuses it with, trainer.driver.fits_here). Starts nothing and writes nothing."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from growlm.growth.stages.plan import StageList
 from growlm.model.config import ModelConfig, param_count
 from growlm.runtime.engine import precision_of
 from growlm.runtime.memory import GIB, model_state_bytes
+from growlm.trainer.driver.fits_here import memory_problem, runs_here
 from growlm.trainer.driver.segments import (
     Segment,
     deepspeed_path,
@@ -93,6 +95,10 @@ def print_dry_run(
                 f"  WARNING: {mem / GIB:.3f} GiB per rank exceeds --mem_per_rank_gib {args.mem_per_rank_gib:g}: use "
                 "more ranks or a higher ZeRO stage for this stage"
             )
+        problem = memory_problem(plan, seg, base_cfg) if seg.index not in shown and runs_here(seg) else ""
+        if problem:  # the real run refuses this job before launching anything (fits_here.check_jobs_fit_here)
+            warnings += 1
+            print(f"  WARNING: {problem}; growlm-run without --dry_run refuses it")
         if seg.index not in shown:
             shown.add(seg.index)
             hostfile = Path(r.hostfile) if r.hostfile else None

@@ -78,24 +78,36 @@ def check_jobs_fit_here(plan: StageList, segments: list[Segment], base_cfg: dict
                 f"growlm-run: WARNING: job {seg.index}: {r.ranks_per_node} ranks per node, and this machine has "
                 f"{slots} CPU core(s): the ranks share cores and every step crawls; lower ranks_per_node to {slots}"
             )
-        cfg = segment_ds_config(base_cfg, r)
-        zero = cfg.get("zero_optimization", {})
-        stage, precision = int(zero.get("stage", 0)), precision_of(cfg)
-        offloaded = (zero.get("offload_optimizer") or {}).get("device") in ("cpu", "nvme")
-        host = psutil.virtual_memory().total // r.ranks_per_node
-        device = torch.cuda.get_device_properties(0).total_memory if gpu else host
-        for what, model, old in job_models(plan, seg):
-            parts = [model_state_split(param_count(c), stage, precision, r.world_size) for c in (model, old) if c]
-            pg, opt = sum(p for p, _ in parts), sum(o for _, o in parts)
-            work = growth_working_set_bytes(largest_param_numel(old), largest_param_numel(model)) if old else 0
-            on_gpu, on_host = placed_bytes(pg, opt, work, gpu, offloaded)
-            needs = [(on_gpu, device, "GPU"), (on_host, host, "host")] if gpu else [(on_host, host, "host")]
-            for need, have, where in needs:
-                if need > have:
-                    raise DriverError(
-                        f"job {seg.index}: {what}, ZeRO-{stage}, {precision}, {r.world_size} rank(s) needs about "
-                        f"{need / GIB:,.1f} GiB per rank, and this machine's {where} memory is {have / GIB:,.1f} GiB "
-                        f"per rank ({r.ranks_per_node} rank(s) on it): choose a smaller target or a higher ZeRO stage, "
-                        "or run the job on larger machines (resources.hosts or resources.hostfile)"
-                    )
+        problem = memory_problem(plan, seg, base_cfg)
+        if problem:
+            raise DriverError(problem)
     return warnings
+
+
+def memory_problem(plan: StageList, seg: Segment, base_cfg: dict[str, Any]) -> str:
+    """The refusal of ``check_jobs_fit_here`` for the memory of ``seg``'s job on this machine ('' when every model it
+    holds fits): the first model whose parameters + gradients + Adam state per rank (a live growth: both models and
+    the working set) exceed a GPU's total or the host's divided by the job's ranks per node, with its figures in GiB
+    and the fix. growlm-run's dry run prints it as a warning."""
+    r, gpu = seg.resources, gpu_here()
+    cfg = segment_ds_config(base_cfg, r)
+    zero = cfg.get("zero_optimization", {})
+    stage, precision = int(zero.get("stage", 0)), precision_of(cfg)
+    offloaded = (zero.get("offload_optimizer") or {}).get("device") in ("cpu", "nvme")
+    host = psutil.virtual_memory().total // r.ranks_per_node
+    device = torch.cuda.get_device_properties(0).total_memory if gpu else host
+    for what, model, old in job_models(plan, seg):
+        parts = [model_state_split(param_count(c), stage, precision, r.world_size) for c in (model, old) if c]
+        pg, opt = sum(p for p, _ in parts), sum(o for _, o in parts)
+        work = growth_working_set_bytes(largest_param_numel(old), largest_param_numel(model)) if old else 0
+        on_gpu, on_host = placed_bytes(pg, opt, work, gpu, offloaded)
+        needs = [(on_gpu, device, "GPU"), (on_host, host, "host")] if gpu else [(on_host, host, "host")]
+        for need, have, where in needs:
+            if need > have:
+                return (
+                    f"job {seg.index}: {what}, ZeRO-{stage}, {precision}, {r.world_size} rank(s) needs about "
+                    f"{need / GIB:,.1f} GiB per rank, and this machine's {where} memory is {have / GIB:,.1f} GiB "
+                    f"per rank ({r.ranks_per_node} rank(s) on it): choose a smaller target or a higher ZeRO stage, "
+                    "or run the job on larger machines (resources.hosts or resources.hostfile)"
+                )
+    return ""
