@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--phase", choices=("all", "pilot", "map", "optimal"), default="all",
                    help="'pilot': stop after the pilot; 'map': the crossover map instead (every size at 1..64 C, "
                         "its own --out); 'optimal': the experiment at the map's budget B and target (pilot, main, "
-                        "levers, then the refine and wide-envelope runs in sub-folders; its own --out) (default: "
+                        "levers, then the refine runs in a sub-folder; its own --out) (default: "
                         "%(default)s)")  # fmt: skip
     p.add_argument("--map", type=Path, default=None,
                    help="--phase optimal: the crossover map's folder, with its map.json (default: the map's --out "
@@ -193,7 +193,7 @@ def _spec_run(args, spec, out: Path, imports: list[Path], parallel: int) -> int:
     where = out / render.PREREG
     pre = render.read_json(where) if where.is_file() else None
     if pre is not None:
-        render.prereg_check(pre, args.spec)
+        render.prereg_check(pre, args.spec, args.report_only)
     fp, data = None, None
     if not args.report_only:
         from growlm.data.tokens import cache_dir  # lazy: only for the data check
@@ -274,7 +274,10 @@ def _token_folder(
             ensure_small_vocab(data, vocab, extra=extra)  # a second growlm-experiment waits for the first to prepare it
         except (FileExistsError, FileNotFoundError, ValueError) as e:
             return fail(f"preparing the {vocab}-token BPE into {data}: {e}")
-    fp = runner.data_fingerprint(data)
+    try:
+        fp = runner.data_fingerprint(data)
+    except ValueError as e:  # data.tokens.TokenFolderError: a malformed meta.json
+        return fail(f"--data {data}: {e}")
     if fp["vocab_size"] != vocab:
         return fail(f"--data {data} has a {fp['vocab_size']}-token vocabulary; the protocol needs {vocab}")
     have = (runner.train_tokens(data) - 1) // seq_len
@@ -418,7 +421,7 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
 
         def write(done: dict) -> int:
             refined = runner.load_curves(r_out, r_s.as_dict(), with_data=False)
-            return optimal_report.write(s, done, out, note, refined) or _wide_report(s, done, refined, out, None)
+            return optimal_report.write(s, done, out, note, refined)
 
         return _report_only(out, settings, write, "--phase optimal")
     data = args.data or crossmap.token_folder(s, m)
@@ -454,62 +457,7 @@ def _optimal(args, s, out: Path, parallel: int) -> int:
     refined = runner.load_curves(r_out, r_set)
     if any(sp.name not in refined for sp in optimal.refine_plan(s, st, refined)[0]):  # a dry run: refine first
         return 0
-    if not args.dry_run and (rc := optimal_report.write(s, done, out, note, refined)):
-        return rc
-    return _wide(args, s, st, done, refined, out, settings, data, parallel)
-
-
-def _wide(args, s, st, done, refined, out: Path, settings, data, parallel: int) -> int:
-    """The wide envelope's runs (eval.experiments.wide) after the experiment and its refine runs: the
-    pre-registration written first (never replaced), then the rounds."""
-    from growlm.eval.experiments import runner, wide  # lazy: as in main
-    from growlm.runtime.atomic import write_json  # lazy: as in main
-
-    try:
-        w_in = wide.inputs(s, st, done, refined)
-        w_s = wide.wide_settings(s, w_in.known)
-    except ValueError as e:
-        return fail(str(e))
-    shapes = {z: w_s.sizes[z] for z in w_s.design["wide"]["shapes"]}
-    if (need := wide.max_train_windows(s, shapes)) > 2 * s.design["train_windows"]:
-        return fail(f"the wide envelope's longest run reads {need:,} training windows, more than twice the "
-                    f"{s.design['train_windows']:,} of the data: choose a smaller --budget")  # fmt: skip
-    w_out = out / wide.WIDE
-    pre = wide.preregistration(s, st.primary, shapes)
-    where = w_out / "preregistration.json"
-    if where.is_file() and json.loads(where.read_text()) not in wide.accepted_preregistrations(s, st.primary, shapes):
-        return fail(f"{where} fixes another comparison than this design's; move the wide/ folder away to start the "
-                    "wide envelope anew")  # fmt: skip
-    if args.dry_run:
-        print(f"growlm-experiment: then the wide envelope (its comparison fixed first in {where}), under {w_out}:")
-    elif not where.is_file():
-        w_out.mkdir(parents=True, exist_ok=True)
-        write_json(where, pre)
-    w_set = w_s.as_dict() | {"data": settings["data"]}
-    rc = _rounds(args, w_s, lambda d: wide.wide_plan(s, w_in.known_lr, w_in.known, d, w_in.known_loss,
-                                                     w_in.primary, w_in.arm_loss)[0], "wide",
-                 runner.load_curves(w_out, w_set), data, w_out, w_set, parallel, unit="B")  # fmt: skip
-    if args.dry_run:
-        return rc or 0
-    return rc or _wide_report(s, done, refined, out, settings["data"])
-
-
-def _wide_report(s, done, refined, out: Path, data) -> int:
-    """The wide envelope's report from its curves (none yet: nothing to do); ``data``: the token folder's
-    fingerprint the curves must have (None: any one token folder, as --report_only)."""
-    from growlm.eval.experiments import optimal, runner, wide, wide_report  # lazy: as in main
-
-    _, st = optimal.experiment_plan(s, done)
-    w_out = out / wide.WIDE
-    if not st.complete or not (w_out / "curves").is_dir():
-        return 0
-    try:
-        w_in = wide.inputs(s, st, done, refined)
-        w_s = wide.wide_settings(s, w_in.known)
-    except ValueError as e:
-        return fail(str(e))
-    w_done = runner.load_curves(w_out, w_s.as_dict() | {"data": data}, with_data=data is not None)
-    return wide_report.write(s, w_in, w_done, w_out)
+    return 0 if args.dry_run else optimal_report.write(s, done, out, note, refined)
 
 
 def _report_only(out: Path, settings, write, run: str) -> int:

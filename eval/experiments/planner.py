@@ -48,38 +48,43 @@ class Context:
 
 
 def sweep(
-    loss: Callable[[Run], float | None], make: Callable[[float], Run], centre: float, factor: float, widen: int
+    loss: Callable[[Run], float | None], make: Callable[[float], Run], grid: list[float], factor: float, widen: int
 ) -> tuple[list[Run], float | None, str | None]:
-    """An LR sweep: ``make(lr)`` at centre / factor, centre and centre x factor, then one factor step past an edge
-    while the best sits at that edge (``widen`` steps at most).
+    """An LR sweep: ``make(lr)`` at each LR of ``grid``, then one ``factor`` step past an edge while the best sits at
+    that edge (``widen`` steps at most; a grid of one LR is not widened).
 
     Returns:
         (the runs it needs now, the best LR once they have all finished, 'lowest' | 'highest' when that best LR is
         still at an end of the widened grid, else None).
     """
-    lrs = [centre / factor, centre, centre * factor]
+    lrs = sorted(grid)
     while True:
         runs = [make(lr) for lr in lrs]
         got = {r.lr: loss(r) for r in runs}
         if any(v is None for v in got.values()):
             return runs, None, None
         best = min(got, key=lambda x: (got[x], x))
-        edge = "lowest" if best == min(lrs) else "highest" if best == max(lrs) else None
-        if edge is None or len(lrs) - 3 >= widen:
+        edge = None if len(lrs) < 2 else "lowest" if best == lrs[0] else "highest" if best == lrs[-1] else None
+        if edge is None or len(lrs) - len(grid) >= widen:
             return runs, best, edge
-        lrs = [min(lrs) / factor, *lrs] if edge == "lowest" else [*lrs, max(lrs) * factor]
+        lrs = [lrs[0] / factor, *lrs] if edge == "lowest" else [*lrs, lrs[-1] * factor]
 
 
-def mup_centre(shape: tuple[int, int], tuned: dict[tuple[int, int], float]) -> float:
-    """The centre of a new shape's LR grid: the tuned LR of the shape of its depth nearest in width (no shape of its
-    depth: of the nearest depth; ties: the smaller), times that width / its own (Adam's hidden-matrix LR scales as
-    1 / width: Yang et al. 2021, "Tensor Programs V", arXiv 2203.03466, table 3).
+def mup_centre(shape: tuple[int, int], tuned: dict[tuple[int, int], float], width: int | None = None) -> float:
+    """The centre of a new shape's LR grid: the tuned LR of a reference shape times its width / the new shape's
+    (Adam's hidden-matrix LR scales as 1 / width: Yang et al. 2021, "Tensor Programs V", arXiv 2203.03466, table 3).
+    The reference: with ``width`` None, the tuned shape of its depth nearest in width (no shape of its depth: of the
+    nearest depth; ties: the smaller); else the tuned shape of n_embd ``width`` nearest in depth (ties: the
+    shallower).
 
     Raises:
-        ValueError: no tuned shape.
+        ValueError: no tuned shape (of that width).
     """
+    if width is not None:
+        tuned = {k: v for k, v in tuned.items() if k[1] == width}
     if not tuned:
-        raise ValueError("no shape has a tuned LR to centre a new shape's sweep on; give one shape's lr in the spec")
+        raise ValueError("no shape has a tuned LR to centre a new shape's sweep on; give one shape's lr in the spec"
+                         + (f" (of n_embd {width})" if width else ""))  # fmt: skip
     ref = min(tuned, key=lambda k: (abs(k[0] - shape[0]), abs(k[1] - shape[1]), k))
     return tuned[ref] * ref[1] / shape[1]
 
@@ -180,8 +185,9 @@ def plan(ctx: Context, loss: Callable[[Run], float | None]) -> tuple[list[Run], 
         if v.lr is not None:
             st.lr[shapes[z]] = v.lr
             continue
+        c = mup_centre(v.shape, tuned, spec.envelope.lr_centre_width)
         runs, lr, edge = sweep(loss, lambda x, n=shapes[z]: Run("pilot", pilot, 1.0, x, (n,)),
-                               mup_centre(v.shape, tuned), sw.factor, sw.widen)  # fmt: skip
+                               [c / sw.factor, c, c * sw.factor], sw.factor, sw.widen)  # fmt: skip
         need += runs
         st.lr_swept[shapes[z]] = {r.lr: x for r in runs if (x := loss(r)) is not None}
         if lr is not None:
@@ -270,27 +276,11 @@ def _arm_pilot(ctx: Context, a: str, arm: Any, start: str, target: str, t_lr: fl
     def run(lr: float, g: float = g0, policy: str = "continue", rule: str = "keep") -> Run:
         return Run("pilot", pilot, 1.0, lr, stages, (g,), a, policy, rule)
 
-    factors = sorted(arm.lr_factors)
-    grid = [t_lr * f for f in factors]
-    # the grid's own factors first, then widened by the spec's sweep factor while the best sits at an edge
-    runs = [run(lr) for lr in grid]
-    got = {r.lr: loss(r) for r in runs}
-    widened = 0
-    while None not in got.values():
-        best = min(got, key=lambda x: (got[x], x))
-        edge = "lowest" if best == min(got) else "highest" if best == max(got) else None
-        if edge is None or widened >= spec.sweep.widen or len(got) < 2:
-            break
-        nxt = min(got) / spec.sweep.factor if edge == "lowest" else max(got) * spec.sweep.factor
-        runs.append(run(nxt))
-        got[nxt] = loss(runs[-1])
-        widened += 1
+    runs, lr, st.lr_edge = sweep(loss, run, [t_lr * f for f in arm.lr_factors], spec.sweep.factor, spec.sweep.widen)
     need += runs
-    if None in got.values():
+    if lr is None:
         return st
-    lr = min(got, key=lambda x: (got[x], x))
-    edge = "lowest" if lr == min(got) else "highest" if lr == max(got) else None
-    st.lr_edge = edge if len(got) > 1 else None
+    got = {r.lr: loss(r) for r in runs}
     variants = {r.name: (r, got[r.lr]) for r in runs}
     steps = [("g", [g for g in arm.growth_at]), ("policy", list(arm.policies)), ("rule", list(arm.lr_rules))]
     cur = {"g": g0, "policy": "continue", "rule": "keep"}

@@ -44,7 +44,8 @@ def markdown(r: dict[str, Any]) -> str:
     if r["optimum"] is None:
         return "\n".join([*lines, "", "**Not finished**: the optimum S* is not known yet.", ""])
     edge = r["optimum_missing_neighbours"]
-    lines += ["", f"**S\\* = `{r['optimum_label']}` ({r['optimum']})**, the lowest mean loss at B over the main seeds "
+    name = f"{r['optimum']}`" if r["optimum_label"] == r["optimum"] else f"{r['optimum_label']}` ({r['optimum']})"
+    lines += ["", f"**S\\* = `{name}**, the lowest mean loss at B over the main seeds "
               f"among the best shapes {', '.join(f'`{z}`' for z in r['best_shapes'])}."
               + (f" It sits at an edge of the band: {', '.join(edge)} are not in the envelope, and a shape past that "
                  "edge could be better still (favours the arm)." if edge else "")]  # fmt: skip
@@ -79,9 +80,14 @@ def markdown(r: dict[str, Any]) -> str:
               "envelope, its interval above 0, on every main seed) is " + ("met." if p["goal_met"] else "not met.")
               + ("" if r["complete"] else " Not complete: more runs are to come."), ""]  # fmt: skip
     ru = r["runs"]
-    lines += [f"## Cost\n{ru['own']} runs of this experiment ({ru['wall_s_own'] / 3600:.1f} hours of run wall time), "
-              f"and {ru['imported_read']} finished runs of earlier experiments read. Where they ran: "
-              + "; ".join(f"{m} ({n})" for m, n in ru["machines"].items()) + ".", ""]  # fmt: skip
+    unread = (f" Kept, read by no step or comparison: {', '.join(f'`{n}`' for n in ru['unread_here'])}."
+              if ru["unread_here"] else "")  # fmt: skip
+    lines += [f"## Cost\nThis report reads {ru['read']} finished runs, {ru['trained_here']} of them trained into "
+              f"this experiment's folder and the others by earlier experiments ({ru['wall_s_read'] / 3600:.1f} hours "
+              "of run wall time in all). Where they ran: "
+              + "; ".join(f"{m} ({n})" for m, n in ru["machines"].items())
+              + ". Runs on different CPUs round differently, and a run at a high LR can then drift from its twin: a "
+              "seed whose runs ran on two CPUs carries that noise in its pair." + unread, ""]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -109,8 +115,15 @@ class PreregError(ValueError):
     """The pre-registration file disagrees with the spec or with what the curves decide."""
 
 
-def prereg_check(pre: dict[str, Any], spec_path: Path) -> None:
-    """Raises PreregError when the spec file changed since the pre-registration (or its last amendment)."""
+def prereg_check(pre: dict[str, Any], spec_path: Path, report_only: bool) -> None:
+    """Raises PreregError when the spec file changed since the pre-registration (or its last amendment), or, unless
+    only the report is rebuilt, when an earlier protocol wrote the pre-registration (it fixed its comparison in its
+    own terms; the spec re-expresses that finished experiment, whose report it rebuilds, and runs nothing more)."""
+    if "spec_sha256" not in pre:
+        if report_only:
+            return
+        raise PreregError(f"{spec_path.parent / PREREG} was written by an earlier protocol: this finished experiment "
+                          "is rebuilt with --report_only, and runs nothing more")  # fmt: skip
     want = ([a["spec_sha256"] for a in pre["amendments"] if "spec_sha256" in a] or [pre["spec_sha256"]])[-1]
     if spec_sha(spec_path) != want:
         raise PreregError(f"{spec_path} changed after its pre-registration; restore it, or append an amendment "

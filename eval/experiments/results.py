@@ -55,8 +55,8 @@ def summarize(ctx: Context, store: Store, st: State, fixed: dict[str, Any], spec
     label = {v: z for z, v in names(spec).items()}
     seeds = list(range(spec.seeds.main))
 
-    def at(z: str, k: int, b: float = 1.0) -> float | None:
-        return store.loss(Run("main" if b == 1.0 else "bracket", k, b, st.lr[z], (z,)))
+    def at(z: str, k: int, b: float = 1.0, mark: bool = True) -> float | None:
+        return store.loss(Run("main" if b == 1.0 else "bracket", k, b, st.lr[z], (z,)), mark)
 
     shapes = []
     for z, n in names(spec).items():
@@ -68,7 +68,6 @@ def summarize(ctx: Context, store: Store, st: State, fixed: dict[str, Any], spec
                        "pilot_sweep": {f"{lr:.3e}": r4(x) for lr, x in sorted(st.lr_swept.get(n, {}).items())},
                        "screen_loss": r4(st.screen.get(n)), "main_seeds": len(main),
                        "main_loss": r4(statistics.fmean(main)) if main else None, "best": n in st.best})  # fmt: skip
-    records = list(store.own.values())
     res: dict[str, Any] = {
         "experiment": spec.name, "spec_file": spec_file, "protocol": spec.protocol, "question": spec.question,
         "family": spec.model.family, "budget_flops": spec.budget_flops, "pilot_seed": spec.seeds.pilot,
@@ -82,14 +81,26 @@ def summarize(ctx: Context, store: Store, st: State, fixed: dict[str, Any], spec
                      "chosen": x.chosen.as_dict() if x.chosen else None, "what": spec.arms[a].what}
                  for a, x in st.arms.items()},
         "arms_skipped": st.skipped, "primary_arm": st.primary, "complete": st.complete,
-        "runs": {"own": len(records), "imported_read": store.imported,
-                 "wall_s_own": r4(sum(r["curve"]["wall_s"] for r in records), 1),
-                 "machines": dict(sorted(Counter(r["curve"].get("machine") or "unknown" for r in records).items()))},
         "primary": None,
     }  # fmt: skip
     if st.primary is not None:
         res["primary"] = _primary(ctx, store, st, at)
+    res["runs"] = _runs(store)
     return res
+
+
+def _runs(store: Store) -> dict[str, Any]:
+    """What the report read: the finished runs its decisions and comparisons looked up (trained here or by an
+    earlier experiment), their wall time and machines; and the curves in this experiment's folder that nothing read
+    (a run of an earlier plan, kept), by file name."""
+    read = list(store.read.values())
+    here = [*store.own.values(), *store.own_earlier]
+    ids, done = {id(r) for r in here}, {id(r) for r in read}
+    unread = sorted(r["spec"].name for r in here if id(r) not in done)
+    return {"read": len(read), "trained_here": sum(id(r) in ids for r in read), "imported": store.imported,
+            "wall_s_read": r4(sum(r["curve"]["wall_s"] for r in read), 1),
+            "machines": dict(sorted(Counter(r["curve"].get("machine") or "unknown" for r in read).items())),
+            "unread_here": unread}  # fmt: skip
 
 
 def _primary(ctx: Context, store: Store, st: State, at: Any) -> dict[str, Any] | None:
@@ -107,7 +118,8 @@ def _primary(ctx: Context, store: Store, st: State, at: Any) -> dict[str, Any] |
         row = {"seed": k, "arm_loss": r4(la, 5), "target_loss": r4(lt, 5), "delta": r4(la - lt, 5),
                "machine": store.get(run)["curve"].get("machine")}  # fmt: skip
         for ref, group, out in (("envelope", st.best, sv_env), ("target", [st.optimum], sv_tgt)):
-            pts = [(b, min(got)) for b in budgets if None not in (got := [at(z, k, b) for z in group])]
+            ran = [b for b in budgets if all(at(z, k, b, False) is not None for z in group)]  # whole budgets only
+            pts = [(b, min(at(z, k, b) for z in group)) for b in ran]
             need = an.compute_to_reach(pts, la)
             sv = an.saving(1.0, need)
             if sv is None:

@@ -17,6 +17,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from growlm.data.tokens import load_meta
 from growlm.eval.experiments.protocol import RunSpec, Settings, settings_from_dict, spec_from_dict
 from growlm.eval.experiments.runs import Run, job_key, same_data
 from growlm.runtime import atomic
@@ -65,8 +66,9 @@ def read_curve(f: Path, parse: Any = spec_from_dict) -> dict[str, Any]:
 
 
 def data_fingerprint(folder: Path) -> dict[str, Any]:
-    """The token folder's identity: its vocabulary size and the checksums of its splits (from meta.json)."""
-    meta = json.loads((folder / "meta.json").read_text())
+    """The token folder's identity: its vocabulary size and the checksums of its splits (from meta.json, read by
+    data.tokens.load_meta: a damaged or malformed one raises its TokenFolderError, a ValueError)."""
+    meta = load_meta(folder)
     return {"vocab_size": meta["vocab_size"], "train_sha256": meta["splits"]["train"].get("sha256"),
             "val_sha256": meta["splits"]["val"].get("sha256")}  # fmt: skip
 
@@ -74,7 +76,7 @@ def data_fingerprint(folder: Path) -> dict[str, Any]:
 def train_tokens(folder: Path) -> int:
     """The number of tokens in the token folder's train split (meta.json's count, checked against train.bin's size
     by ``data.tokens.open_tokens`` when a run opens it)."""
-    return int(json.loads((folder / "meta.json").read_text())["splits"]["train"]["n_tokens"])
+    return int(load_meta(folder)["splits"]["train"]["n_tokens"])
 
 
 def compared(settings: dict[str, Any], with_data: bool = True) -> dict[str, Any]:
@@ -212,8 +214,14 @@ class Store:
         self.by_key: dict[str, dict] = {}
         self.own: dict[str, dict] = {}
         self.imported = 0
+        self.read: dict[str, dict] = {}  # job key -> record: every finished run a lookup found
+        self.own_earlier: list[dict] = []  # the curves an earlier protocol wrote into this folder
         for f in sorted((out / "curves").glob("*/*.json")):
-            rec = read_curve(f, Run.from_dict)
+            rec = read_curve(f, lambda d: d)
+            if "stages" not in rec["spec"]:  # a curve an earlier protocol wrote here: read as an imported one
+                self.own_earlier.append(self._import(f))
+                continue
+            rec["spec"] = Run.from_dict(rec["spec"])
             if rec["settings"].get("experiment") != ctx.spec.name:
                 who = rec["settings"].get("experiment")
                 raise SettingsMismatch(f"{f} was made by another experiment ({who!r}); use another --out")
@@ -221,25 +229,36 @@ class Store:
                 self.data = rec["settings"].get("data")
             elif not same_data(rec["settings"].get("data"), self.data):
                 raise SettingsMismatch(f"{f} comes from another token folder than the experiment's; move it "
-                                              "away (a rerun trains it again) or give its --data")  # fmt: skip
+                                       "away (a rerun trains it again) or give its --data")  # fmt: skip
             self.own[rec["spec"].name] = rec
             self.by_key[job_key(rec["spec"].job(ctx))] = rec
         for folder in imports:
             for f in sorted(folder.glob("*/*.json")):
-                rec = read_curve(f)
-                if self.data is not None and not same_data(rec["settings"].get("data"), self.data):
-                    continue
-                s = settings_from_dict(rec["settings"])
-                self.by_key.setdefault(job_key(rec["spec"].job(s)), rec)
-                self.imported += 1
+                self._import(f)
 
-    def get(self, run: Run) -> dict | None:
-        """The finished record of ``run`` (its own or an imported run with the same Job), None when not run."""
-        return self.by_key.get(job_key(run.job(self.ctx)))
+    def _import(self, f: Path) -> dict:
+        """Read one curve file of an earlier protocol (its RunSpec under its Settings); it counts when it was trained
+        on this experiment's token folder. Returns the record."""
+        rec = read_curve(f)
+        if self.data is not None and not same_data(rec["settings"].get("data"), self.data):
+            return rec
+        s = settings_from_dict(rec["settings"])
+        self.by_key.setdefault(job_key(rec["spec"].job(s)), rec)
+        self.imported += 1
+        return rec
 
-    def loss(self, run: Run) -> float | None:
-        """The final validation loss of ``run``, None when it has not finished."""
-        rec = self.get(run)
+    def get(self, run: Run, mark: bool = True) -> dict | None:
+        """The finished record of ``run`` (its own or an imported run with the same Job), None when not run; with
+        ``mark``, a record found counts as read by the report (``read``)."""
+        key = job_key(run.job(self.ctx))
+        rec = self.by_key.get(key)
+        if rec is not None and mark:
+            self.read[key] = rec
+        return rec
+
+    def loss(self, run: Run, mark: bool = True) -> float | None:
+        """The final validation loss of ``run``, None when it has not finished (``mark``: as ``get``)."""
+        rec = self.get(run, mark)
         return None if rec is None else float(rec["curve"]["final"]["val_loss"])
 
     def has(self, run: Run) -> bool:

@@ -123,13 +123,21 @@ class Shape(_Strict):
 
 class Envelope(_Strict):
     """The scratch shapes, by name. best: how many of them (lowest mean loss at B over the screen seeds) run on every
-    main seed; their lowest mean at B is the optimum S*. lr_centre: 'mup' (a new shape's sweep is centred on the
-    tuned LR of the shape of its depth nearest in width, times that width / its own: Adam's hidden-matrix LR scales
-    as 1 / width, Yang et al. 2021, arXiv 2203.03466, table 3; no shape of its depth: the nearest depth)."""
+    main seed; their lowest mean at B is the optimum S*. lr_centre: where a new shape's sweep is centred, the tuned
+    LR of a reference shape times its n_embd / the new shape's (Adam's hidden-matrix LR scales as 1 / width: Yang et
+    al. 2021, arXiv 2203.03466, table 3): 'mup' the shape of its depth nearest in width (no shape of its depth: the
+    nearest depth); 'mup-at-width' the shape of n_embd ``lr_centre_width`` nearest in depth (ties: the shallower)."""
 
     shapes: dict[str, Shape]
     best: int = Field(default=3, ge=1)
-    lr_centre: Literal["mup"] = "mup"
+    lr_centre: Literal["mup", "mup-at-width"] = "mup"
+    lr_centre_width: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _width(self) -> Envelope:
+        if (self.lr_centre == "mup-at-width") != (self.lr_centre_width is not None):
+            raise ValueError("lr_centre_width goes with lr_centre: mup-at-width (and only with it)")
+        return self
 
 
 RELATIVE = ("optimum", "optimum/depth", "optimum/width", "optimum/both", "optimum*depth")

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from growlm.eval.experiments import cli as experiment
-from growlm.eval.experiments import wide
 
 ARM_FIELDS = {
     "arm",
@@ -167,50 +166,14 @@ def test_quick_optimal_phase_runs_pilot_main_and_levers_from_a_map_and_rebuilds_
     i = next(k for k, x in enumerate(printed) if x.startswith(f"{len(curves)} runs done, 0 to run"))
     assert "then the refine runs" in printed[i + 1]
     assert printed[i + 2].startswith(f"{len(refined)} runs done, 0 to run")
-    # then the wide envelope at B: its comparison fixed first, every new shape swept on the pilot seed, then screened
-    widened = _mtimes(out / "wide")
-    pre = json.loads((out / "wide" / "preregistration.json").read_text())
-    assert "then the wide envelope" in printed[i + 3] and printed[-1].startswith(f"{len(widened)} runs done, 0 to run")
-    assert pre["primary_arm"] == r["primary_arm"] and pre["main_seeds"] == [0, 1, 2, 3]  # twice the 2 main seeds
-    new = {x["name"] for x in pre["envelope_shapes"]} - set(r["settings"]["sizes"]) - set(rf["sizes"])
-    stems = [Path(n).stem for n in widened]
-    arm = [x for x in stems if x.startswith(pre["primary_arm"] + "-")]  # the primary arm on the new seeds
-    assert sorted(x.rsplit("-s", 1)[1] for x in arm) == ["2", "3"]
-    assert new <= {x.split("-B")[0] for x in stems if x not in arm}
-    assert {x.rsplit("-s", 1)[1] for x in stems} == {"100", "0", "1", "2", "3"}
-    budgets = {x.split("-B")[1].split("-")[0] for x in stems}  # B, then where a seed's bracket needs (either side)
-    assert "1" in budgets and budgets <= {f"{b:g}" for b in wide.BUDGETS} and len(budgets) > 1
-    # its report: the pre-registered comparison over the 4 main seeds
-    w = json.loads((out / "wide" / "results.json").read_text())
-    assert w["complete"] and w["n_seeds"] == 4 and w["seeds"] == [0, 1, 2, 3] and w["primary_arm"] == pre["primary_arm"]
-    assert w["envelope_shapes"] == [{k: x[k] for k in ("n_layer", "n_embd", "n_head")} for x in pre["envelope_shapes"]]
-    p, sv = w["primary"], w["primary"]["saving_vs_envelope"]
-    assert w["comparator"] in w["best_shapes"] and len(p["per_seed"]) == 4 and 0 < p["wilcoxon_p"] <= 1
-    assert sv["n"] + len(sv["outside"]) == 4 and set(sv) == {"mean", "ci95", "n", "outside", "pending"}
-    assert sv["pending"] == [] and all(x["bracketed"] for x in p["per_seed"])
-    for x in p["per_seed"]:  # each seed's budgets: B and a run of neighbours on the side of its arm's loss
-        got = sorted(float(b) for b in x["envelope"])
-        i = wide.BUDGETS.index(got[0])
-        assert got == list(wide.BUDGETS[i : i + len(got)]) and 1.0 in got
-        assert (got[0] < 1.0) == (x["arm_loss"] > x["envelope"]["1"]) and (x["saving"] is None or len(got) > 1)
-    assert "## The primary arm" in (out / "wide" / "report.md").read_text()
-    # a pre-registration that fixes another comparison is never replaced: refused in one line
-    (out / "wide" / "preregistration.json").write_text(json.dumps({**pre, "primary_arm": "msg-depth"}))
-    capsys.readouterr()
-    assert experiment.main(argv) == 2
-    assert capsys.readouterr().err.strip().endswith("move the wide/ folder away to start the wide envelope anew")
-    (out / "wide" / "preregistration.json").write_text(json.dumps(pre))
     shutil.copytree(out / "curves", tmp_path / "copy" / "curves")
     if refined:
         shutil.copytree(out / "refine" / "curves", tmp_path / "copy" / "refine" / "curves")
-    shutil.copytree(out / "wide" / "curves", tmp_path / "copy" / "wide" / "curves")
     rebuilt = ["--quick", "--phase", "optimal", "--map", str(quick_map[0]), "--target", "L2", "--budget", "1",
                "--report_only", "--out", str(tmp_path / "copy")]  # fmt: skip
     assert experiment.main(rebuilt) == 0
     assert json.loads((tmp_path / "copy" / "results.json").read_text()) == r
     assert (tmp_path / "copy" / "report.md").read_text() == (out / "report.md").read_text()
-    for name in ("results.json", "report.md"):  # the wide envelope's report too, byte for byte
-        assert (tmp_path / "copy" / "wide" / name).read_bytes() == (out / "wide" / name).read_bytes()
     # another design (B) refuses these curves: never mixed in
     capsys.readouterr()
     assert experiment.main([*rebuilt[:8], "2", *rebuilt[9:]]) == 2

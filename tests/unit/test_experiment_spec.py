@@ -92,7 +92,8 @@ def _sweep_with(best: float, widen: int, centre: float = 1e-3):
     def loss(r: Run) -> float:
         return 3.0 + abs(math.log2(r.lr / best))
 
-    return planner.sweep(loss, lambda lr: Run("pilot", 100, 1.0, lr, ("D1W16",)), centre, 2.0, widen)
+    grid = [centre / 2, centre, centre * 2]
+    return planner.sweep(loss, lambda lr: Run("pilot", 100, 1.0, lr, ("D1W16",)), grid, 2.0, widen)
 
 
 def test_sweep_widens_past_an_edge_until_the_best_is_inside_or_the_widening_is_spent():
@@ -104,7 +105,8 @@ def test_sweep_widens_past_an_edge_until_the_best_is_inside_or_the_widening_is_s
     assert max(r.lr for r in runs) == 8e-3 and lr == 8e-3 and edge == "highest"
     runs, lr, edge = _sweep_with(best=1e-4, widen=1)
     assert sorted(r.lr for r in runs) == [2.5e-4, 5e-4, 1e-3, 2e-3] and edge == "lowest"
-    runs, lr, _ = planner.sweep(lambda r: None, lambda x: Run("pilot", 100, 1.0, x, ("D1W16",)), 1e-3, 2.0, 2)
+    runs, lr, _ = planner.sweep(lambda r: None, lambda x: Run("pilot", 100, 1.0, x, ("D1W16",)), [5e-4, 1e-3, 2e-3],
+                                2.0, 2)  # fmt: skip
     assert lr is None and len(runs) == 3  # nothing finished: the first grid only
 
 
@@ -203,12 +205,12 @@ class _FakeStore:
     """The part of runs.Store that results.summarize reads, over fabricated losses by run name."""
 
     def __init__(self, done: dict[str, float], ctx: planner.Context) -> None:
-        self.done, self.own, self.imported = done, {}, 0
+        self.done, self.own, self.imported, self.read, self.own_earlier = done, {}, 0, {}, []
 
-    def loss(self, r: Run) -> float | None:
+    def loss(self, r: Run, mark: bool = True) -> float | None:
         return self.done.get(r.name)
 
-    def get(self, r: Run) -> dict:
+    def get(self, r: Run, mark: bool = True) -> dict:
         return {"curve": {"machine": "test"}}
 
 
@@ -254,17 +256,17 @@ def test_the_preregistration_is_appended_to_never_rewritten(tmp_path):
     assert render.prereg_fix(where, pre, "optimum", "D2W32", "any arm run") == pre  # the same decision: unchanged
     with pytest.raises(render.PreregError, match="fixes optimum = 'D2W32', the curves now give 'D4W16'"):
         render.prereg_fix(where, pre, "optimum", "D4W16", "any arm run")
-    render.prereg_check(pre, f)
+    render.prereg_check(pre, f, False)
     f.write_text(BASE + "# a change\n")
     with pytest.raises(render.PreregError, match="changed after its pre-registration"):
-        render.prereg_check(pre, f)
+        render.prereg_check(pre, f, False)
     amended = {**pre, "amendments": [{"date": "2026-12-07", "why": "test", "spec_sha256": render.spec_sha(f)}]}
-    render.prereg_check(amended, f)
+    render.prereg_check(amended, f, False)
 
 
 def test_the_committed_preregistration_fixes_the_committed_spec():
     pre = json.loads((OPTIMUM.parent / render.PREREG).read_text())
-    render.prereg_check(pre, OPTIMUM)
+    render.prereg_check(pre, OPTIMUM, False)
     assert pre["experiment"] == sp.load(OPTIMUM).name and pre["goal"] == 0.10
 
 
@@ -274,3 +276,14 @@ def test_the_spec_in_the_docs_is_a_valid_spec(tmp_path):
     spec = sp.load(_write(tmp_path, block))
     assert spec.model.family == "llama" and sp.shape_config(spec, (2, 96)).n_kv_head == 3
     assert spec.arms["depth"].lr_rules == ("keep", "mup") and spec.imports == ("../isoflop_optimal/wide/curves",)
+
+
+def test_a_malformed_token_folder_is_one_line(tmp_path, capsys):
+    data = tmp_path / "tok"
+    data.mkdir()
+    (data / "meta.json").write_text(json.dumps({"format": "growlm-tokens-v2", "splits": {}}))
+    f = _write(tmp_path, BASE)
+    assert experiment.main(["--spec", str(f), "--data", str(data), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--data {data}: " in err[0] and "meta.json" in err[0]
+    assert not (tmp_path / "o" / "curves").exists()
