@@ -7,8 +7,11 @@ a daemon thread (``start``). When a collective fails, ``silent_ranks`` reads eve
 apart, and names the ranks whose counter did not move (a rank that ends on its own says so first, ``leave``), and
 ``lost_rank_message`` makes the one line a job ends with, naming what the job was doing (``doing``). A stopped
 process's threads stop with it and a killed one's end with it, so both read as silent; a rank busy in a long
-computation still beats (torch releases the GIL). A rank that fails with its own reason while the others wait for it
-(a checkpoint write on a full disk) leaves that reason in the store first (``tell``), so they end with it (``told``).
+computation still beats (torch releases the GIL). Every rank also writes its host and PID (``PROC``): a silent rank
+on the reader's host whose process is gone ended without a word, as the kernel's out-of-memory killer (a SIGKILL)
+ends one, and is named as killed, with the host's out-of-memory kill count when it rose during the job. A rank that
+fails with its own reason while the others wait for it (a checkpoint write on a full disk) leaves that reason in the
+store first (``tell``), so they end with it (``told``).
 
 The thread and the reader each open their own client of the store (``torch.distributed.TCPStore`` at MASTER_ADDR:
 MASTER_PORT, where every launcher growlm supports serves the rendezvous store: the deepspeed launcher, torchrun,
@@ -28,14 +31,16 @@ from contextlib import contextmanager
 from typing import Any
 
 from growlm.runtime import collectives
+from growlm.runtime.processes import KILLED_BY_KERNEL, oom_kill_count, process_gone
 
 BEAT_S = 1.0  # seconds between a rank's heartbeats
 LISTEN_S = 4.0  # seconds the reader watches the counters: a rank that beat in none of them is silent
 KEY = "growlm/heartbeat/{rank}"
 LEFT = "growlm/left/{rank}"  # set by a rank that ends on its own (``leave``): not silent, it said goodbye
 SAID = "growlm/said/{topic}"  # the first rank's one-line reason for failing ``topic`` (``tell``), before it leaves
+PROC = "growlm/process/{rank}"  # HOST:PID of the rank's process: a silent rank whose process is gone was killed
 
-_STATE: dict[str, Any] = {"stop": None, "thread": None, "rank": 0, "world": 1, "doing": "training"}
+_STATE: dict[str, Any] = {"stop": None, "thread": None, "rank": 0, "world": 1, "doing": "training", "oom_kills": None}
 
 
 def _reachable(timeout_s: float = 1.0) -> bool:
@@ -60,6 +65,7 @@ def _beat(rank: int, stop: threading.Event) -> None:
     """The heartbeat thread: bump this rank's counter every BEAT_S until ``stop`` is set or the store is gone."""
     try:
         store = _client(30.0)
+        store.set(PROC.format(rank=rank), f"{socket.gethostname()}:{os.getpid()}")
         while not stop.is_set():
             store.add(KEY.format(rank=rank), 1)
             stop.wait(BEAT_S)
@@ -71,7 +77,7 @@ def start(rank: int, world_size: int) -> bool:
     """Start this rank's heartbeat thread (a daemon; ``stop`` ends it). Nothing for a world of one, or when
     MASTER_ADDR / MASTER_PORT are not set. Returns whether it started."""
     stop()
-    _STATE.update(rank=rank, world=world_size, doing="training")  # a new job: nothing left of an earlier one's
+    _STATE.update(rank=rank, world=world_size, doing="training", oom_kills=oom_kill_count())  # a new job
     if world_size < 2 or not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
         return False
     event = threading.Event()
@@ -160,9 +166,45 @@ def silent_ranks(listen_s: float = LISTEN_S) -> tuple[list[int], list[int]] | No
     return [], [r for r in others if second[r] == first[r]]
 
 
+def rank_process(rank: int) -> tuple[str, int] | None:
+    """(host, PID) of ``rank``'s process as it wrote it into the store when it started beating; None when it did
+    not or the store cannot be read."""
+    try:
+        store, key = _client(5.0), PROC.format(rank=rank)
+        if not store.check([key]):
+            return None
+        host, _, pid = store.get(key).decode().rpartition(":")
+        return host, int(pid)
+    except Exception:
+        return None
+
+
+def killed_ranks(silent: list[int]) -> list[int]:
+    """The ``silent`` ranks whose process has ended (``runtime.processes.process_gone``: on this host, no such process
+    or a zombie): gone without a word (``leave``), as a SIGKILL ends a process, not stopped or hung. A rank on another
+    host cannot be told from here and is not listed."""
+    gone = []
+    for r in silent:
+        where = rank_process(r)
+        if where is not None and process_gone(*where):
+            gone.append(r)
+    return gone
+
+
+def kernel_kill_note() -> str:
+    """Why a rank whose process is gone was most likely killed: the kernel's out-of-memory kills here
+    (``runtime.processes.oom_kill_count``) since this job started, named when they rose."""
+    before, now = _STATE["oom_kills"], oom_kill_count()
+    if before is not None and now is not None and now > before:
+        rose = now - before
+        return f"killed by the kernel, out of memory (this host's out-of-memory kills rose by {rose} during the job)"
+    return f"{KILLED_BY_KERNEL} (its process ended without a word, as a SIGKILL ends it)"
+
+
 def lost_rank_message(resume: str | None, listen_s: float = LISTEN_S) -> str | None:
     """The one line a rank ends with after a collective failed (``silent_ranks``), or None when every other rank
     still answers or this process does not beat (the failure is something else: the caller reports it as it is).
+    A silent rank whose process is gone (``killed_ranks``) is named as killed by the kernel (``kernel_kill_note``).
 
     Args:
         resume: the ``--resume`` argument that continues the job from its last complete checkpoint, or None.
@@ -172,11 +214,19 @@ def lost_rank_message(resume: str | None, listen_s: float = LISTEN_S) -> str | N
     found = silent_ranks(listen_s)
     me, during = _STATE["rank"], _STATE["doing"]
     then = f"resume from the last complete checkpoint with --resume {resume}" if resume else "run it again"
+    killed = killed_ranks(found[1]) if found is not None else []
     if found is None:
         who, why = "rank 0 is gone (the rendezvous store it serves no longer answers)", "see rank 0's output"
     elif found[0]:
         plural = "s" if len(found[0]) > 1 else ""
         who, why = f"rank{plural} {', '.join(map(str, found[0]))} ended", "see its own message"
+    elif killed:
+        plural = "s" if len(killed) > 1 else ""
+        who = f"rank{plural} {', '.join(map(str, killed))} {'were' if plural else 'was'} {kernel_kill_note()}"
+        why = (
+            "give it less to hold (a smaller model or micro batch, --activation_checkpointing, a higher ZeRO stage, "
+            "more ranks on more hosts)"
+        )
     elif found[1]:
         plural = "s" if len(found[1]) > 1 else ""
         who = f"rank{plural} {', '.join(map(str, found[1]))} stopped answering (no heartbeat for {listen_s:.0f} s)"

@@ -42,6 +42,52 @@ PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 SPAWN_LOCK = threading.Lock()
 
 
+KILLED_BY_KERNEL = "killed by the kernel, likely out of memory"
+# the exit statuses a SIGKILLed process leaves: its own (-9, Popen's), through a shell (137 = 128 + 9) and through
+# DeepSpeed's per-node launch.py, which passes a rank's -9 to sys.exit (247 = -9 mod 256)
+SIGKILL_STATUSES = (-signal.SIGKILL, 128 + signal.SIGKILL, 256 - signal.SIGKILL)
+
+
+def sigkill_note(code: int) -> str:
+    """What an exit status ``code`` says when a SIGKILL ended the process (``SIGKILL_STATUSES``): the kernel's
+    out-of-memory killer is the usual sender (nothing growlm runs sends it but a timeout or a failed peer's clean-up,
+    which their callers name themselves); '' for any other status."""
+    return f"{KILLED_BY_KERNEL} (SIGKILL)" if code in SIGKILL_STATUSES else ""
+
+
+def oom_kill_count() -> int | None:
+    """How many processes the kernel's out-of-memory killer has killed so far: the ``oom_kill`` line of this process's
+    cgroup's ``memory.events`` (cgroup v2: the container's or the job's own limit), else of ``/proc/vmstat`` (the
+    whole machine, Linux 4.13 and later); None where neither can be read."""
+    paths = []
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                paths.append(Path("/sys/fs/cgroup") / line[3:].lstrip("/") / "memory.events")
+    except OSError:
+        pass
+    for path in [*paths, Path("/proc/vmstat")]:
+        try:
+            for line in path.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def process_gone(host: str, pid: int) -> bool | None:
+    """Whether process ``pid`` of ``host`` has ended (no such process, or a zombie its parent has not reaped yet);
+    None when ``host`` is not this machine (it cannot be told from here)."""
+    if host != socket.gethostname():
+        return None
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def kill_group(pgid: int) -> None:
     """SIGKILL process group ``pgid`` (a process started in its own session, ``pgid`` = its PID, and anything it
     started), if it is still there."""

@@ -54,6 +54,7 @@ from growlm.runtime.launch import launch_ranks
 from growlm.runtime.lock import LockHeldError, output_held_message, output_lock
 from growlm.runtime.machine import device_description
 from growlm.runtime.metrics_file import read_records
+from growlm.runtime.processes import sigkill_note
 
 STAGES = (0, 1, 2, 3)
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -145,18 +146,28 @@ def _launch(cmd: list[str], nproc: int, extra_env: dict, log_dir: Path, timeout_
     if res.timed_out:
         raise BenchError(f"a run did not finish within --timeout_s {timeout_s:.0f}; logs in {log_dir}")
     if res.returncode:
-        raise _failure(log_dir, what)
+        raise _failure(log_dir, what, res.returncodes)
     return res.max_rss_bytes
 
 
-def _failure(log_dir: Path, what: str) -> BenchError:
-    """A BenchError carrying train.py's own error line if it printed one, else the log tails."""
+def _failure(log_dir: Path, what: str, codes: list[int]) -> BenchError:
+    """A BenchError carrying train.py's own error line if it printed one, else the log tails; where every rank that
+    failed was ended by SIGKILL (``codes``: the ranks' exit statuses; a rank launch_ranks killed after another failed
+    is one of them), the first line says so (``runtime.processes.sigkill_note``: killed by the kernel, likely out of
+    memory), and names an empty output as such."""
     logs = sorted(log_dir.glob("rank*.log"))
     for log in logs:
         for line in log.read_text(errors="replace").splitlines():
             if "growlm-train: error:" in line:  # may follow a progress bar's carriage return
                 return BenchError(f"{what}: {line.split('growlm-train: error:', 1)[1].strip()}")
     tail = "\n".join(log.read_text(errors="replace")[-1500:] for log in logs)
+    failed = [(rank, code) for rank, code in enumerate(codes) if code]
+    if failed and all(sigkill_note(code) for _, code in failed):
+        ranks = ", ".join(str(rank) for rank, _ in failed)
+        note = f"{sigkill_note(failed[0][1])}: rank(s) {ranks}, exit status {failed[0][1]}"
+        if not tail.strip():
+            return BenchError(f"{what} failed: {note}, with no output")
+        return BenchError(f"{what} failed ({note}); last output:\n{tail}")
     return BenchError(f"{what} failed; last output:\n{tail}")
 
 

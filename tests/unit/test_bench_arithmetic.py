@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from growlm.eval.bench import throughput
 from growlm.eval.bench.peak import measure_matmul_peak
 from growlm.eval.bench.report import BenchError, growth_cost, markdown, step_statistics, summarize_train
 
@@ -88,3 +89,24 @@ def test_recorded_command_is_relative_to_the_package(tmp_path):
 
     cmd = [sys.executable, str(TRAIN_SCRIPT), "--ds_config", str(tmp_path / "z2.json"), "--out_dir", "runs/a b"]
     assert recorded_command(cmd, tmp_path) == "python train.py --ds_config WORK/z2.json --out_dir 'runs/a b'"
+
+
+def test_a_run_the_kernel_killed_is_recorded_as_killed_not_with_an_empty_tail(tmp_path):
+    """growlm-bench's record of a train.py run SIGKILLed with no output (the kernel's out-of-memory killer, before
+    train.py printed a line) says so, where it said "failed; last output:" with nothing after it."""
+    (tmp_path / "rank0.log").write_text("")
+    (tmp_path / "rank1.log").write_text("")
+    e = throughput._failure(tmp_path, "train.py (zero2-bf16)", [-9, -9])
+    assert str(e) == (
+        "train.py (zero2-bf16) failed: killed by the kernel, likely out of memory (SIGKILL): rank(s) 0, 1, exit status "
+        "-9, with no output"
+    )
+    assert throughput.error_line(e) == str(e)
+    (tmp_path / "rank0.log").write_text("growlm: model L=16 ...\n")
+    e = throughput._failure(tmp_path, "train.py (zero2-bf16)", [137, 0])
+    assert throughput.error_line(e) == (
+        "train.py (zero2-bf16) failed (killed by the kernel, likely out of memory (SIGKILL): rank(s) 0, exit status "
+        "137): growlm: model L=16 ..."
+    )
+    e = throughput._failure(tmp_path, "train.py (zero2-bf16)", [1, -9])  # rank 0 failed; rank 1 killed after it
+    assert str(e).startswith("train.py (zero2-bf16) failed; last output:\n")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -16,7 +18,7 @@ from growlm import DS_CONFIG_DIR
 from growlm.growth.stages.plan import parse_stages
 from growlm.runtime.run_state import RunState
 from growlm.trainer.driver import cli
-from growlm.trainer.driver.phases import Run, drive, grow_phase, outcome, resume_point
+from growlm.trainer.driver.phases import Run, drive, grow_phase, outcome, resume_point, train_phase
 from growlm.trainer.driver.segments import DriverError, grown_path, make_segments
 
 DS = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2, "zero_optimization": {"stage": 2}}
@@ -221,3 +223,23 @@ def test_stop_save_is_skipped_only_for_the_same_state(tmp_path):
     with pytest.raises(UsageError, match="two stages due in the same step cannot run on different resources"):
         stop_checkpoint_saved(grown, cfg, "third")  # the tag is the previous segment's pre-growth checkpoint
     assert os.listdir(run.save_dir) == ["global_step5"]
+
+
+def test_a_job_the_kernel_killed_is_named_so(tmp_path):
+    """A segment's launcher ending with a SIGKILL's status (its own -9 here; 137 through a shell, 247 through
+    DeepSpeed's launch.py) is named as killed by the kernel, likely out of memory."""
+    run = make_run(tmp_path)
+    log = tmp_path / "job.log"
+    log.write_text("")
+
+    def launch(seg, resume):
+        job = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                               start_new_session=True)  # fmt: skip
+        return [job], [log]
+
+    run.launch = launch
+    with pytest.raises(DriverError) as e:
+        train_phase(run, prog_at(0, 0))
+    assert str(e.value).startswith(
+        "segment 0's job exited with status -9 (killed by the kernel, likely out of memory (SIGKILL)); its log: "
+    ), str(e.value)

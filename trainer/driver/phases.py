@@ -217,8 +217,9 @@ def train_phase(run: Run, prog: dict[str, Any]) -> str:
     save_progress(run, prog)
     if rc != 0:
         tail = "".join(Path(p).read_text(errors="replace")[-3000:] for p in logs)
+        killed = f" ({procs.sigkill_note(rc)})" if procs.sigkill_note(rc) else ""  # the launcher passes a rank's -9 on
         raise DriverError(
-            f"segment {seg.index}'s job exited with status {rc}; its log: {', '.join(map(str, logs))}\n{tail}",
+            f"segment {seg.index}'s job exited with status {rc}{killed}; its log: {', '.join(map(str, logs))}\n{tail}",
             returncode=rc if rc > 0 else 1,
         )
     state, st = outcome(run, seg, prog["start_step"])
