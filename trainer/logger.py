@@ -13,7 +13,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from growlm.runtime.metrics_file import open_for_append, purge_after, write_record
+from growlm.runtime.metrics_file import METRICS_FILE, open_for_append, purge_after, write_record
 from growlm.trainer.scoring import NLL
 
 TRAIN_SCALARS = ("loss", "lr", "grad_norm", "loss_scale")  # train/<key> in TensorBoard at every log interval
@@ -47,6 +47,39 @@ class Throughput:
         return self.tokens_per_s
 
 
+EARLIER = "earlier"  # metrics.jsonl -> metrics.earlier-<UTC time>.jsonl, tb -> tb.earlier-<UTC time>
+
+
+def set_aside_earlier_records(out_dir: Path) -> str:
+    """Make room for a fresh run's records (no --resume) in ``out_dir``: an earlier run's ``metrics.jsonl`` holding
+    any line (a run that ended, or was killed, before this one started over in the same folder) is renamed to
+    ``metrics.earlier-<UTC time of its last write>.jsonl`` and its ``tb/`` to ``tb.earlier-<the same time>``, so the
+    two runs' steps never mix in one file or one TensorBoard run (a fresh run appended to it, step 1 twice). Nothing
+    is deleted; an empty metrics.jsonl (a run killed before its first record) is left to be appended to.
+
+    Returns:
+        The one line saying what moved where ('' when nothing did).
+    """
+    path = out_dir / METRICS_FILE
+    if not path.is_file() or not path.read_text(errors="replace").strip():
+        return ""
+    stamp, n = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(path.stat().st_mtime)), 1
+    names = (f"metrics.{EARLIER}-{stamp}.jsonl", f"tb.{EARLIER}-{stamp}")
+    while any((out_dir / name).exists() for name in names):  # two earlier runs within one second
+        n += 1
+        names = (f"metrics.{EARLIER}-{stamp}-{n}.jsonl", f"tb.{EARLIER}-{stamp}-{n}")
+    lines = len(path.read_text(errors="replace").splitlines())
+    path.rename(out_dir / names[0])
+    moved = [f"{METRICS_FILE} ({lines:,} line(s)) to {names[0]}"]
+    if (out_dir / "tb").is_dir():
+        (out_dir / "tb").rename(out_dir / names[1])
+        moved.append(f"tb/ to {names[1]}/")
+    return (
+        f"growlm: --out_dir {out_dir} holds an earlier run's records and this run starts afresh (no --resume): moved "
+        f"{' and '.join(moved)}, so its steps do not mix with this run's"
+    )
+
+
 class MetricsLogger:
     """metrics.jsonl + TensorBoard + console of one run (writes on rank 0 only; see the module docstring).
 
@@ -57,7 +90,8 @@ class MetricsLogger:
         max_steps: the last step (always logged).
         purge_step: a resumed run's first step (checkpoint step + 1): TensorBoard drops the scalars an earlier,
             interrupted job wrote at this step and after (SummaryWriter's ``purge_step``), and metrics.jsonl the
-            records it wrote after the checkpoint (``purge_after``), so each step shows once.
+            records it wrote after the checkpoint (``purge_after``), so each step shows once. None: a fresh run,
+            which first moves an earlier run's records aside (``set_aside_earlier_records``).
         stop_stage: the run's --stop_before_stage (a stop record for it at the checkpoint's step is written again).
     """
 
@@ -80,6 +114,10 @@ class MetricsLogger:
             out_dir.mkdir(parents=True, exist_ok=True)
             if purge_step is not None:
                 purge_after(out_dir, purge_step - 1, stop_stage)
+            else:
+                moved = set_aside_earlier_records(out_dir)
+                if moved:
+                    self.console(moved)
             self._writer = SummaryWriter(str(out_dir / "tb"), purge_step=purge_step)
             self._file = open_for_append(out_dir)
 

@@ -1,5 +1,6 @@
 """A run folder has one writer and keeps the user's data: a second train.py on a folder another one is training in
-is refused (runtime.lock), a resumed run's metrics.jsonl holds each step once, a checkpoint missing a rank's RNG
+is refused (runtime.lock), a resumed run's metrics.jsonl holds each step once and a fresh rerun's holds its own
+steps only (the earlier run's kept beside it), a checkpoint missing a rank's RNG
 file is refused, and a disk that fills up during a save leaves the earlier checkpoints as they were.
 
 One real 1-rank run (tiny model, ZeRO-2 fp32) is held at step 3 by a test-only hold point (runtime.crash_points),
@@ -87,6 +88,34 @@ def test_resume_after_a_kill_logs_each_step_once(killed_run, tmp_path):
     assert [s["step"] for s in steps] == [1, 2, 3, 4]
     assert steps[:2] == first[:2]
     assert steps[2]["consumed_samples"] == first[2]["consumed_samples"] == 24  # micro 8 x 1 x 1 rank, 3 steps
+
+
+def test_a_fresh_rerun_starts_its_records_afresh_and_keeps_the_dead_runs(killed_run, tmp_path):
+    """Killed before any checkpoint (here: the killed run's folder without its checkpoints), the run is started again
+    into the same --out_dir without --resume, as the lost-rank line says: its metrics.jsonl holds its own steps once
+    each, the dead run's records and TensorBoard files are kept beside it under an ``earlier`` name, and one line
+    says so."""
+    out = tmp_path / "run"
+    shutil.copytree(killed_run, out)
+    shutil.rmtree(out / "checkpoints")
+    dead = (out / "metrics.jsonl").read_text()
+    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
+    r = subprocess.run(
+        [sys.executable, "train.py", *ARGS, "--max_steps", "2", "--no_final_save", "--out_dir", str(out)],
+        cwd=REPO, env=base_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert [s["step"] for s in read_metrics(out)] == [1, 2]  # not 1, 2, 3, 1, 2
+    (earlier,) = out.glob("metrics.earlier-*.jsonl")
+    assert earlier.read_text() == dead
+    tb = out / earlier.name.replace("metrics.", "tb.").removesuffix(".jsonl")
+    assert tb.is_dir() and any(tb.iterdir()) and (out / "tb").is_dir()
+    lines = dead.count("\n")
+    assert (
+        f"growlm: --out_dir {out} holds an earlier run's records and this run starts afresh (no --resume): moved "
+        f"metrics.jsonl ({lines} line(s)) to {earlier.name} and tb/ to {tb.name}/, so its steps do not mix with this "
+        "run's"
+    ) in r.stdout
 
 
 @pytest.mark.bad_input

@@ -46,6 +46,11 @@ SWEEP: dict[str, list[str]] = {
         "unit/test_memory_checks.py::test_run_refuses_more_ranks_than_this_machines_gpus_before_launching",
         "unit/test_memory_checks.py::test_run_refuses_a_live_growth_that_cannot_fit_this_machines_memory_before_launching",
     ],
+    "a released-model preset (llama-3.1-8b, llama-3.2-3b) that cannot fit the host, given to a plain train.py run "
+    "(killed by the kernel, leaving train.lock, metrics.jsonl and tb/) and to growlm-run --dry_run (0 warnings)": [
+        "unit/test_memory_checks.py::test_train_refuses_a_model_that_cannot_fit_the_host_before_building_it",
+        "unit/test_memory_checks.py::test_dry_run_warns_where_the_real_run_refuses_for_memory",
+    ],
     "a truncated model.safetensors (growlm-eval, --init_from) and a corrupt curve JSON (--report_only)": [
         "unit/test_output_writers_unit.py::test_growlm_eval_of_a_truncated_safetensors_names_it",
         "unit/test_output_writers_unit.py::test_init_from_a_truncated_safetensors_names_it",

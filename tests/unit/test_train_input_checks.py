@@ -266,6 +266,34 @@ def test_resume_purges_the_records_an_interrupted_job_wrote_after_its_checkpoint
     assert path.read_text().startswith("\n".join(lines[:50]) + "\n")
 
 
+def test_a_fresh_run_moves_an_earlier_runs_records_aside_and_keeps_them(tmp_path, capsys):
+    """A run started again into its --out_dir without --resume (a lost rank before the first checkpoint: "run it
+    again"): the dead run's step-1 record and TensorBoard files are moved aside, not appended to nor deleted, and
+    one line says where; an empty metrics.jsonl (killed before its first record) is simply reused."""
+    dead = '{"event": "train", "step": 1, "loss": 10.9}\n{"event": "train", "st'
+    (tmp_path / "metrics.jsonl").write_text(dead)
+    os.utime(tmp_path / "metrics.jsonl", (0, 86400 * 365))  # the dead run's last write: 1971-01-01 00:00:00 UTC
+    (tmp_path / "tb").mkdir()
+    (tmp_path / "tb" / "events.out.tfevents.1").write_bytes(b"dead run")
+    log = MetricsLogger(tmp_path, enabled=True, log_interval=1, max_steps=1)
+    log.log({"event": "train", "step": 1, "loss": 10.8})
+    log.close()
+    assert [r["loss"] for r in read_records(tmp_path)] == [10.8]  # step 1 once: this run's
+    assert (tmp_path / "metrics.earlier-19710101T000000Z.jsonl").read_text() == dead
+    assert (tmp_path / "tb.earlier-19710101T000000Z" / "events.out.tfevents.1").read_bytes() == b"dead run"
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"growlm: --out_dir {tmp_path} holds an earlier run's records and this run starts afresh (no --resume): moved "
+        "metrics.jsonl (2 line(s)) to metrics.earlier-19710101T000000Z.jsonl and tb/ to tb.earlier-19710101T000000Z/, "
+        "so its steps do not mix with this run's"
+    )
+    (tmp_path / "metrics.jsonl").write_text("")
+    MetricsLogger(tmp_path, enabled=True, log_interval=1, max_steps=1).close()
+    assert capsys.readouterr().out == "" and len(list(tmp_path.glob("metrics.earlier-*"))) == 1
+    (tmp_path / "metrics.jsonl").write_text('{"event": "train", "step": 1, "loss": 10.8}\n')
+    MetricsLogger(tmp_path, enabled=True, log_interval=1, max_steps=2, purge_step=2).close()  # a resume keeps it
+    assert [r["step"] for r in read_records(tmp_path)] == [1] and len(list(tmp_path.glob("metrics.earlier-*"))) == 1
+
+
 def test_purge_leaves_a_file_without_later_records_untouched(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"event": "train", "step": 1}\n{"event": "stop", "step": 2, "stage": "a"}\n')
