@@ -478,14 +478,20 @@ def resolve(spec: str | None, default: Tokenizer | None = None) -> Tokenizer:
 
 
 def config_vocab_size(path: str | Path) -> int | None:
-    """A model folder's ``vocab_size`` in its config.json (the rows of its embedding), or None when it has no
-    config.json or names no positive integer there (the model's loader names a damaged config.json)."""
+    """A model folder's ``vocab_size`` in its config.json (the rows of its embedding), read by the one reader of
+    transformers folders' configs (model.hf_folder.config_vocab_size: the whole config checked as train.py
+    --init_from and growlm-eval check it); None when it has no config.json, describes a model type growlm does not
+    read, or names no vocab_size.
+
+    Raises:
+        TokenizerError: config.json is not JSON, or one of its values is malformed (``PATH: config.json: ...``).
+    """
+    from growlm.model import hf_folder  # lazy: the model registry imports torch, needed only for a model folder
+
     try:
-        data = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    v = data.get("vocab_size") if isinstance(data, dict) else None
-    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+        return hf_folder.config_vocab_size(path)
+    except hf_folder.FolderError as e:
+        raise TokenizerError(f"{path}: {e}") from None
 
 
 def for_prepare(spec: str | None) -> Tokenizer:
@@ -498,7 +504,8 @@ def for_prepare(spec: str | None) -> Tokenizer:
     Raises:
         TokenizerError: no such file or folder, a folder without tokenizer.json, a file that is not a ``tokenizers``
             JSON, no end-of-text token; a token folder that cannot be read (``from_data_dir``); a model folder whose
-            tokenizer has more ids than its config.json's vocab_size (it is not the model's).
+            tokenizer has more ids than its config.json's vocab_size (it is not the model's), or whose config.json
+            is malformed (``config_vocab_size``).
     """
     if spec is None or spec == "gpt2":
         return gpt2()

@@ -6,8 +6,10 @@ any other with its message).
 
 Adding a family (torchtitan's ``models/<name>/`` is the pattern): a folder ``model/<name>/`` with ``config.py`` (its
 config class, with ``arch`` and the methods model.config calls, and ``PRESETS``), ``model.py`` (a
-``model.layers.CausalLM``) and ``hf.py`` (``HF_CLASS``, ``to_hf``, ``config_from_dict``, ``config_json``); its
-operators file under growth/ops/ (``make_rules``); and one ``Family`` line below.
+``model.layers.CausalLM``) and ``hf.py`` (``HF_CLASS``, ``to_hf``, ``config_from_dict``, ``config_json``, and
+``CONFIG_FIELDS`` with ``config_problem``: the kinds of value its config.json fields hold and what follows from them,
+model.hf_folder's check before transformers reads the file); its operators file under growth/ops/ (``make_rules``);
+and one ``Family`` line below.
 """
 
 from __future__ import annotations

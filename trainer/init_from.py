@@ -38,8 +38,8 @@ from growlm.growth.live.grow import refresh_working_copies
 from growlm.growth.ops.rules import param_shapes
 from growlm.growth.stages.plan import StageList
 from growlm.model.config import ModelConfig, from_preset
+from growlm.model.hf_folder import FolderError, model_config
 from growlm.model.registry import family as model_family
-from growlm.model.registry import family_of_model_type, model_type_problem
 from growlm.model.weight_files import safetensors_problem, tensors_differ
 from growlm.runtime import run_state
 from growlm.runtime.quiet import quiet_transformers
@@ -91,37 +91,20 @@ def _fail(path: Path, problem: str) -> UsageError:
 
 
 def read_config(path: Path) -> ModelConfig:
-    """The model shape of the ``config.json`` in ``path``, read by the adapter of the family its ``model_type``
-    names (model.registry): a GPTConfig for "gpt2", a LlamaConfig for "llama", a Qwen2Config for "qwen2".
+    """The model shape of the ``config.json`` in ``path``, read by the one reader of transformers folders'
+    configs (model.hf_folder.model_config: every value checked, then the adapter of the family its
+    ``model_type`` names converts it: a GPTConfig for "gpt2", a LlamaConfig for "llama", a Qwen2Config for "qwen2").
 
     Raises:
-        UsageError: no such folder, no config.json, not JSON, another model_type or architecture
-            (model.registry.model_type_problem), or a variant growlm's model does not implement (GPT-2: another
-            activation, untied head; Llama: a rope scaling other than "linear" and "llama3", biases, another
-            activation; Qwen 2: sliding-window attention).
+        FolderError: no such folder, no config.json, not JSON, another model_type or architecture
+            (model.registry.model_type_problem), a malformed value (a string for a number, zero heads, an odd
+            head_dim, hidden_size not divisible by the heads, a rope factor that is not a number; the adapter's
+            ``config_problem``), or a variant growlm's model does not implement (GPT-2: another activation, untied
+            head; Llama: a rope scaling other than "linear" and "llama3", biases, another activation; Qwen 2:
+            sliding-window attention).
     """
-    if not path.is_dir():
-        raise _fail(
-            path, "no such folder; give a transformers GPT-2, Llama or Qwen 2 folder (config.json + model.safetensors)"
-        )
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise _fail(
-            path,
-            "has no config.json; give a transformers GPT-2, Llama or Qwen 2 folder (e.g. growlm-grow CKPT --export_hf)",
-        )
-    try:
-        d = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _fail(path, f"config.json is not valid JSON ({e})") from None
-    problem = model_type_problem(d)
-    if problem is not None:
-        raise _fail(path, problem)
-    try:
-        with quiet_transformers():
-            return family_of_model_type(d["model_type"]).hf.config_from_dict(d)
-    except (TypeError, ValueError, KeyError) as e:
-        raise _fail(path, f"config.json: {e}") from None
+    with quiet_transformers():
+        return model_config(path)
 
 
 def weight_files(path: Path, arch: str) -> tuple[Path, list[Path], dict[str, str] | None]:
@@ -129,7 +112,7 @@ def weight_files(path: Path, arch: str) -> tuple[Path, list[Path], dict[str, str
     tensor name -> file name map or None). Each file is checked whole (``model.weight_files.safetensors_problem``).
 
     Raises:
-        UsageError: weights only as a pickle (pytorch_model.bin) or none at all; an index that is not JSON or has no
+        FolderError: weights only as a pickle (pytorch_model.bin) or none at all; an index that is not JSON or has no
             weight_map, or names a shard that is missing; a truncated or damaged file.
     """
     index = path / WEIGHTS_INDEX
@@ -140,14 +123,14 @@ def weight_files(path: Path, arch: str) -> tuple[Path, list[Path], dict[str, str
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise TypeError("weight_map is not a {tensor: file} object")
         except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
-            raise _fail(
-                path, f"{WEIGHTS_INDEX} is not a safetensors index ({e}); copy the whole folder again"
+            raise FolderError(
+                f"{WEIGHTS_INDEX} is not a safetensors index ({e}); copy the whole folder again"
             ) from None
         names = sorted(set(weight_map.values()))
         bad = [n for n in names if Path(n).name != n or not (path / n).is_file()]
         if bad:
-            raise _fail(
-                path, f"{WEIGHTS_INDEX} lists {bad[0]}, which is not in the folder; copy the whole folder again"
+            raise FolderError(
+                f"{WEIGHTS_INDEX} lists {bad[0]}, which is not in the folder; copy the whole folder again"
             )
         files, named_by = [path / n for n in names], index
     elif (path / WEIGHTS_FILE).is_file():
@@ -162,18 +145,18 @@ def weight_files(path: Path, arch: str) -> tuple[Path, list[Path], dict[str, str
             if pickles
             else f"has no {WEIGHTS_FILE} (nor {WEIGHTS_INDEX}); other weight formats are not read"
         )
-        raise _fail(path, why)
+        raise FolderError(why)
     for f in files:
         try:
             problem = safetensors_problem(f)
         except OSError as e:
             problem = f"cannot be read ({e.strerror or e})"
         if problem is not None:
-            raise _fail(path, f"{f.name} {problem}; export the model again or copy the whole file again")
+            raise FolderError(f"{f.name} {problem}; export the model again or copy the whole file again")
     return named_by, files, weight_map
 
 
-def map_tensors(path: Path, files: list[Path], cfg: ModelConfig, weight_map: dict[str, str] | None = None):
+def map_tensors(files: list[Path], cfg: ModelConfig, weight_map: dict[str, str] | None = None):
     """Match the tensors of the safetensors ``files`` (read from their headers only) to the parameters of
     ``build_model(cfg)`` (growth.ops.rules.param_shapes).
 
@@ -181,7 +164,7 @@ def map_tensors(path: Path, files: list[Path], cfg: ModelConfig, weight_map: dic
         (growlm parameter name -> tensor name, tensor name -> the file holding it).
 
     Raises:
-        UsageError: a file is not readable safetensors, a tensor is not where the index says, a parameter is
+        FolderError: a file is not readable safetensors, a tensor is not where the index says, a parameter is
             missing or has another shape, the files hold tensors the model does not have, or a tied Llama's
             ``lm_head.weight`` differs from its embedding (``check_tied_head``).
     """
@@ -192,34 +175,40 @@ def map_tensors(path: Path, files: list[Path], cfg: ModelConfig, weight_map: dic
                 for k in f.keys():  # noqa: SIM118 (not a dict)
                     shapes[k], where[k] = tuple(f.get_slice(k).get_shape()), file
         except (SafetensorError, OSError) as e:
-            raise _fail(path, f"{file.name} is not a readable safetensors file ({e})") from None
+            raise FolderError(f"{file.name} is not a readable safetensors file ({e})") from None
     if weight_map is not None:
         astray = [k for k, n in weight_map.items() if where.get(k) is None or where[k].name != n]
         if astray:
-            raise _fail(path, f"{WEIGHTS_INDEX} says {astray[0]} is in {weight_map[astray[0]]}, but it is not there")
-    keys, missing, wrong = {}, [], []
+            raise FolderError(f"{WEIGHTS_INDEX} says {astray[0]} is in {weight_map[astray[0]]}, but it is not there")
+    keys, missing, wrong, matched = {}, [], [], set()
     for name, shape in param_shapes(cfg).items():
         key = next((k for k in (name, name.removeprefix("transformer.")) if k in shapes), None)
         if key is None:
             missing.append(name)
-        elif shapes[key] != shape:
+            continue
+        matched.add(key)  # a tensor of the wrong shape is named once, as that, not also as unexpected
+        if shapes[key] != shape:
             wrong.append(f"{key} {shapes[key]} (config.json says {shape})")
         else:
             keys[name] = key
-    used, tied = set(keys.values()), cfg.tied_head
-    extra = [k for k in shapes if k not in used and not (tied and k == TIED_HEAD) and not k.endswith(UNUSED_TENSORS)]
+    tied = cfg.tied_head
+    extra = [k for k in shapes if k not in matched and not (tied and k == TIED_HEAD) and not k.endswith(UNUSED_TENSORS)]
     if missing or wrong or extra:
         names = WEIGHTS_FILE if weight_map is None else "the shards of " + WEIGHTS_INDEX
-        raise _fail(
-            path,
-            f"{names} does not hold the {model_family(cfg).name} of its config.json ({cfg.shape_str()}): missing "
-            f"{missing[:3]}, wrong shapes {wrong[:3]}, unexpected {extra[:3]}",
+        found = "; ".join(
+            f"{what} {items[:3]}" + (f" and {len(items) - 3} more" if len(items) > 3 else "")
+            for what, items in (("missing", missing), ("wrong shapes", wrong), ("unexpected", extra))
+            if items
         )
-    check_tied_head(path, cfg, keys, where)  # the headers just read: no file opened twice
+        raise FolderError(
+            f"{names} does not hold the {model_family(cfg).name} of its config.json ({cfg.shape_str()}): {found}; "
+            "the two describe different models: put the config.json these weights were saved with beside them"
+        )
+    check_tied_head(cfg, keys, where)  # the headers just read: no file opened twice
     return keys, {k: where[k] for k in keys.values()}
 
 
-def check_tied_head(path: Path, cfg: ModelConfig, keys: dict[str, str], where: dict[str, Path]) -> None:
+def check_tied_head(cfg: ModelConfig, keys: dict[str, str], where: dict[str, Path]) -> None:
     """Refuse a folder whose config.json ties the LM head to the token embedding (``tie_word_embeddings``)
     but whose weights hold an ``lm_head.weight`` with other values: growlm would drop that head, and transformers'
     versions differ in which of the two they use, so the model is not what the folder says. Compares the two
@@ -228,7 +217,7 @@ def check_tied_head(path: Path, cfg: ModelConfig, keys: dict[str, str], where: d
     ``keys``: growlm parameter name -> tensor name; ``where``: every tensor's file, as ``map_tensors`` read them.
 
     Raises:
-        UsageError: the two differ; names the folder and the fix.
+        FolderError: the two differ; names the tensors and the fix.
     """
     if not cfg.tied_head:
         return
@@ -236,11 +225,53 @@ def check_tied_head(path: Path, cfg: ModelConfig, keys: dict[str, str], where: d
     if TIED_HEAD not in where or embed is None:
         return
     if tensors_differ((where[embed], embed), (where[TIED_HEAD], TIED_HEAD)):
-        raise _fail(
-            path,
+        raise FolderError(
             f"config.json sets tie_word_embeddings: true, but {TIED_HEAD} differs from {embed}: the folder holds an "
             "LM head of its own; set tie_word_embeddings: false in config.json to keep it, or remove it to tie them",
         )
+
+
+@dataclass(frozen=True)
+class HFFolder:
+    """A transformers folder whose config.json and weights were checked against each other (``read_folder``).
+
+    Attributes:
+        config: the model shape of its config.json (``read_config``).
+        weights: its model.safetensors, or its model.safetensors.index.json when sharded.
+        files: the safetensors files, in file-name order.
+        keys: growlm parameter name -> tensor name in the files.
+        where: tensor name -> the safetensors file holding it, for every tensor of ``keys``.
+    """
+
+    config: ModelConfig
+    weights: Path
+    files: list[Path]
+    keys: dict[str, str]
+    where: dict[str, Path]
+
+
+def check_weights(path: Path, cfg: ModelConfig) -> HFFolder:
+    """The folder ``path``'s weights checked against its config.json's shape ``cfg`` (``weight_files``, then
+    ``map_tensors``: every parameter there with its shape, no tensor the model lacks, a tied head not a head of its
+    own), from the safetensors headers; builds no model. One check for train.py --init_from and growlm-eval.
+
+    Raises:
+        FolderError: see ``weight_files`` and ``map_tensors``.
+    """
+    weights, files, weight_map = weight_files(path, cfg.arch)
+    keys, where = map_tensors(files, cfg, weight_map)
+    return HFFolder(cfg, weights, files, keys, where)
+
+
+def read_folder(path: Path) -> HFFolder:
+    """A transformers folder checked whole, config.json (``read_config``) and weights (``check_weights``), before
+    any model is built: what growlm-eval scores is what train.py --init_from would train.
+
+    Raises:
+        FolderError: see ``read_config`` and ``check_weights``; the message is the problem and its fix, without a
+            command's prefix.
+    """
+    return check_weights(path, read_config(path))
 
 
 def check_flags(args: argparse.Namespace, path: Path, cfg: ModelConfig) -> None:
@@ -275,20 +306,20 @@ def open_init_from(args: argparse.Namespace) -> InitFolder | None:
     the safetensors headers, the tokenizer files and (for their sha256) the weight files; builds no model.
 
     Raises:
-        UsageError: see read_config, weight_files, map_tensors and check_flags; a tokenizer.json that does not load
-            or has more tokens than vocab_size (it is not the model's).
+        UsageError: ``--init_from DIR: `` and the problem of read_config, check_weights (weight_files, map_tensors)
+            or check_flags; a tokenizer.json that does not load or has more tokens than vocab_size (it is not the
+            model's).
     """
 
     if not args.init_from:
         return None
     path = Path(args.init_from)
-    cfg = read_config(path)
-    check_flags(args, path, cfg)
-    weights, files, weight_map = weight_files(path, cfg.arch)
-    keys, where = map_tensors(path, files, cfg, weight_map)
     try:
+        cfg = read_config(path)
+        check_flags(args, path, cfg)
+        folder = check_weights(path, cfg)
         tokenizer = tok.from_hf_dir(path)
-    except tok.TokenizerError as e:
+    except (FolderError, tok.TokenizerError) as e:
         raise _fail(path, str(e)) from None
     if tokenizer is not None and tokenizer.vocab_size > cfg.vocab_size:
         raise _fail(
@@ -298,7 +329,7 @@ def open_init_from(args: argparse.Namespace) -> InitFolder | None:
         )
     if args.dropout is not None:
         cfg = replace(cfg, dropout=args.dropout)
-    return InitFolder(path, cfg, weights, _sha256(files), keys, tokenizer, where)
+    return InitFolder(path, cfg, folder.weights, _sha256(folder.files), folder.keys, tokenizer, folder.where)
 
 
 def _sha256(files: list[Path]) -> str:

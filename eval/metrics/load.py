@@ -1,6 +1,7 @@
 """Load a model for evaluation, in one process: a growlm DeepSpeed checkpoint (any ZeRO stage, any world size) or
-a ``transformers`` folder of either family (GPT2LMHeadModel, LlamaForCausalLM; another model_type is refused in one
-line). Both give an eval-mode ``logits_fn`` (ids (B, T) int64 -> logits (B, T, V)).
+a ``transformers`` folder of any family growlm reads (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM), checked
+as train.py --init_from checks it (trainer.init_from.read_folder; anything else is refused in one line). Both give
+an eval-mode ``logits_fn`` (ids (B, T) int64 -> logits (B, T, V)).
 
 DeepSpeed checkpoints: the fp32 weights of any ZeRO stage and world size, native or universal, come from
 growth.offline.weights (the one checkpoint-weights reader, shared with the transformers export); the shape from
@@ -16,7 +17,6 @@ with more tokens than the model's vocab_size is refused.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +29,11 @@ from growlm.data import tokenizer as tok
 from growlm.data.tokenizer import Tokenizer, TokenizerError
 from growlm.growth.offline.weights import fp32_model
 from growlm.model.config import ModelConfig
-from growlm.model.registry import family_of_model_type, model_type_problem
-from growlm.model.weight_files import safetensors_problem
+from growlm.model.hf_folder import FolderError
+from growlm.model.registry import family as model_family
 from growlm.runtime.checkpoint import STATE_FILE, CheckpointError, OpenCheckpoint, open_checkpoint
 from growlm.runtime.quiet import quiet_transformers
+from growlm.trainer.init_from import read_folder
 from growlm.trainer.scoring import EvalInputError
 
 
@@ -100,66 +101,43 @@ def load_deepspeed(path: str | Path, tokenizer: str | None = None) -> LoadedMode
     return LoadedModel(model, cfg, t, str(ckpt.tag_dir), "deepspeed", model)
 
 
-WEIGHTS_FIX = "export the model again (growlm-grow CKPT --export_hf DIR) or copy the whole file again"
-WEIGHTS_INDEX = "model.safetensors.index.json"
-
-
-def _check_weight_files(path: Path) -> None:
-    """Refuse a truncated or damaged model.safetensors, or shard of a model.safetensors.index.json, naming it and
-    what is wrong (model.weight_files.safetensors_problem); files that are absent are left to the loader's message."""
-    files = [path / "model.safetensors"]
-    try:
-        files += [path / n for n in sorted(set(json.loads((path / WEIGHTS_INDEX).read_text())["weight_map"].values()))]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass  # no index, or one the loader refuses with its own message
-    for weights in files:
-        if not weights.is_file():
-            continue
-        try:
-            problem = safetensors_problem(weights)
-        except OSError as e:
-            problem = f"cannot be read ({e.strerror or e})"
-        if problem is not None:
-            raise EvalInputError(f"{weights} {problem}; {WEIGHTS_FIX}")
-
-
 def load_transformers(path: str | Path, tokenizer: str | None = None) -> LoadedModel:
     """A ``transformers`` folder (config.json + model.safetensors or a sharded model.safetensors.index.json,
-    tokenizer.json when it has one) of a GPT-2 (GPT2LMHeadModel) or a Llama (LlamaForCausalLM), scored by
-    transformers' own forward pass in fp32.
+    tokenizer.json when it has one) of a family growlm reads (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM),
+    scored by transformers' own forward pass in fp32. The folder is checked first as train.py --init_from checks
+    it, by the same function (trainer.init_from.read_folder: every config.json value, then every tensor against the
+    config's shape), so growlm-eval scores only the model the folder holds, never one transformers completed with
+    freshly initialised tensors (a missing bias, a layer the weights lack) or one it would run differently.
 
     Raises:
-        EvalInputError: not a loadable folder (another model type, named as such; weights only as a pickle; a
-            truncated or damaged safetensors file, named with what is wrong), a config growlm's models do not
-            implement (e.g. a Llama with rope scaling or biases), or no usable tokenizer (see ``choose_tokenizer``).
+        EvalInputError: ``DIR: `` and the problem ``read_folder`` names (another model type; a malformed
+            config.json value; a variant growlm's models do not implement, e.g. a Llama with yarn rope scaling or
+            biases; weights only as a pickle; a truncated or damaged safetensors file; tensors missing, unexpected
+            or of another shape; a tied config with an LM head of its own), a folder transformers cannot load, or
+            no usable tokenizer (see ``choose_tokenizer``).
     """
     import transformers  # lazy: heavy (about 2 s), only for a transformers folder
 
     path = Path(path)
     try:
-        d = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise EvalInputError(
-            f"{path}: config.json cannot be read as JSON ({e}); give a transformers GPT-2 or Llama folder"
-        ) from e
-    problem = model_type_problem(d)
-    if problem is not None:
-        raise EvalInputError(f"{path}: {problem}")
-    fam = family_of_model_type(d["model_type"])
-    try:
-        with quiet_transformers():
-            cfg = fam.hf.config_from_dict(d)  # before the weights: an unsupported variant is refused unread
-    except (TypeError, ValueError, KeyError) as e:
+        folder = read_folder(path)
+    except FolderError as e:
         raise EvalInputError(f"{path}: {e}") from None
-    _check_weight_files(path)
-    model_cls = getattr(transformers, fam.hf_class)
+    cfg = folder.config
+    model_cls = getattr(transformers, model_family(cfg).hf_class)
     try:
         # safetensors only: a pytorch_model.bin is a pickle, which growlm never unpickles from a foreign folder
-        hf = model_cls.from_pretrained(str(path), use_safetensors=True, dtype=torch.float32).float().eval()
+        with quiet_transformers():
+            hf = model_cls.from_pretrained(str(path), use_safetensors=True, dtype=torch.float32).float().eval()
     except SafetensorError as e:
-        raise EvalInputError(f"{path}: a weights file is not readable safetensors ({e}); {WEIGHTS_FIX}") from None
+        raise EvalInputError(
+            f"{path}: a weights file is not readable safetensors ({e}); export the model again or copy the whole file "
+            "again"
+        ) from None
     except (OSError, ValueError) as e:
-        raise EvalInputError(f"{path}: cannot load it as a transformers {fam.hf_class} folder ({e})") from e
+        raise EvalInputError(
+            f"{path}: cannot load it as a transformers {model_family(cfg).hf_class} folder ({e})"
+        ) from e
     t = choose_tokenizer(tokenizer, lambda: tok.from_hf_dir(path), cfg, str(path))
     return LoadedModel(lambda x: hf(x).logits, cfg, t, str(path), "transformers", hf)
 

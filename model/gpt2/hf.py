@@ -13,11 +13,22 @@ from typing import TYPE_CHECKING, Any
 
 from growlm.model.gpt2.config import GPTConfig
 from growlm.model.gpt2.model import GPT
+from growlm.model.hf_fields import fields_problem
 
 if TYPE_CHECKING:
     from transformers import GPT2Config, GPT2LMHeadModel
 
 HF_CLASS = "GPT2LMHeadModel"  # the transformers class of the family (model.registry)
+# the config.json fields GPT-2 reads, with the kind of value each holds (model.hf_fields); hidden_size,
+# num_attention_heads, num_hidden_layers and max_position_embeddings are transformers' other names of n_*
+CONFIG_FIELDS = {
+    "vocab_size": "count", "n_positions": "count", "n_embd": "count", "n_layer": "count", "n_head": "count",
+    "n_inner": "count or null", "hidden_size": "count", "num_attention_heads": "count", "num_hidden_layers": "count",
+    "max_position_embeddings": "count", "activation_function": "text", "resid_pdrop": "fraction",
+    "embd_pdrop": "fraction", "attn_pdrop": "fraction", "layer_norm_epsilon": "number",
+    "tie_word_embeddings": "boolean", "scale_attn_weights": "boolean", "scale_attn_by_inverse_layer_idx": "boolean",
+    "reorder_and_upcast_attn": "boolean",
+}  # fmt: skip
 
 
 def to_hf_config(cfg: GPTConfig, bos_token_id: int | None = None, eos_token_id: int | None = None) -> GPT2Config:
@@ -112,6 +123,23 @@ def config_from_dict(d: dict[str, Any]) -> GPTConfig:
     import transformers  # lazy: heavy (about 2 s), only for a transformers folder
 
     return from_hf_config(transformers.GPT2Config.from_dict(d))
+
+
+def config_problem(d: dict[str, Any]) -> str | None:
+    """What is malformed in a GPT-2 ``config.json`` dict, as a one-line problem and fix, or None: a value of the
+    wrong kind (``CONFIG_FIELDS``, model.hf_fields), or n_embd not divisible by n_head. Absent fields are
+    transformers' defaults; what growlm's GPT does not compute is ``from_hf_config``'s to refuse."""
+    problem = fields_problem(d, CONFIG_FIELDS)
+    if problem is not None:
+        return problem
+    embd, embd_key = next(((d[k], k) for k in ("n_embd", "hidden_size") if k in d), (None, None))
+    heads, heads_key = next(((d[k], k) for k in ("n_head", "num_attention_heads") if k in d), (None, None))
+    if embd is not None and heads is not None and embd % heads:
+        return (
+            f"config.json: {embd_key} {embd} is not divisible by {heads_key} {heads}; correct {heads_key} in "
+            "config.json"
+        )
+    return None
 
 
 def config_json(written: dict[str, Any], cfg: GPTConfig) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from growlm.model.hf_fields import FIX, fields_problem
 from growlm.model.llama.config import ROPE_TYPES, LlamaConfig
 from growlm.model.llama.model import Llama
 
@@ -28,6 +29,20 @@ if TYPE_CHECKING:
     from transformers import LlamaForCausalLM
 
 HF_CLASS = "LlamaForCausalLM"  # the transformers class of the family (model.registry)
+# the config.json fields a Llama-shaped family reads, with the kind of value each holds (model.hf_fields)
+CONFIG_FIELDS = {
+    "vocab_size": "count", "hidden_size": "count", "intermediate_size": "count", "num_hidden_layers": "count",
+    "num_attention_heads": "count", "num_key_value_heads": "count or null", "head_dim": "count or null",
+    "max_position_embeddings": "count", "rms_norm_eps": "number", "rope_theta": "number or null",
+    "rope_scaling": "object or null", "rope_parameters": "object or null", "tie_word_embeddings": "boolean",
+    "attention_dropout": "fraction or null", "attention_bias": "boolean", "mlp_bias": "boolean",
+    "hidden_act": "text", "pretraining_tp": "count or null",
+}  # fmt: skip
+# the fields of rope_scaling (transformers 4) and rope_parameters (5) that growlm reads (``_rope_fields``)
+ROPE_FIELDS = {
+    "rope_type": "text", "type": "text", "rope_theta": "number", "factor": "number", "low_freq_factor": "number",
+    "high_freq_factor": "number", "original_max_position_embeddings": "count",
+}  # fmt: skip
 
 
 def _rope(hf_cfg: Any) -> tuple[float, str, Any]:
@@ -164,6 +179,46 @@ def config_from_dict(d: dict[str, Any]) -> LlamaConfig:
     import transformers  # lazy: heavy (about 2 s), only for a transformers folder
 
     return from_hf_config(transformers.LlamaConfig.from_dict(d))
+
+
+def config_problem(d: dict[str, Any], fields: dict[str, str] = CONFIG_FIELDS) -> str | None:
+    """What is malformed in the ``config.json`` dict ``d`` of a Llama-shaped family (``fields``: its fields and their
+    kinds, ``CONFIG_FIELDS`` or Qwen 2's), as a one-line problem and fix, or None: a value of the wrong kind
+    (model.hf_fields), a rotary scaling field of the wrong kind (``ROPE_FIELDS``), hidden_size not divisible by
+    num_attention_heads without a head_dim, an odd head_dim (rotary embeddings rotate pairs), or
+    num_attention_heads not a multiple of num_key_value_heads. Fields that are absent are transformers' defaults,
+    and what growlm's Llama does not compute (a rope type, biases) is ``from_hf_config``'s to refuse."""
+    problem = fields_problem(d, fields)
+    for name in ("rope_scaling", "rope_parameters"):
+        if problem is None and isinstance(d.get(name), dict):
+            problem = fields_problem(d[name], ROPE_FIELDS, prefix=f"{name}.")
+    if problem is not None:
+        return problem
+    hidden, heads, kv, head_dim = (d.get(k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads",
+                                                        "head_dim"))  # fmt: skip
+    if head_dim is None and hidden is not None and heads is not None:
+        if hidden % heads:
+            return (
+                f"config.json: hidden_size {hidden} is not divisible by num_attention_heads {heads} and there is no "
+                f"head_dim; give head_dim (the width of one head) or correct num_attention_heads in config.json"
+            )
+        if (hidden // heads) % 2:
+            return (
+                f"config.json: hidden_size {hidden} / num_attention_heads {heads} gives heads {hidden // heads} wide, "
+                f"not an even width (rotary embeddings rotate pairs of dimensions); give an even head_dim or "
+                f"correct num_attention_heads in config.json"
+            )
+    if head_dim is not None and head_dim % 2:
+        return (
+            f"config.json: head_dim is {head_dim}, not an even number (rotary embeddings rotate pairs of dimensions); "
+            f"{FIX}"
+        )
+    if heads is not None and kv is not None and heads % kv:
+        return (
+            f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv} (every key/value "
+            "head serves as many query heads); correct one of them in config.json"
+        )
+    return None
 
 
 def to_hf(model: Llama, bos_token_id: int | None = None, eos_token_id: int | None = None) -> LlamaForCausalLM:

@@ -16,6 +16,14 @@ if TYPE_CHECKING:
 
 HF_CLASS = "Qwen2ForCausalLM"  # the transformers class of the family (model.registry)
 config_json = llama_hf.config_json  # rope_theta (and rope_scaling) at the top level too, for transformers 4
+# the config.json fields Qwen 2 reads, with the kind of value each holds (model.hf_fields): Llama's and the window
+CONFIG_FIELDS = {**llama_hf.CONFIG_FIELDS, "use_sliding_window": "boolean"}
+
+
+def config_problem(d: dict[str, Any]) -> str | None:
+    """What is malformed in a Qwen 2 ``config.json`` dict, as a one-line problem and fix, or None (Llama's checks,
+    ``model.llama.hf.config_problem``, over ``CONFIG_FIELDS``)."""
+    return llama_hf.config_problem(d, CONFIG_FIELDS)
 
 
 def to_hf_config(cfg: Qwen2Config, bos_token_id: int | None = None, eos_token_id: int | None = None) -> HFQwen2Config:

@@ -93,6 +93,14 @@ SWEEP: dict[str, list[str]] = {
         "unit/test_llama_init_from_unit.py::test_a_tokenizer_larger_than_the_vocabulary_is_refused",
         "unit/test_llama_eval_load.py::test_growlm_eval_refuses_what_it_cannot_score_exactly",
     ],
+    "a transformers folder's config.json with head_dim 15, num_attention_heads 0, vocab_size as a string, hidden 64 "
+    'over 5 heads without head_dim, a llama3 rope factor "8" (train.py --init_from, growlm-eval, growlm-prepare '
+    "--tokenizer); weights that are not its config's model (a Qwen 2 q_proj.bias missing, 3 layers over weights of "
+    "2, another vocabulary, an o_proj.bias, a tied config with a head of its own) given to growlm-eval": [
+        "unit/test_hf_folder_checks.py::test_a_malformed_config_value_is_one_line_in_eval_and_init_from",
+        "unit/test_hf_folder_checks.py::test_weights_that_are_not_the_configs_model_are_refused_by_eval_as_by_init_from",
+        "unit/test_hf_folder_checks.py::test_growlm_prepare_reads_a_model_folders_config_with_the_same_reader",
+    ],
     "growlm-prepare --tokenizer: no --out, a folder without tokenizer.json, a damaged one, more ids than uint16, a bos "
     "token the tokenizer lacks": [
         "unit/test_prepare_model_tokenizer.py::test_tokenizers_that_cannot_make_a_token_folder_are_refused",

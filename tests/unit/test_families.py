@@ -15,6 +15,7 @@ from init_from_helpers import read_as_init_from
 
 import growlm
 from growlm.model.config import PRESETS, config_from_dict, flops_per_token, from_preset, param_count
+from growlm.model.hf_fields import KINDS
 from growlm.model.layers import CausalLM
 from growlm.model.qwen2.config import Qwen2Config
 from growlm.model.qwen2.hf import from_hf_config, to_hf, to_hf_config
@@ -23,7 +24,7 @@ from growlm.model.registry import FAMILIES, build_model, family, family_of_model
 
 PACKAGE = Path(growlm.__file__).resolve().parent
 FAMILY_CLASSES = {"GPTConfig", "LlamaConfig", "Qwen2Config", "GPT", "Llama", "Qwen2"}
-ADAPTER = ("HF_CLASS", "to_hf", "config_from_dict", "config_json")
+ADAPTER = ("HF_CLASS", "to_hf", "config_from_dict", "config_json", "config_problem")
 
 
 def family_branches(path: Path) -> list[str]:
@@ -86,6 +87,7 @@ def test_every_family_is_complete(arch):
     f = family(arch)
     assert f.config.arch == arch and issubclass(f.model, CausalLM)
     assert all(callable(getattr(f.hf, name)) or name == "HF_CLASS" for name in ADAPTER)
+    assert set(f.hf.CONFIG_FIELDS.values()) <= set(KINDS)  # every field of a kind model.hf_fields checks
     assert family_of_model_type(f.model_type) is f
     ops = importlib.import_module(f.operators)
     assert callable(ops.make_rules)

@@ -69,7 +69,7 @@ def test_growlm_eval_refuses_what_it_cannot_score_exactly(capsys, tmp_path):
     (folder / "config.json").write_text(json.dumps(cfg))
     shard = sorted(folder.glob("model-*.safetensors"))[3]
     shard.write_bytes(shard.read_bytes()[:100])
-    refused(capsys, folder, f"{shard} is 100 bytes", "copy the whole file again")
+    refused(capsys, folder, f"{folder}: {shard.name} is 100 bytes", "copy the whole file again")
     other = shutil.copytree(folder, tmp_path / "other", ignore=shutil.ignore_patterns("*.safetensors*"))
     (other / "pytorch_model.bin").write_bytes(b"a pickle, never opened")
-    refused(capsys, other, "cannot load it as a transformers LlamaForCausalLM folder")
+    refused(capsys, other, "holds its weights only as pytorch_model.bin, a pickle", "LlamaForCausalLM.from_pretrained")

@@ -185,8 +185,7 @@ def damaged(hf_dir: Path, dst: Path, cut: int | None = None, data: bytes | None 
 
 
 LFS = b"version https://git-lfs.github.com/spec/v1\n"  # a Git LFS pointer where the weights should be
-FIX_EVAL = "export the model again (growlm-grow CKPT --export_hf DIR) or copy the whole file again"
-FIX_INIT = "export the model again or copy the whole file again"
+FIX_INIT = "export the model again or copy the whole file again"  # growlm-eval's too: one check (read_folder)
 
 
 @pytest.mark.bad_input
@@ -195,7 +194,7 @@ def test_growlm_eval_of_a_truncated_safetensors_names_it(tmp_path, capsys, hf_di
     before = snapshot(d)
     assert eval_cli.main([str(d)]) == 2
     assert one_error_line(capsys.readouterr().err, "growlm-eval") == (
-        f"{d / 'model.safetensors'} is truncated: {size:,} bytes, its header describes {whole:,}; {FIX_EVAL}"
+        f"{d}: model.safetensors is truncated: {size:,} bytes, its header describes {whole:,}; {FIX_INIT}"
     )
     assert snapshot(d) == before
 
@@ -215,7 +214,7 @@ def test_growlm_eval_and_init_from_name_a_damaged_safetensors(tmp_path, capsys, 
     d, _, _ = damaged(hf_dir, tmp_path / kind, data=data)
     assert safetensors_problem(d / "model.safetensors") == problem
     assert eval_cli.main([str(d)]) == 2
-    assert one_error_line(capsys.readouterr().err, "growlm-eval") == f"{d / 'model.safetensors'} {problem}; {FIX_EVAL}"
+    assert one_error_line(capsys.readouterr().err, "growlm-eval") == f"{d}: model.safetensors {problem}; {FIX_INIT}"
     line = train_fails(capsys, ["--init_from", str(d), "--seq_len", "32", "--max_steps", "1"])
     assert line == f"growlm-train: error: --init_from {d}: model.safetensors {problem}; {FIX_INIT}"
 
