@@ -151,7 +151,8 @@ def _spec_cli(args) -> int:
     """growlm-experiment --spec FILE: check the flags and the file, hold --out, then run or report."""
     from growlm.eval.experiments import spec as sp  # lazy: as in main
 
-    bad = [f"--{k}" for k in SPEC_ONLY_NOT if getattr(args, k) not in (None, False, "all")]
+    bad = [f"--{k}" for k in SPEC_ONLY_NOT if getattr(args, k) is not None and getattr(args, k) is not False
+           and getattr(args, k) != "all"]  # fmt: skip
     if bad or args.profile != "cpu":
         return fail(f"{', '.join(bad) or '--profile'}: the spec file says what runs; drop the flag with --spec")
     try:
@@ -170,6 +171,8 @@ def _spec_cli(args) -> int:
                     "spec file's folder)")  # fmt: skip
     if out.exists() and not out.is_dir():
         return fail(f"--out {out} is a file; give a folder")
+    if args.dry_run and not args.report_only:  # writes nothing: beside a running experiment too
+        return _spec_checked(args, spec, out, imports, parallel)
     return _held(out, lambda: _spec_checked(args, spec, out, imports, parallel))
 
 
@@ -205,9 +208,11 @@ def _spec_run(args, spec, out: Path, imports: list[Path], parallel: int) -> int:
             return got
         data, fp, _ = got
     store = runner.Store(ctx, out, imports, fp)
-    if args.report_only and not store.own and not store.imported:
-        return fail(f"no curves under {out / 'curves'} or the spec's imports; run growlm-experiment --spec "
-                    f"{args.spec} first")  # fmt: skip
+    if args.report_only:
+        planner.plan(ctx, store.loss)
+        if not store.read:
+            return fail(f"no finished run of this spec under {out / 'curves'} or its imports; run growlm-experiment "
+                        f"--spec {args.spec} first")  # fmt: skip
     settings = {"experiment": spec.name, "protocol": spec.protocol, "model": spec.model.model_dump(mode="json"),
                 "train": spec.train.model_dump(mode="json"), "data": fp}  # fmt: skip
     with ExitStack() as stack:
@@ -226,6 +231,12 @@ def _spec_run(args, spec, out: Path, imports: list[Path], parallel: int) -> int:
                 print(eta_line(ctx, store.own, todo, parallel, "B"))
                 return 0
             if pre is None:
+                if store.own:
+                    n = len(store.own)
+                    raise render.PreregError(
+                        f"{where} is missing while {n} of this experiment's runs have "
+                        "finished; restore it (it fixed the comparison before them)"
+                    )
                 out.mkdir(parents=True, exist_ok=True)
                 pre = render.prereg_new(spec, args.spec)
                 atomic_write_json(where, pre)
@@ -246,6 +257,11 @@ def _spec_run(args, spec, out: Path, imports: list[Path], parallel: int) -> int:
             store = runner.Store(ctx, out, imports, fp)
             if failed:
                 return 1
+            if lost := [r.name for r in todo if not store.has(r)]:  # a file of its name holds another run
+                return fail(
+                    f"{out / 'curves'}: the curve {lost[0]} holds another run than the one planned under "
+                    "its name (an LR or growth point that differs past the name's digits); move it away"
+                )
             _spec_write(ctx, store, planner.plan(ctx, store.loss)[1], pre, out, args.spec.name)  # the report so far
     res = _spec_write(ctx, store, st, pre, out, args.spec.name)
     p = res["primary"] or {}
@@ -293,7 +309,8 @@ def _spec_write(ctx, store, st, pre, out: Path, spec_file: str) -> dict:
     from growlm.eval.experiments import render, results  # lazy: as in main
     from growlm.runtime.atomic import write_text  # lazy: as in main
 
-    res = results.summarize(ctx, store, st, {f["what"]: f["value"] for f in (pre or {}).get("fixed", [])}, spec_file)
+    fixed = None if pre is None else {f["what"]: f["value"] for f in pre.get("fixed", [])}
+    res = results.summarize(ctx, store, st, fixed, spec_file)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "results.json", res, overwrite=True)
     write_text(out / "report.md", render.markdown(res), overwrite=True)

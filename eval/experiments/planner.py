@@ -12,10 +12,10 @@ The steps, in order (each waits for the one before):
 3. **Best shapes** on every main seed at B; the one with the lowest mean is the optimum S*, fixed in the
    pre-registration before any arm runs.
 4. **Arms' pilot** (pilot seed, at B), one choice at a time: the peak LR (the arm's factors times its target's LR,
-   widened at an edge) at its first growth point with the LR continued; then its other growth points at that LR;
-   then its other LR policies after growth; then, after a width growth, its other LR rules. An arm's pilot loss is
-   the lowest of its runs; the primary arm, the one with the lowest pilot loss, is fixed in the pre-registration
-   before its main runs.
+   widened at an edge) at its first growth point with its first LR policy and rule; then its other growth points at
+   that LR; then its other LR policies after growth; then, after a width growth, its other LR rules. An arm's pilot
+   loss is the lowest of its runs; the primary arm, the one with the lowest pilot loss, is fixed in the
+   pre-registration before its main runs.
 5. **Main**: the primary arm (its chosen growth point, LR, policy and rule) on every main seed at B; then, per seed,
    the best shapes at the budgets their envelope needs to bracket the arm's loss (``next_budget``: below B when the
    arm is above the envelope at B, else past it), and S* alone likewise, for the saving against S*.
@@ -273,7 +273,9 @@ def _arm_pilot(ctx: Context, a: str, arm: Any, start: str, target: str, t_lr: fl
     pilot, stages = spec.seeds.pilot, (start, target)
     g0 = arm.growth_at[0]
 
-    def run(lr: float, g: float = g0, policy: str = "continue", rule: str = "keep") -> Run:
+    p0, r0 = arm.policies[0], arm.lr_rules[0]  # the LR is swept with the first policy and rule
+
+    def run(lr: float, g: float = g0, policy: str = p0, rule: str = r0) -> Run:
         return Run("pilot", pilot, 1.0, lr, stages, (g,), a, policy, rule)
 
     runs, lr, st.lr_edge = sweep(loss, run, [t_lr * f for f in arm.lr_factors], spec.sweep.factor, spec.sweep.widen)
@@ -283,7 +285,7 @@ def _arm_pilot(ctx: Context, a: str, arm: Any, start: str, target: str, t_lr: fl
     got = {r.lr: loss(r) for r in runs}
     variants = {r.name: (r, got[r.lr]) for r in runs}
     steps = [("g", [g for g in arm.growth_at]), ("policy", list(arm.policies)), ("rule", list(arm.lr_rules))]
-    cur = {"g": g0, "policy": "continue", "rule": "keep"}
+    cur = {"g": g0, "policy": p0, "rule": r0}
     for key, options in steps:
         if key == "rule" and parse_shape(start)[1] == parse_shape(target)[1]:
             continue  # the LR rule after growth only differs after a width growth
@@ -297,8 +299,8 @@ def _arm_pilot(ctx: Context, a: str, arm: Any, start: str, target: str, t_lr: fl
             variants[r.name] = (r, v)
         cur[key] = options[min(range(len(options)), key=lambda i: (vals[i], i))]
     st.tried = {n: v for n, (_, v) in variants.items()}
-    best_run, st.pilot_loss = min(variants.values(), key=lambda rv: (rv[1], rv[0].name))
-    st.chosen = best_run
+    st.chosen = run(lr, **cur)  # each step kept the best so far: the lowest pilot loss of every variant tried
+    st.pilot_loss = variants[st.chosen.name][1]
     return st
 
 

@@ -24,9 +24,10 @@ def markdown(r: dict[str, Any]) -> str:
     """report.md from results.json's content ``r``."""
     lines = [f"# {r['question']}", "",
              f"Experiment `{r['experiment']}` ({r['protocol']}; family {r['family']}), produced by "
-             f"`growlm-experiment` from `{r['spec_file']}` beside this file; every number is computed from the curves "
-             f"(`growlm-experiment --spec {r['spec_file']} --report_only` rebuilds this file and results.json). The "
-             "decisions were fixed in `preregistration.json` before the runs that depend on them.", "",
+             f"`growlm-experiment` from the spec `{r['spec_file']}`; every number is computed from the curves "
+             f"(`growlm-experiment --spec {r['spec_file']} --report_only` rebuilds this file and results.json)."
+             + (" The decisions were fixed in `preregistration.json` before the runs that depend on them."
+                if r["preregistered"] else " No pre-registration is beside it."), "",
              f"B = {r['budget_flops']:.4g} FLOPs; pilot seed {r['pilot_seed']}, screen seeds {r['screen_seeds']}, "
              f"main seeds 0-{r['main_seeds'] - 1}.", "",
              "## The envelope at B", "",
@@ -132,7 +133,9 @@ def prereg_check(pre: dict[str, Any], spec_path: Path, report_only: bool) -> Non
 
 def prereg_fix(where: Path, pre: dict[str, Any], what: str, value: Any, before: str) -> dict[str, Any]:
     """Append the decision ``what`` = ``value`` to the pre-registration (fixed before ``before``) unless it is
-    there already; written atomically. Raises PreregError when it is fixed there with another value."""
+    there already; the file is read again first (an amendment appended by hand meanwhile is kept), and written
+    atomically. Raises PreregError when it is fixed there with another value."""
+    pre = read_json(where) if where.is_file() else pre
     have = {f["what"]: f["value"] for f in pre["fixed"]}
     if what in have:
         if have[what] != value:

@@ -47,10 +47,10 @@ def missing_neighbours(ctx: Context, z: str) -> list[str]:
     return [f"{d} x {w}" for d, w in cand if d >= 1 and w >= h and (d, w) not in have]
 
 
-def summarize(ctx: Context, store: Store, st: State, fixed: dict[str, Any], spec_file: str) -> dict[str, Any]:
+def summarize(ctx: Context, store: Store, st: State, fixed: dict[str, Any] | None, spec_file: str) -> dict[str, Any]:
     """results.json's content (the module docstring). ``st``: the planner's state over ``store``; ``fixed``: the
-    pre-registration's fixed decisions, which the report names beside the computed ones; ``spec_file``: the spec's
-    file name (the report says how to rebuild it)."""
+    pre-registration's fixed decisions, which the report names beside the computed ones (None: no pre-registration
+    beside the curves); ``spec_file``: the spec's file name (the report says how to rebuild it)."""
     spec = ctx.spec
     label = {v: z for z, v in names(spec).items()}
     seeds = list(range(spec.seeds.main))
@@ -74,7 +74,7 @@ def summarize(ctx: Context, store: Store, st: State, fixed: dict[str, Any], spec
         "screen_seeds": list(spec.seeds.screen), "main_seeds": spec.seeds.main,
         "envelope_shapes": [{"n_layer": x["n_layer"], "n_embd": x["n_embd"], "n_head": x["n_head"]} for x in shapes],
         "shapes": shapes, "best_shapes": st.best, "optimum": st.optimum,
-        "optimum_label": label.get(st.optimum), "fixed": fixed,
+        "optimum_label": label.get(st.optimum), "preregistered": fixed is not None, "fixed": fixed or {},
         "optimum_missing_neighbours": missing_neighbours(ctx, st.optimum) if st.optimum else [],
         "arms": {a: {"start": x.start, "target": x.target, "target_lr": x.target_lr, "lr_at_edge": x.lr_edge,
                      "pilot": {n: r4(v) for n, v in sorted(x.tried.items())}, "pilot_loss": r4(x.pilot_loss),

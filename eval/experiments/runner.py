@@ -127,7 +127,10 @@ def _work(s: Settings, spec: RunSpec, data: Path, path: Path, settings: dict[str
     from growlm.eval.experiments.train_run import train_run  # lazy: torch, only in the processes that train
 
     curve = train_run(s, spec, data)
-    atomic.write_json(path, {"settings": settings, "spec": spec.as_dict(), "curve": curve}, indent=None)
+    rec = {"settings": settings, "spec": spec.as_dict(), "curve": curve}
+    if isinstance(spec, Run):  # a spec's run records its identity, so that any later experiment can import it
+        rec["job"] = job_key(spec.job(s))
+    atomic.write_json(path, rec, indent=None)
     return spec.name, curve["wall_s"]
 
 
@@ -199,14 +202,16 @@ def run_all(s: Settings, specs: Iterable[RunSpec], data: Path, out: Path, settin
 
 
 class Store:
-    """The finished runs an experiment can read, by ``job_key``: its own curves (OUT/curves/<phase>/<run>.json) and
-    those of the ``imports`` folders (curve files of any growlm experiment, each turned into its Job by the code of
-    the protocol that wrote it), when they were trained on the same token folder as this experiment's.
+    """The finished runs an experiment can read, by ``job_key``: its own curves (OUT/curves/<phase>/<run>.json, a
+    spec's runs, or an earlier protocol's written into the same folder) and those of the ``imports`` folders (curve
+    files of any growlm experiment: an earlier protocol's turned into its Job by that protocol's code, a spec's by
+    the Job it recorded), when they were trained on this experiment's token folder (``data``; None: the one its own
+    curves record).
 
     Raises (constructor):
-        runner.CurveFileError: a curve file is damaged or not a curve record.
-        SettingsMismatch: this experiment's own curves come from two token folders, or from another
-            experiment (another protocol or spec name).
+        CurveFileError: a curve file is damaged, not a curve record, or holds no final validation loss.
+        SettingsMismatch: one of this experiment's own curves was made by another experiment, from another token
+            folder, or by other settings than the spec's now (another shape rule, training setting or arm).
     """
 
     def __init__(self, ctx: Any, out: Path, imports: list[Path], data: dict[str, Any] | None) -> None:
@@ -216,36 +221,61 @@ class Store:
         self.imported = 0
         self.read: dict[str, dict] = {}  # job key -> record: every finished run a lookup found
         self.own_earlier: list[dict] = []  # the curves an earlier protocol wrote into this folder
-        for f in sorted((out / "curves").glob("*/*.json")):
-            rec = read_curve(f, lambda d: d)
-            if "stages" not in rec["spec"]:  # a curve an earlier protocol wrote here: read as an imported one
-                self.own_earlier.append(self._import(f))
+        files = [(f, True) for f in sorted((out / "curves").glob("*/*.json"))]
+        files += [(f, False) for folder in imports for f in sorted(folder.glob("*/*.json"))]
+        recs = [(f, here, _record(f)) for f, here in files]
+        if self.data is None:  # --report_only: the token folder the experiment's own curves record
+            seen = [r["settings"].get("data") for _, here, r in sorted(recs, key=lambda x: not x[1])]
+            self.data = seen[0] if seen else None
+        for f, here, rec in recs:
+            if not same_data(rec["settings"].get("data"), self.data):
+                if here:
+                    raise SettingsMismatch(f"{f} comes from another token folder than the experiment's; move it "
+                                           "away (a rerun trains it again) or give its --data")  # fmt: skip
                 continue
-            rec["spec"] = Run.from_dict(rec["spec"])
-            if rec["settings"].get("experiment") != ctx.spec.name:
-                who = rec["settings"].get("experiment")
-                raise SettingsMismatch(f"{f} was made by another experiment ({who!r}); use another --out")
-            if self.data is None:
-                self.data = rec["settings"].get("data")
-            elif not same_data(rec["settings"].get("data"), self.data):
-                raise SettingsMismatch(f"{f} comes from another token folder than the experiment's; move it "
-                                       "away (a rerun trains it again) or give its --data")  # fmt: skip
-            self.own[rec["spec"].name] = rec
-            self.by_key[job_key(rec["spec"].job(ctx))] = rec
-        for folder in imports:
-            for f in sorted(folder.glob("*/*.json")):
-                self._import(f)
+            if "stages" not in rec["spec"]:  # an earlier protocol's run: its RunSpec under its Settings
+                rec["spec"] = spec_from_dict(rec["spec"])
+                self.by_key.setdefault(job_key(rec["spec"].job(settings_from_dict(rec["settings"]))), rec)
+                self.imported += 1
+                if here:
+                    self.own_earlier.append(rec)
+                continue
+            key = self._spec_key(f, rec, here)
+            if key is None:
+                continue
+            if here:
+                self.own[rec["spec"].name] = rec
+                self.by_key[key] = rec
+            else:
+                self.by_key.setdefault(key, rec)
+                self.imported += 1
 
-    def _import(self, f: Path) -> dict:
-        """Read one curve file of an earlier protocol (its RunSpec under its Settings); it counts when it was trained
-        on this experiment's token folder. Returns the record."""
-        rec = read_curve(f)
-        if self.data is not None and not same_data(rec["settings"].get("data"), self.data):
-            return rec
-        s = settings_from_dict(rec["settings"])
-        self.by_key.setdefault(job_key(rec["spec"].job(s)), rec)
-        self.imported += 1
-        return rec
+    def _spec_key(self, f: Path, rec: dict, here: bool) -> str | None:
+        """The identity of a spec experiment's curve: the Job it recorded; for one of this experiment's own curves,
+        checked against the spec as it is now (a curve without a recorded Job: its recorded model and train settings
+        against the spec's). None for an imported curve that recorded no Job (it cannot be resolved)."""
+        try:
+            rec["spec"] = Run.from_dict(rec["spec"])
+        except (TypeError, ValueError) as e:
+            raise CurveFileError(f"{f}: its spec is not a run of a spec file ({e}); delete it (a rerun trains it "
+                                 "again) or restore it from where it came") from None  # fmt: skip
+        if not here:
+            return rec.get("job")
+        spec = self.ctx.spec
+        if rec["settings"].get("experiment") != spec.name:
+            who = rec["settings"].get("experiment")
+            raise SettingsMismatch(f"{f} was made by another experiment ({who!r}); use another --out")
+        try:
+            key = job_key(rec["spec"].job(self.ctx))
+        except KeyError as e:
+            raise SettingsMismatch(f"{f} is a run of arm {e} that the spec no longer has; restore the arm, or move "
+                                   "the curve away") from None  # fmt: skip
+        mine = {"model": spec.model.model_dump(mode="json"), "train": spec.train.model_dump(mode="json")}
+        recorded = rec.get("job") or {k: rec["settings"].get(k) for k in mine}
+        if recorded != (key if "job" in rec else mine):
+            raise SettingsMismatch(f"{f} was trained with other settings than the spec's now (model, train or the "
+                                   "arm's operator); restore the spec, or use another --out")  # fmt: skip
+        return key
 
     def get(self, run: Run, mark: bool = True) -> dict | None:
         """The finished record of ``run`` (its own or an imported run with the same Job), None when not run; with
@@ -263,3 +293,16 @@ class Store:
 
     def has(self, run: Run) -> bool:
         return self.get(run) is not None
+
+
+def _record(f: Path) -> dict:
+    """A curve file's record, its spec left as read (``read_curve``), with a final validation loss.
+
+    Raises:
+        CurveFileError: as ``read_curve``, or no final validation loss.
+    """
+    rec = read_curve(f, lambda d: d)
+    if not isinstance(rec["curve"].get("final", {}).get("val_loss"), int | float):
+        raise CurveFileError(f"{f}: its curve has no final validation loss (curve.final.val_loss); delete it (a rerun "
+                             "trains that run again) or restore it from where it came")  # fmt: skip
+    return rec

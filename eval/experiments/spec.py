@@ -86,7 +86,7 @@ class Seeds(_Strict):
     best are chosen; main: the number of main seeds (0 .. main - 1)."""
 
     pilot: int = 100
-    screen: tuple[int, ...] = (0, 1)
+    screen: tuple[int, ...] = Field(default=(0, 1), min_length=1)
     main: int = Field(default=10, ge=2)
 
     @model_validator(mode="after")
@@ -157,9 +157,9 @@ class Arm(_Strict):
     op: dict[str, Any]
     what: str
     growth_at: tuple[float, ...] = (0.5,)
-    lr_factors: tuple[float, ...] = (0.5, 1.0, 2.0)
-    policies: tuple[Literal["continue", "rewarm"], ...] = ("continue", "rewarm")
-    lr_rules: tuple[Literal["keep", "mup"], ...] = ("keep",)
+    lr_factors: tuple[float, ...] = Field(default=(0.5, 1.0, 2.0), min_length=1)
+    policies: tuple[Literal["continue", "rewarm"], ...] = Field(default=("continue", "rewarm"), min_length=1)
+    lr_rules: tuple[Literal["keep", "mup"], ...] = Field(default=("keep",), min_length=1)
 
     @field_validator("growth_at")
     @classmethod
@@ -177,8 +177,8 @@ class Arm(_Strict):
 
 
 class Bracket(_Strict):
-    """Budgets (x B) below and past B, nearest first, at which the best shapes (and each arm's target) run on a main
-    seed until their losses bracket the arm's there."""
+    """Budgets (x B) below and past B, nearest first, at which the best shapes (and S* alone) run on a main seed
+    until their losses bracket the primary arm's there."""
 
     below: tuple[float, ...] = (0.75, 0.5)
     past: tuple[float, ...] = (1.25, 1.5, 2.0)
@@ -187,6 +187,8 @@ class Bracket(_Strict):
     def _sides(self) -> Bracket:
         if not all(0 < b < 1 for b in self.below) or not all(b > 1 for b in self.past):
             raise ValueError("bracket.below must lie in (0, 1) and bracket.past above 1 (x B)")
+        if list(self.below) != sorted(self.below, reverse=True) or list(self.past) != sorted(self.past):
+            raise ValueError("bracket budgets go nearest to B first: below descending, past ascending")
         return self
 
 
@@ -215,6 +217,11 @@ class Spec(_Strict):
         bad = [z for z, v in self.envelope.shapes.items() if v.shape[1] % h]
         if bad:
             raise ValueError(f"envelope shapes {bad}: n_embd must be a multiple of model.head_size {h}")
+        seen: dict[tuple[int, int], str] = {}
+        for z, v in self.envelope.shapes.items():
+            if v.shape in seen:
+                raise ValueError(f"envelope shapes {seen[v.shape]} and {z} are both {list(v.shape)}; keep one")
+            seen[v.shape] = z
         if self.envelope.best > len(self.envelope.shapes):
             raise ValueError(f"envelope.best {self.envelope.best} > the {len(self.envelope.shapes)} shapes")
         return self

@@ -246,3 +246,32 @@ def test_a_spec_runs_every_step_resumes_without_training_and_rebuilds_its_report
     for f in ("results.json", "report.md"):
         want = (out / f).read_text().replace(spec.name, "experiment.yaml")
         assert (copy / f).read_text() == want
+    if family != "gpt2":
+        return
+    # another experiment importing these curves finds every run by what it trains: nothing left to train
+    other = tmp_path / "other"
+    other.mkdir()
+    text = spec.read_text().replace("name: quick-gpt2", "name: quick-again") + f"imports: [{out / 'curves'}]\n"
+    (other / "experiment.yaml").write_text(text)
+    capsys.readouterr()
+    assert (
+        experiment.main(["--spec", str(other / "experiment.yaml"), "--data", str(small_vocab_data), "--dry_run"]) == 0
+    )
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("0 runs done, 0 to run")
+    assert experiment.main(["--spec", str(other / "experiment.yaml"), "--report_only"]) == 0
+    again = json.loads((other / "results.json").read_text())
+    assert again["optimum"] == res["optimum"] and again["primary"]["per_seed"] == p["per_seed"]
+    assert again["runs"]["trained_here"] == 0 and again["runs"]["read"] == res["runs"]["read"]
+    # the spec's own curves are refused once the spec says otherwise; so is a lost pre-registration
+    (copy / "experiment.yaml").write_text(spec.read_text().replace("batch: 4", "batch: 8"))
+    (copy / "preregistration.json").unlink()
+    assert experiment.main(["--spec", str(copy / "experiment.yaml"), "--report_only"]) == 2
+    assert "was trained with other settings than the spec's now" in capsys.readouterr().err
+    shutil.copy(spec, copy / "experiment.yaml")
+    argv = ["--spec", str(copy / "experiment.yaml"), "--data", str(small_vocab_data)]
+    assert experiment.main(argv) == 2
+    assert "preregistration.json is missing while" in capsys.readouterr().err
+    (copy / "experiment.yaml").write_text(text.replace(f"imports: [{out / 'curves'}]", "imports: []"))
+    empty = tmp_path / "empty"
+    assert experiment.main(["--spec", str(copy / "experiment.yaml"), "--out", str(empty), "--report_only"]) == 2
+    assert "no finished run of this spec" in capsys.readouterr().err
