@@ -1,11 +1,12 @@
 """Memory a training job or a growth needs per rank, and what the machine has: the check that refuses a model that
-cannot fit before anything is allocated (growlm-grow, a live growth, train.py with a growth plan, growlm-run).
+cannot fit before anything is allocated (growlm-grow, a live growth, train.py and its growth plan, growlm-run).
 
-Model states per rank (``model_state_bytes``): parameters, gradients and Adam state, by ZeRO stage and precision.
-Activations, buffers and fragmentation are not counted, so a model that passes may still not fit; one that fails
-cannot. Memory freed but kept by malloc is not counted either: a CPU rank's malloc keeps what is freed
-(runtime.dist.keep_freed_memory), so a live growth returns the heap its new engine's build freed before it allocates
-the Adam state and the gather's working set (growth.live.grow); without that, 2 ranks of a 52.6M -> 193.2M
+Model states per rank (``model_state_bytes``): parameters, gradients and Adam state, by ZeRO stage and precision; and
+for a model that trains, the activations of one micro batch (``activation_bytes``, Korthikanti et al. 2022, below).
+Buffers, the data, the allocator's slack and the backward's temporaries are not counted, so a model that passes may
+still not fit; one that fails cannot. Memory freed but kept by malloc is not counted either: a CPU rank's malloc keeps
+what is freed (runtime.dist.keep_freed_memory), so a live growth returns the heap its new engine's build freed before it
+allocates the Adam state and the gather's working set (growth.live.grow); without that, 2 ranks of a 52.6M -> 193.2M
 width growth peaked above these terms.
 
 Source: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models" (arXiv
@@ -24,16 +25,28 @@ the working partition; ZeRO-3 means to share them for fp32 weights on the same d
 at stages 1-3 K = 12 as in mixed precision, 20 bytes per parameter unpartitioned: ZeRO-2 fp32 holds
 4 Psi + 16 Psi / N_d, ZeRO-3 fp32 20 Psi / N_d (eval/bench/growth_scaling.py measured the difference: a rank's
 resident memory follows 20 bytes per parameter, not 16).
+
+Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models" (arXiv
+2205.05198), Sec. 4.1, eq. 1: a transformer layer without recomputation keeps s b h (34 + 5 a s / h) bytes in 16-bit
+for backward (s sequence length, b micro batch, h hidden size, a attention heads; the 5 a s^2 b term is the score
+matrix, its softmax and dropout mask). ZeRO partitions model states, not activations: every rank holds its own micro
+batch's. The count is the paper's for a GPT-shaped layer, used as it is for every family (a Llama's SwiGLU and grouped
+keys differ a little), and it keeps the score term although a fused attention kernel keeps no score matrix (torch's
+scaled_dot_product_attention, causal and without dropout, runs its flash kernel on the CPU too and saves q, k, v,
+the output and the log-sum-exp for backward): for a long sequence it is an upper bound of the attention's part.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import torch
+
+from growlm.model.config import ModelConfig
 
 # bytes per parameter: (parameters, gradients, optimizer state K)
 BYTES_PER_PARAM = {"fp32": (4, 4, 8), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}
@@ -91,6 +104,57 @@ def model_state_bytes(n_params: int, zero_stage: int, precision: str, world_size
     return n_params * (replicated + partitioned / world_size)
 
 
+@dataclass(frozen=True)
+class MicroBatch:
+    """One rank's micro batch as ``activation_bytes`` counts it: ``size`` sequences (B) of ``seq_len`` tokens (T),
+    with or without activation checkpointing (train.py's --activation_checkpointing)."""
+
+    size: int
+    seq_len: int
+    checkpointing: bool = False
+
+    def text(self) -> str:
+        """'B x T tokens', with ', activation checkpointing' when it is on."""
+        return f"{self.size} x {self.seq_len} tokens" + (", activation checkpointing" if self.checkpointing else "")
+
+
+def activation_bytes(cfg: ModelConfig, batch: MicroBatch, precision: str) -> int:
+    """Bytes of activations one rank keeps for the backward of one micro batch (module docstring: Korthikanti et al.
+    2022, arXiv 2205.05198). With s = ``batch.seq_len``, b = ``batch.size``, h = n_embd, a = n_head, L = n_layer and
+    V = vocab_size, and x = 2 in fp32 (activations twice the size of 16-bit ones), else 1:
+
+    - each layer, without recomputation: x s b h (34 + 5 a s / h) (Sec. 4.1, eq. 1), L of them;
+    - with activation checkpointing: each layer's input, x 2 s b h (Sec. 5), plus one layer's full activations while
+      its backward recomputes them;
+    - the logits, b s V elements in the parameters' dtype (2 bytes, 4 in fp32), and their fp32 copy for the cross
+      entropy (model.layers: ``logits.float()``), b s V x 4 bytes.
+
+    Per rank: ZeRO does not shard activations.
+
+    Raises:
+        ValueError: an unknown precision, or a micro batch or sequence length below 1.
+    """
+    if precision not in BYTES_PER_PARAM or batch.size < 1 or batch.seq_len < 1:
+        raise ValueError(
+            f"precision {precision!r} (one of {list(BYTES_PER_PARAM)}), micro batch {batch.size} and seq_len "
+            f"{batch.seq_len} (each >= 1)"
+        )
+    s, b, h, a = batch.seq_len, batch.size, cfg.n_embd, cfg.n_head
+    x = 2 if precision == "fp32" else 1
+    layer = x * (34 * s * b * h + 5 * a * s * s * b)  # s b h (34 + 5 a s / h), in integers
+    layers = cfg.n_layer * x * 2 * s * b * h + layer if batch.checkpointing else cfg.n_layer * layer
+    logits = b * s * cfg.vocab_size * (4 if precision == "fp32" else 2) + b * s * cfg.vocab_size * 4
+    return layers + logits
+
+
+def training_need_text(states: float, activations: float, batch: MicroBatch) -> str:
+    """The parts of a training run's need, in the words every memory refusal uses: 'model states X + activations of
+    one micro batch of B x T tokens Y' (``size_text``)."""
+    return (
+        f"model states {size_text(states)} + activations of one micro batch of {batch.text()} {size_text(activations)}"
+    )
+
+
 GATHER_BUCKET_BYTES = 64 * 2**20
 """Largest full fp32 size (bytes: 12 x numel, weight + exp_avg + exp_avg_sq) of the parameters a live growth gathers
 in one collective (growth.live.transfer); a parameter larger than this is gathered alone. 64 MiB keeps the
@@ -119,15 +183,16 @@ def growth_working_set_bytes(largest_old: int, largest_new: int, bucket_bytes: i
 
 
 def placed_bytes(
-    params_grads: float, optimizer: float, working_set: float, on_gpu: bool, offloaded: bool
+    params_grads: float, optimizer: float, working_set: float, on_gpu: bool, offloaded: bool, activations: float = 0.0
 ) -> tuple[float, float]:
-    """Where a growth's bytes per rank live, as (device bytes, host bytes): on a GPU the model states
-    (``model_state_split``'s two parts) and the working set (``growth_working_set_bytes``: the gathered and grown
-    tensors, expanded on the GPU) on the device, except an offloaded optimizer part, which the host holds; on a CPU
-    everything on the host (device bytes 0)."""
+    """Where a run's or a growth's bytes per rank live, as (device bytes, host bytes): on a GPU the model states
+    (``model_state_split``'s two parts), the working set (``growth_working_set_bytes``: the gathered and grown
+    tensors, expanded on the GPU) and the activations (``activation_bytes``) on the device, except an offloaded
+    optimizer part, which the host holds; on a CPU everything on the host (device bytes 0)."""
     if not on_gpu:
-        return 0.0, params_grads + optimizer + working_set
-    return params_grads + working_set + (0 if offloaded else optimizer), optimizer if offloaded else 0.0
+        return 0.0, params_grads + optimizer + working_set + activations
+    on_device = params_grads + working_set + activations + (0 if offloaded else optimizer)
+    return on_device, optimizer if offloaded else 0.0
 
 
 # the launchers' names for the ranks on this node, in the order read: torchrun (and growlm's own launcher),
@@ -180,15 +245,16 @@ def shortfall(need: float, device: torch.device, free: bool, what: str, fix: str
 
 def placed_shortfall(
     parts: list[tuple[float, float]], work: float, device: torch.device, offloaded: bool, what: str,
-    fix: str = SHORTFALL_FIX,
+    fix: str = SHORTFALL_FIX, activations: float = 0.0,
 ) -> str:  # fmt: skip
-    """``shortfall`` of the models whose ``model_state_split`` parts are ``parts`` (plus a growth's ``work``ing set,
-    0 for none) placed where they live (``placed_bytes``: on a GPU rank the GPU's part against the GPU's total memory,
-    then the host's part; on a CPU rank everything against the host's total divided by the ranks on this node); ''
-    when they fit. The one check of train.py's run and plan stages against the machine."""
+    """``shortfall`` of the models whose ``model_state_split`` parts are ``parts`` (plus a growth's ``work``ing set
+    and a training run's ``activations``, 0 for none) placed where they live (``placed_bytes``: on a GPU rank the
+    GPU's part against the GPU's total memory, then the host's part; on a CPU rank everything against the host's
+    total divided by the ranks on this node); '' when they fit. The one check of train.py's run and plan stages
+    against the machine."""
     pg, opt = sum(p for p, _ in parts), sum(o for _, o in parts)
     on_gpu = device.type == "cuda"
-    gpu, host = placed_bytes(pg, opt, work, on_gpu, offloaded)
+    gpu, host = placed_bytes(pg, opt, work, on_gpu, offloaded, activations)
     return (shortfall(gpu, device, False, what, fix) if on_gpu else "") or shortfall(
         host, torch.device("cpu"), False, what, fix
     )

@@ -36,6 +36,7 @@ from growlm.trainer.plan_checks import (
     check_stop_stage,
     load_growth_plan,
     plan_config,
+    run_batch,
     shape_flag,
 )
 
@@ -435,9 +436,9 @@ def resolve(args: argparse.Namespace) -> RunConfig:
     Checks, in this order: the numeric flags' ranges, --out_dir, the DeepSpeed config (``check_ds_config``: keys,
     DeepSpeed's parser, batch sizes against the launched world size, optimizer, numbers, offload, scheduler), the
     --resume checkpoint (whose LR schedule replaces the config's unless --new_schedule: ``keep_saved_scheduler``),
-    the model shape, its model states against this machine's memory (``check_run_fits_memory``), the growth plan,
-    the data
-    order (--seq_len/--seed against the checkpoint), --seq_len against n_positions, the checkpoint against the
+    the model shape, --seq_len against n_positions, its model states and the activations of one micro batch
+    against this machine's memory (``check_run_fits_memory``), the growth plan, the data
+    order (--seq_len/--seed against the checkpoint), the checkpoint against the
     launched world size and ZeRO stage (and its per-rank RNG files), the token folder and its token files, the save
     steps against existing tags, and fp16 support.
 
@@ -476,19 +477,20 @@ def resolve(args: argparse.Namespace) -> RunConfig:
         growth = load_growth_plan(args.growth_plan)
         start = init_from.check_plan_start(init, growth, args.growth_plan) if init is not None else None
         cfg = start or plan_config(args, growth, cfg, state, stage_index)
-    check_run_fits_memory(cfg, ds_cfg, max(launched_world, 1))  # the model alone first, then a plan's growths (a
-    # WORLD_SIZE below 1 is refused when the ranks join)
-    if growth is not None:
-        check_plan_fits_run(growth, stage_index, args, ds_cfg, state.schedule if state else None)
-    stop = check_stop_stage(getattr(args, "stop_before_stage", None), growth, stage_index)
     seq_len = args.seq_len if args.seq_len is not None else (state.seq_len if state else cfg.n_positions)
-    seed = args.seed if args.seed is not None else (state.seed if state else DEFAULT_SEED)
-    if state is not None:
-        check_data_order(state, seq_len, seed)
     if not 1 <= seq_len <= cfg.n_positions:
         raise UsageError(
             f"--seq_len {seq_len} must be in [1, n_positions={cfg.n_positions}]; shorten it or raise --n_positions"
         )
+    world = max(launched_world, 1)  # a WORLD_SIZE below 1 is refused when the ranks join
+    batch = run_batch(args, ds_cfg, cfg, world, seq_len)  # the activations of one micro batch are counted too
+    check_run_fits_memory(cfg, ds_cfg, world, batch)  # the model alone first, then a plan's growths
+    if growth is not None:
+        check_plan_fits_run(growth, stage_index, args, ds_cfg, state.schedule if state else None, batch=batch)
+    stop = check_stop_stage(getattr(args, "stop_before_stage", None), growth, stage_index)
+    seed = args.seed if args.seed is not None else (state.seed if state else DEFAULT_SEED)
+    if state is not None:
+        check_data_order(state, seq_len, seed)
     if args.eval_stride is not None and args.eval_stride > seq_len:
         raise UsageError(f"--eval_stride {args.eval_stride} must be at most seq_len {seq_len} (the window length)")
     if resume is not None:

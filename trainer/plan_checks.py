@@ -24,11 +24,16 @@ from growlm.model.registry import family
 from growlm.runtime.engine import precision_of
 from growlm.runtime.memory import (
     GIB,
+    SHORTFALL_FIX,
+    MicroBatch,
+    activation_bytes,
     growth_working_set_bytes,
     model_state_bytes,
     model_state_split,
     placed_shortfall,
     rank_memory_bytes,
+    size_text,
+    training_need_text,
 )
 from growlm.runtime.metrics_file import MetricsFileError, read_val_curve
 from growlm.runtime.run_state import RunState
@@ -117,12 +122,13 @@ def check_stage_schedules(growth: StageList, stage_index: int, ds_cfg: dict, sav
 
 
 def check_plan_fits_run(
-    growth: StageList, stage_index: int, args, ds_cfg: dict, saved_schedule: Any = None, this_run: bool = True
-) -> None:
+    growth: StageList, stage_index: int, args, ds_cfg: dict, saved_schedule: Any = None, this_run: bool = True,
+    batch: MicroBatch | None = None,
+) -> None:  # fmt: skip
     """Refuse, before any rank starts, a plan this run cannot carry out (``this_run``: also what depends on this run
-    alone: a stage that cannot fit this rank's memory, ``check_stages_fit_memory``, and a token trigger this run's
-    batch never reaches, ``check_token_triggers``; growlm-run, whose jobs may differ in nodes and batch, passes
-    False).
+    alone: a stage that cannot fit this rank's memory with this run's micro ``batch``, ``check_stages_fit_memory``,
+    and a token trigger this run's batch never reaches, ``check_token_triggers``; growlm-run, whose jobs may differ in
+    nodes and batch, passes False).
 
     Raises:
         UsageError: fp16 at ZeRO stage 0, a scheduler other than WarmupCosineLR, a growth before step 1 or at a
@@ -173,7 +179,9 @@ def check_plan_fits_run(
     check_stage_schedules(growth, stage_index, ds_cfg, saved_schedule)
     if this_run:
         check_token_triggers(growth, stage_index, args, ds_cfg)
-        check_stages_fit_memory(growth, stage_index, ds_cfg)
+        start = growth.stages[stage_index - 1].target if stage_index else growth.start
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        check_stages_fit_memory(growth, stage_index, ds_cfg, batch or run_batch(args, ds_cfg, start, world))
 
 
 def check_token_triggers(growth: StageList, stage_index: int, args, ds_cfg: dict) -> None:
@@ -211,12 +219,14 @@ def run_device() -> torch.device:
     return torch.device("cuda", min(local, torch.cuda.device_count() - 1))
 
 
-def check_stages_fit_memory(growth: StageList, stage_index: int, ds_cfg: dict) -> None:
-    """Refuse a stage whose growth cannot fit this rank's memory even on an empty machine: the old and the grown
-    model's parameters, gradients and Adam state (runtime.memory, ZeRO paper Fig. 1, by the config's ZeRO stage,
-    precision and WORLD_SIZE; the Adam part on the host when the optimizer is offloaded) and the growth's working set,
-    against the device's total memory (the host's divided by the ranks on this node). The growth itself checks free
-    memory again when it happens (growth.live.grow.check_growth_fits).
+def check_stages_fit_memory(growth: StageList, stage_index: int, ds_cfg: dict, batch: MicroBatch) -> None:
+    """Refuse a stage that cannot fit this rank's memory even on an empty machine, at its growth or after it: the old
+    and the grown model's parameters, gradients and Adam state (runtime.memory, ZeRO paper Fig. 1, by the config's
+    ZeRO stage, precision and WORLD_SIZE; the Adam part on the host when the optimizer is offloaded) and the growth's
+    working set; then the grown model's model states and the activations of one micro ``batch`` as it trains on
+    (runtime.memory.activation_bytes; none are live during the growth itself); each against the device's total memory
+    (the host's divided by the ranks on this node). The growth itself checks free memory again when it happens
+    (growth.live.grow.check_growth_fits).
 
     Raises:
         UsageError: the first stage that cannot fit, with its figures.
@@ -229,9 +239,36 @@ def check_stages_fit_memory(growth: StageList, stage_index: int, ds_cfg: dict) -
         work = growth_working_set_bytes(largest_param_numel(old), largest_param_numel(s.target))
         what = f"stage {s.name!r} (growing {old.shape_str()} into {s.target.shape_str()}, ZeRO-{stage}, {precision})"
         msg = placed_shortfall(parts, work, device, offloaded, what)
+        if not msg:
+            grown = parts[1]
+            acts = activation_bytes(s.target, batch, precision)
+            what = (
+                f"stage {s.name!r} (training {s.target.shape_str()} after its growth, ZeRO-{stage}, {precision}), "
+                f"{training_need_text(sum(grown), acts, batch)},"
+            )
+            fix = f"{SHORTFALL_FIX}, or a smaller micro batch, a shorter --seq_len or --activation_checkpointing"
+            msg = placed_shortfall([grown], 0, device, offloaded, what, fix, acts)
         if msg:
             raise UsageError(msg)
         old = s.target
+
+
+def micro_batch_of(ds_cfg: dict, world: int) -> int:
+    """The micro batch per rank DeepSpeed trains with: train_micro_batch_size_per_gpu, else train_batch_size over
+    gradient_accumulation_steps (1 when unset) and the ``world`` ranks, as runtime.ds_config.check_batch derives it
+    (at least 1)."""
+    micro = ds_cfg.get("train_micro_batch_size_per_gpu")
+    if micro is None:
+        gas = ds_cfg.get("gradient_accumulation_steps") or 1
+        micro = (ds_cfg.get("train_batch_size") or 1) // max(world, 1) // gas
+    return max(int(micro), 1)
+
+
+def run_batch(args, ds_cfg: dict, cfg: ModelConfig, world: int, seq_len: int | None = None) -> MicroBatch:
+    """This run's micro batch as the memory checks count it: ``micro_batch_of`` the config, ``seq_len`` (else
+    --seq_len, else ``cfg``'s n_positions: train.py's default) and --activation_checkpointing."""
+    t = seq_len or getattr(args, "seq_len", None) or cfg.n_positions
+    return MicroBatch(micro_batch_of(ds_cfg, world), t, bool(getattr(args, "activation_checkpointing", False)))
 
 
 def memory_settings(ds_cfg: dict) -> tuple[int, str, bool]:
@@ -242,72 +279,135 @@ def memory_settings(ds_cfg: dict) -> tuple[int, str, bool]:
     return int(zero.get("stage", 0)), precision_of(ds_cfg), offloaded
 
 
-def check_run_fits_memory(cfg: ModelConfig, ds_cfg: dict, world: int) -> None:
-    """Refuse a run whose model cannot fit this rank's memory even on an empty machine, before anything is built or
-    written: its parameters, gradients and Adam state per rank (runtime.memory.model_state_split by the config's ZeRO
-    stage, precision and ``world`` ranks; the Adam part on the host when the optimizer is offloaded), against the
-    GPU's total memory and the host's total divided by the ranks on this node (runtime.memory.placed_shortfall: the
-    arithmetic of the plan stages' check, ``check_stages_fit_memory``, and of growlm-run's,
-    trainer.driver.fits_here). Activations are not counted: a run that passes may still not fit; one that fails
-    cannot. Without this check such a run is killed by the kernel while it builds the model or takes its first step.
+def check_run_fits_memory(cfg: ModelConfig, ds_cfg: dict, world: int, batch: MicroBatch) -> None:
+    """Refuse a run whose model cannot train on this rank's memory even on an empty machine, before anything is built
+    or written: its parameters, gradients and Adam state per rank (runtime.memory.model_state_split by the config's
+    ZeRO stage, precision and ``world`` ranks; the Adam part on the host when the optimizer is offloaded) plus the
+    activations of one micro ``batch`` (runtime.memory.activation_bytes: Korthikanti et al. 2022, eq. 1; on the GPU
+    of a GPU rank), against the GPU's total memory and the host's total divided by the ranks on this node
+    (runtime.memory.placed_shortfall: the arithmetic of the plan stages' check, ``check_stages_fit_memory``, and of
+    growlm-run's, trainer.driver.fits_here). Buffers, the data and the allocator's slack are not counted: a run that
+    passes may still not fit; one that fails cannot. Without this check such a run is killed by the kernel while it
+    builds the model or takes its first step.
 
     Raises:
-        UsageError: the figures (GiB per rank, the memory there is) and what would fit (``what_would_fit``).
+        UsageError: the figures (model states and activations, GiB per rank, the memory there is) and what would fit
+            (``what_would_fit``).
     """
     stage, precision, offloaded = memory_settings(ds_cfg)
     device, n = run_device(), param_count(cfg)
+    parts = [model_state_split(n, stage, precision, world)]
+    acts = activation_bytes(cfg, batch, precision)
     what = (
         f"the model {cfg.shape_str()} ({n / 1e9:,.2f}B parameters; ZeRO-{stage}, {precision}, {world} rank(s)), "
-        "its parameters, gradients and Adam state alone,"
+        f"its {training_need_text(sum(parts[0]), acts, batch)},"
     )
-    parts = [model_state_split(n, stage, precision, world)]
-    if placed_shortfall(parts, 0, device, offloaded, what):
-        fix = what_would_fit(cfg, stage, precision, world, offloaded, device)
-        raise UsageError(placed_shortfall(parts, 0, device, offloaded, what, fix))
+    if placed_shortfall(parts, 0, device, offloaded, what, activations=acts):
+        fix = what_would_fit(cfg, stage, precision, world, offloaded, device, batch)
+        raise UsageError(placed_shortfall(parts, 0, device, offloaded, what, fix, acts))
 
 
-SUGGESTED_ROOM = 2.0
-"""What ``what_would_fit`` suggests leaves room for what the model-state arithmetic does not count (activations,
-buffers, the data, the allocator): model states of at most 1 / SUGGESTED_ROOM of the memory. Measured: qwen2.5-0.5b on
-1 rank, ZeRO-2 on a CPU, peaked at about 17.3 GiB of resident memory for 7.4 GiB (bf16) to 9.2 GiB (fp32) of model
-states, 1.9-2.3 x; llama-3.2-1b, 23.0 GiB of fp32 model states on a 23.5 GiB host, passes the check and is killed in
-its first step."""
+SUGGESTED_ROOM = 1.25
+"""What ``what_would_fit`` suggests leaves room for what the arithmetic does not count (buffers, the data, the
+allocator's slack, the backward's temporaries): model states plus activations of at most 1 / SUGGESTED_ROOM of the
+memory (80%). A margin, not a measurement. Measured: qwen2.5-0.5b on 1 rank, ZeRO-2 on a CPU, peaked at about 17.3
+GiB of resident memory for 7.4 GiB (bf16) to 9.2 GiB (fp32) of model states (the sweep's micro batch was not
+recorded: bf16 at 8 x 512 tokens, this arithmetic counts 16.9 GiB); llama-3.2-1b, 23.0 GiB of fp32 model states on a
+23.5 GiB host, passed the model-state check alone and was killed in its first step (at its default seq_len of 131,072
+its activations are hundreds of TiB)."""
+
+
+def batch_change(new: MicroBatch, old: MicroBatch) -> str:
+    """The flags that turn the micro batch ``old`` into ``new``, for messages ('' for none): a micro batch of N
+    (train_micro_batch_size_per_gpu), --seq_len T, --activation_checkpointing, joined by 'and'."""
+    flags = [f"a micro batch of {new.size} (train_micro_batch_size_per_gpu)"] if new.size != old.size else []
+    flags += [f"--seq_len {new.seq_len}"] if new.seq_len != old.seq_len else []
+    flags += ["--activation_checkpointing"] if new.checkpointing and not old.checkpointing else []
+    return " and ".join(flags)
+
+
+def batch_fixes(batch: MicroBatch, fits) -> list[tuple[str, MicroBatch]]:
+    """The changes of the micro ``batch`` that make ``fits(batch)`` true, smallest change first, as (flags, batch):
+    --activation_checkpointing; the largest smaller micro batch (halving); else the longest shorter --seq_len
+    (halving) at this micro batch or at micro batch 1, whichever keeps more tokens (a longer sequence on a tie)."""
+    out = []
+    if not batch.checkpointing and fits(replace(batch, checkpointing=True)):
+        out.append(replace(batch, checkpointing=True))
+    micro = batch.size // 2
+    while micro >= 1 and not fits(replace(batch, size=micro)):
+        micro //= 2
+    if micro >= 1:
+        out.append(replace(batch, size=micro))
+    shorter = []
+    for size in {batch.size, 1}:
+        t = batch.seq_len // 2
+        while t >= 1 and not fits(replace(batch, size=size, seq_len=t)):
+            t //= 2
+        if t >= 1:
+            shorter.append(replace(batch, size=size, seq_len=t))
+    if shorter and micro < 1:
+        out.append(max(shorter, key=lambda b: (b.size * b.seq_len, b.seq_len)))
+    return [(batch_change(b, batch), b) for b in out]
 
 
 def what_would_fit(
-    cfg: ModelConfig, stage: int, precision: str, world: int, offloaded: bool, device: torch.device
-) -> str:
-    """The fix of ``check_run_fits_memory``'s refusal, each part judged by the same arithmetic with room for
-    activations (``SUGGESTED_ROOM``): the largest preset of ``cfg``'s family that fits this run's settings; ZeRO-3 over
-    enough ranks (on a CPU each on a host of this size: ranks on one host share its memory, so more ranks there do
-    not help); on a GPU the optimizer offloaded to the CPU when that fits (on a CPU rank it moves nothing off the
-    host)."""
+    cfg: ModelConfig, stage: int, precision: str, world: int, offloaded: bool, device: torch.device,
+    batch: MicroBatch,
+) -> str:  # fmt: skip
+    """The fix of ``check_run_fits_memory``'s refusal, each part judged by the same arithmetic (model states plus
+    activations) with room for what it does not count (``SUGGESTED_ROOM``): a smaller micro batch, --seq_len or
+    --activation_checkpointing (``batch_fixes``); the largest preset of ``cfg``'s family that fits this run's settings;
+    ZeRO-3 over enough ranks (on a CPU each on a host of this size: ranks on one host share its memory, so more ranks
+    there do not help; activations are per rank, so the ranks must leave room for them); on a GPU the optimizer
+    offloaded to the CPU when that fits (on a CPU rank it moves nothing off the host). Where this micro batch's
+    activations alone take more than half the memory, the preset, ZeRO-3 and offload are judged, and named, at the
+    smallest change of the batch (``batch_fixes``) whose activations take at most half."""
 
-    def roomy(n_params: int, zero: int = stage, off: bool = offloaded) -> bool:
-        p, o = model_state_split(n_params, zero, precision, world)
-        return not placed_shortfall([(p * SUGGESTED_ROOM, o * SUGGESTED_ROOM)], 0, device, off, "")
+    def roomy(model: ModelConfig, b: MicroBatch, zero: int = stage, off: bool = offloaded) -> bool:
+        p, o = model_state_split(param_count(model), zero, precision, world)
+        acts = activation_bytes(model, replace(b, seq_len=min(b.seq_len, model.n_positions)), precision)
+        room = SUGGESTED_ROOM
+        return not placed_shortfall([(p * room, o * room)], 0, device, off, "", activations=acts * room)
 
-    n_model = param_count(cfg)
-    fits = [(param_count(c), name) for name, c in family(cfg).presets.items() if param_count(c) < n_model]
-    fits = [(n, name) for n, name in fits if roomy(n)]
-    ways, note = [], ""
-    if fits:
-        n, name = max(fits)
-        need = model_state_bytes(n, stage, precision, world)
-        ways.append(f"a smaller preset ({name}, {n / 1e9:,.2f}B parameters, about {need / GIB:,.1f} GiB per rank here)")
     on_gpu = device.type == "cuda"
-    total = SUGGESTED_ROOM * model_state_bytes(n_model, 3, precision, 1)  # ZeRO-3 divides all of it by the ranks
     per_rank = rank_memory_bytes(device, False) if on_gpu else psutil.virtual_memory().total
-    ranks = max(world + 1, math.ceil(total / max(per_rank, 1)))
-    where = "GPUs" if on_gpu else "ranks, each on a host of this size (ranks on one host share its memory)"
-    ways.append(f"ZeRO-3 (ds_configs/zero3_{precision}.json) on {ranks} {where}")
-    if on_gpu and not offloaded and stage >= 1 and roomy(n_model, off=True):
+    fixes = batch_fixes(batch, lambda b: roomy(cfg, b))
+    ways = [flags for flags, _ in fixes]
+    at, said = batch, ""
+    if activation_bytes(cfg, batch, precision) * SUGGESTED_ROOM > per_rank / 2:  # the batch leaves no room
+        smaller = batch_fixes(batch, lambda b: activation_bytes(cfg, b, precision) * SUGGESTED_ROOM <= per_rank / 2)
+        if smaller:
+            flags, at = smaller[0]
+            said = f" with {flags}"
+    n_model = param_count(cfg)
+    fits = [(param_count(c), name, c) for name, c in family(cfg).presets.items() if param_count(c) < n_model]
+    fits = [(n, name, c) for n, name, c in fits if roomy(c, at)]
+    if fits:
+        n, name, c = max(fits, key=lambda f: f[0])
+        b = replace(at, seq_len=min(at.seq_len, c.n_positions))
+        need = model_state_bytes(n, stage, precision, world) + activation_bytes(c, b, precision)
+        change = batch_change(b, batch)
+        ways.append(
+            f"a smaller preset ({name}, {n / 1e9:,.2f}B parameters, about {need / GIB:,.1f} GiB per rank here"
+            f"{' with ' + change if change else ''})"
+        )
+    acts = activation_bytes(cfg, at, precision)
+    states = model_state_bytes(n_model, 3, precision, 1)  # ZeRO-3 divides all of it by the ranks
+    left = per_rank / SUGGESTED_ROOM - acts  # what a rank has for its share of the model states
+    if left > 0:
+        ranks = max(world + 1, math.ceil(states / left))
+        where = "GPUs" if on_gpu else "ranks, each on a host of this size (ranks on one host share its memory)"
+        ways.append(f"ZeRO-3 (ds_configs/zero3_{precision}.json) on {ranks} {where}{said}")
+    note = ""
+    if on_gpu and not offloaded and stage >= 1 and roomy(cfg, at, off=True):
         shipped = DS_CONFIG_DIR / f"zero{stage}_{precision}_offload.json"
         name = f"ds_configs/{shipped.name}" if shipped.is_file() else 'offload_optimizer: {"device": "cpu"}'
-        ways.append(f"the optimizer offloaded to the CPU ({name})")
+        ways.append(f"the optimizer offloaded to the CPU ({name}){said}")
     elif not on_gpu:
         note = "; CPU offload moves nothing off a CPU rank's host"
-    room = f"at most 1/{SUGGESTED_ROOM:g} of the memory, leaving room for activations"
+    if not ways:
+        ways.append(f"a machine with more memory (this micro batch alone needs {size_text(acts)})")
+    room = f"model states and activations within {100 / SUGGESTED_ROOM:.0f}% of the memory"
     return f"it cannot fit; what would ({room}): " + ", or ".join(ways) + note
 
 

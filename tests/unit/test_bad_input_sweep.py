@@ -51,6 +51,11 @@ SWEEP: dict[str, list[str]] = {
         "unit/test_memory_checks.py::test_train_refuses_a_model_that_cannot_fit_the_host_before_building_it",
         "unit/test_memory_checks.py::test_dry_run_warns_where_the_real_run_refuses_for_memory",
     ],
+    "llama-3.2-1b at its default seq_len on a 23.5 GiB host, whose model states fit and whose first step's "
+    "activations do not (killed by the kernel in step 1)": [
+        "unit/test_memory_checks.py::test_train_refuses_the_1b_preset_whose_activations_cannot_fit_the_host",
+        "unit/test_memory_checks.py::test_train_refuses_a_stage_whose_grown_model_cannot_train_here",
+    ],
     "a truncated model.safetensors (growlm-eval, --init_from) and a corrupt curve JSON (--report_only)": [
         "unit/test_output_writers_unit.py::test_growlm_eval_of_a_truncated_safetensors_names_it",
         "unit/test_output_writers_unit.py::test_init_from_a_truncated_safetensors_names_it",

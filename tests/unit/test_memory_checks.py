@@ -6,6 +6,7 @@ dry run warns where a node is given more ranks than it has cores or GPUs."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -332,24 +333,149 @@ def test_train_refuses_a_model_that_cannot_fit_the_host_before_building_it(tmp_p
     for key in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         monkeypatch.setenv(key, str(ranks_here))
     out = tmp_path / "run"
-    cfg_path = str(DS_CONFIG_DIR / "zero2_fp32.json")
-    line = train_fails(capsys, ["--preset", "llama-3.2-3b", "--ds_config", cfg_path, "--out_dir", str(out)])
-    n = param_count(from_preset("llama-3.2-3b"))
-    need = memory.model_state_bytes(n, 2, "fp32", ranks_here)
-    assert need == (4 + 16 / ranks_here) * n  # parameters replicated; gradients and Adam state (with fp32 master) split
+    cfg_path = str(DS_CONFIG_DIR / "zero2_fp32.json")  # micro batch 8
+    argv = ["--preset", "llama-3.2-3b", "--ds_config", cfg_path, "--seq_len", "128", "--out_dir", str(out)]
+    line = train_fails(capsys, argv)
+    cfg = from_preset("llama-3.2-3b")
+    n = param_count(cfg)
+    states = memory.model_state_bytes(n, 2, "fp32", ranks_here)
+    assert states == (4 + 16 / ranks_here) * n  # parameters replicated; gradients and Adam state (fp32 master) split
+    acts = memory.activation_bytes(cfg, memory.MicroBatch(8, 128), "fp32")  # per rank: ZeRO does not shard them
     assert line.startswith(
-        f"growlm-train: error: the model {from_preset('llama-3.2-3b').shape_str()} (3.21B parameters; ZeRO-2, fp32, "
-        f"{ranks_here} rank(s)), its parameters, gradients and Adam state alone, needs about {need / 2**30:,.1f} GiB "
-        f"per rank, and this rank's host memory ({ranks_here} rank(s) on this node) has {23.5 / ranks_here:,.1f} GiB "
-        "in all: it cannot fit; what would (at most 1/2 of the memory, leaving room for activations): a smaller "
-        "preset (smollm-360m, 0.36B parameters, about "
+        f"growlm-train: error: the model {cfg.shape_str()} (3.21B parameters; ZeRO-2, fp32, {ranks_here} rank(s)), "
+        f"its model states {states / 2**30:,.1f} GiB + activations of one micro batch of 8 x 128 tokens "
+        f"{acts / 2**30:,.1f} GiB, needs about {(states + acts) / 2**30:,.1f} GiB per rank, and this rank's host "
+        f"memory ({ranks_here} rank(s) on this node) has {23.5 / ranks_here:,.1f} GiB in all: it cannot fit; what "
+        "would (model states and activations within 80% of the memory): a smaller preset (smollm-360m, 0.36B "
+        "parameters, about "
     ), line
-    ranks = 6  # 2 x 20 bytes x 3.21B parameters = 119.7 GiB over hosts of 23.5 GiB
+    # ZeRO-3: 20 bytes x 3.21B parameters = 59.8 GiB over ranks whose hosts keep 80% of 23.5 GiB less this batch's
+    # 7.4 GiB of activations each (not sharded): 6
+    ranks = math.ceil(memory.model_state_bytes(n, 3, "fp32", 1) / (23.5 * 2**30 / 1.25 - acts))
+    assert ranks == 6
     assert line.endswith(
         f"or ZeRO-3 (ds_configs/zero3_fp32.json) on {ranks} ranks, each on a host of this size (ranks on one host "
         "share its memory); CPU offload moves nothing off a CPU rank's host"
     ), line
     assert not out.exists()  # no train.lock, metrics.jsonl or tb/
+
+
+def test_the_activations_follow_the_published_count():
+    """Korthikanti et al. 2022 (arXiv 2205.05198), eq. 1 by hand for L=2 d=64 H=4 V=1000, B=3, T=16."""
+    cfg = GPTConfig(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128)
+    batch = memory.MicroBatch(3, 16)
+    layer = 16 * 3 * 64 * (34 + 5 * 4 * 16 / 64)  # s b h (34 + 5 a s / h) = 3072 x 39 = 119,808 bytes in 16-bit
+    assert layer == 119_808
+    logits = 3 * 16 * 1000 * 2 + 3 * 16 * 1000 * 4  # half logits + their fp32 copy for the loss: 288,000
+    assert memory.activation_bytes(cfg, batch, "bf16") == 2 * layer + logits == 527_616
+    assert memory.activation_bytes(cfg, batch, "fp16") == 527_616
+    # fp32: every activation twice the bytes, the logits 4 + 4
+    assert memory.activation_bytes(cfg, batch, "fp32") == 2 * 2 * layer + 3 * 16 * 1000 * 8 == 863_232
+    # checkpointing (Sec. 5): each layer keeps its input, 2 s b h bytes, plus one layer's full activations
+    ckpt = memory.MicroBatch(3, 16, checkpointing=True)
+    assert memory.activation_bytes(cfg, ckpt, "bf16") == 2 * (2 * 16 * 3 * 64) + layer + logits == 420_096
+    assert memory.activation_bytes(cfg, ckpt, "fp32") == 2 * 2 * (2 * 16 * 3 * 64) + 2 * layer + 384_000 == 648_192
+    # the score term grows with s^2: twice the sequence, more than twice the layer's bytes
+    assert memory.activation_bytes(cfg, memory.MicroBatch(3, 32), "bf16") > 2 * 527_616
+    with pytest.raises(ValueError, match="micro batch 0"):
+        memory.activation_bytes(cfg, memory.MicroBatch(0, 16), "bf16")
+    # placed with the model states: on a CPU all on the host; on a GPU on the device, beside the offloaded Adam part
+    assert memory.placed_bytes(10, 20, 0, False, False, 7) == (0.0, 37)
+    assert memory.placed_bytes(10, 20, 0, True, True, 7) == (17, 20)
+
+
+@pytest.mark.bad_input
+def test_train_refuses_the_1b_preset_whose_activations_cannot_fit_the_host(tmp_path, capsys, monkeypatch):
+    """llama-3.2-1b at its default seq_len (n_positions, 131,072) on a 23.5 GiB host: its 23.0 GiB of fp32 model
+    states alone pass, and the kernel killed it in step 1; with one micro batch's activations it is refused in one
+    line before the model is built, by train.py, growlm-run and its dry run alike."""
+    host_of(monkeypatch, 23.5)
+    for key in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+
+    def past_the_checks(cfg):
+        raise AssertionError("train.py went past its checks: it would build a 1.24B-parameter model")
+
+    monkeypatch.setattr(train_run, "join", past_the_checks)
+    cfg = from_preset("llama-3.2-1b")
+    states = memory.model_state_bytes(param_count(cfg), 2, "fp32", 1)
+    assert states < 23.5 * 2**30  # the model-state check alone let it through
+    acts = memory.activation_bytes(cfg, memory.MicroBatch(8, cfg.n_positions), "fp32")
+    out = tmp_path / "run"
+    cfg_path = str(DS_CONFIG_DIR / "zero2_fp32.json")
+    line = train_fails(capsys, ["--preset", "llama-3.2-1b", "--ds_config", cfg_path, "--out_dir", str(out)])
+    assert line.startswith(
+        f"growlm-train: error: the model {cfg.shape_str()} (1.24B parameters; ZeRO-2, fp32, 1 rank(s)), its model "
+        f"states 23.0 GiB + activations of one micro batch of 8 x 131072 tokens {acts / 2**30:,.1f} GiB, needs about "
+        f"{(states + acts) / 2**30:,.1f} GiB per rank, and this rank's host memory (1 rank(s) on this node) has 23.5 "
+        "GiB in all: it cannot fit; what would (model states and activations within 80% of the memory): "
+    ), line
+    assert "ZeRO-3 (ds_configs/zero3_fp32.json) on 3 ranks" in line and "with --seq_len 256" in line, line
+    assert not out.exists()
+    # growlm-run: the job's model and micro batch at train.py's default seq_len, refused before launching
+    argv = run_plan(
+        tmp_path,
+        monkeypatch,
+        "start: {preset: llama-3.2-1b, resources: {ranks_per_node: 1}}\n"
+        "stages:\n  - {name: deeper, target: {n_layer: 17}, family: masked, when: {step: 2}}\n",
+    )
+    argv = [argv[0], "--", "--ds_config", cfg_path, "--out_dir", "runs/x"]  # no --seq_len: n_positions
+    cpu_machine(monkeypatch, cores=2, host_gib=23.5)
+    assert run_cli.main(argv) == 2
+    refusal = one_error_line(capsys.readouterr().err, "growlm-run")
+    assert refusal.startswith(
+        f"job 0: stage 'start' ({cfg.shape_str()}), ZeRO-2, fp32, 1 rank(s), model states 23.0 GiB + activations "
+        f"of one micro batch of 8 x 131072 tokens {acts / 2**30:,.1f} GiB, needs about "
+        f"{(states + acts) / 2**30:,.1f} GiB per rank, and this machine's host memory is 23.5 GiB per rank"
+    ), refusal
+    assert "a smaller micro_batch, a shorter --seq_len or --activation_checkpointing" in refusal
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.yaml"]  # nothing launched or written
+    assert run_cli.main([argv[0], "--dry_run", *argv[1:]]) == 0
+    dry = capsys.readouterr().out
+    assert f"activations of one micro batch of 8 x 131072 tokens: {acts / 2**30:.3f} GiB per rank" in dry
+    assert f"  WARNING: {refusal}; growlm-run without --dry_run refuses it" in dry
+
+
+@pytest.mark.bad_input
+def test_train_refuses_a_stage_whose_grown_model_cannot_train_here(tmp_path, capsys, monkeypatch):
+    """A growth that fits (both models and the working set) whose grown model's activations do not: 1,600 layers at
+    8 x 128 tokens, refused with the grown model's figures before anything is built."""
+    host_of(monkeypatch, 8)
+    for key in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        "start: {preset: tiny}\nstages:\n  - {name: deep, target: {n_layer: 1600}, family: masked, when: {step: 2}}\n"
+    )
+    out = tmp_path / "run"
+    cfg_path = str(DS_CONFIG_DIR / "zero2_fp32.json")
+    argv = ["--growth_plan", str(plan), "--ds_config", cfg_path, "--max_steps", "40", "--out_dir", str(out)]
+    line = train_fails(capsys, argv)
+    start = from_preset("tiny")
+    deep = replace(start, n_layer=1600)
+    states = memory.model_state_bytes(param_count(deep), 2, "fp32", 1)
+    acts = memory.activation_bytes(deep, memory.MicroBatch(8, 128), "fp32")
+    assert line == (
+        f"growlm-train: error: stage 'deep' (training {deep.shape_str()} after its growth, ZeRO-2, fp32), model "
+        f"states {memory.size_text(states)} + activations of one micro batch of 8 x 128 tokens "
+        f"{memory.size_text(acts)}, needs about {(states + acts) / 2**30:,.1f} GiB per rank, and this rank's host "
+        "memory (1 rank(s) on this node) has 8.0 GiB in all: choose a smaller target, more ranks or a higher ZeRO "
+        "stage, or a smaller micro batch, a shorter --seq_len or --activation_checkpointing"
+    )
+    assert not out.exists()
+
+
+def test_the_tiny_cpu_runs_of_the_suite_fit_a_24_gib_host(monkeypatch):
+    """cpu-small and llama-cpu-small at seq_len 128 (and their n_positions) on the shipped configs' micro batch 8."""
+    host_of(monkeypatch, 24)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    for name in ("cpu-small", "llama-cpu-small", "tiny"):
+        cfg = from_preset(name)
+        for precision, ds in (("fp32", {}), ("bf16", {"bf16": {"enabled": True}})):
+            for seq_len in (128, cfg.n_positions):
+                ds_cfg = {**ds, "zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 8}
+                plan_checks.check_run_fits_memory(cfg, ds_cfg, 1, memory.MicroBatch(8, seq_len))
+                assert memory.activation_bytes(cfg, memory.MicroBatch(8, seq_len), precision) < 2**30
 
 
 def test_on_a_gpu_the_refusal_names_the_offload_that_fits(monkeypatch):
@@ -359,16 +485,21 @@ def test_on_a_gpu_the_refusal_names_the_offload_that_fits(monkeypatch):
     monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=0, total=2**40))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     ds = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}}
+    batch = memory.MicroBatch(1, 1024)
+    big = from_preset("llama-3.1-8b")
     with pytest.raises(UsageError) as e:
-        plan_checks.check_run_fits_memory(from_preset("llama-3.1-8b"), ds, 1)
+        plan_checks.check_run_fits_memory(big, ds, 1, batch)
     msg = str(e.value)
-    assert "needs about 119.7 GiB per rank, and this rank's GPU has 80.0 GiB in all: it cannot fit;" in msg, msg
-    # 2 x 16 bytes x 8.03B over 80 GiB GPUs: 3; the offload leaves 4 bytes a parameter (30 GiB) on the GPU
+    acts = memory.activation_bytes(big, batch, "bf16")  # on the GPU, beside the model states
+    need = memory.model_state_bytes(param_count(big), 2, "bf16", 1) + acts  # 119.7 GiB of model states
+    assert f"needs about {need / 2**30:,.1f} GiB per rank, and this rank's GPU has 80.0 GiB in all: it cannot" in msg
+    # 16 bytes x 8.03B (119.7 GiB) over GPUs keeping 80% of 80 GiB less 10.0 GiB of activations each: 3; the offload
+    # leaves 4 bytes a parameter (30 GiB) and the activations on the GPU
     assert msg.endswith(
         "or ZeRO-3 (ds_configs/zero3_bf16.json) on 3 GPUs, or the optimizer offloaded to the CPU "
         "(ds_configs/zero2_bf16_offload.json)"
     ), msg
-    plan_checks.check_run_fits_memory(from_preset("llama-3.2-1b"), ds, 1)  # 18.4 GiB: fits
+    plan_checks.check_run_fits_memory(from_preset("llama-3.2-1b"), ds, 1, batch)  # 18.4 + 3.9 GiB: fits
 
 
 @pytest.mark.bad_input
@@ -383,7 +514,11 @@ def test_dry_run_warns_where_the_real_run_refuses_for_memory(tmp_path, capsys, m
     cpu_machine(monkeypatch, cores=2, host_gib=23.5)
     assert run_cli.main(argv) == 2
     refusal = one_error_line(capsys.readouterr().err, "growlm-run")
-    assert refusal.startswith("job 0: stage 'start' (llama L=28") and "needs about 59.8 GiB per rank" in refusal
+    cfg = from_preset("llama-3.2-3b")
+    need = memory.model_state_bytes(param_count(cfg), 2, "fp32", 1) + memory.activation_bytes(
+        cfg, memory.MicroBatch(8, 32), "fp32"
+    )  # the config's micro batch 8, --seq_len 32
+    assert refusal.startswith("job 0: stage 'start' (llama L=28") and f"needs about {need / 2**30:,.1f} GiB" in refusal
     assert run_cli.main([argv[0], "--dry_run", *argv[1:]]) == 0
     out = capsys.readouterr().out
     assert "model states per rank: 59.842 GiB" in out and out.count("WARNING") == 1  # once per job

@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             _say_config(note)
             return print_dry_run(plan, segments, base_cfg, ns, args, train_args)
-        for line in check_jobs_fit_here(plan, segments, base_cfg):  # before anything is launched or written
+        for line in check_jobs_fit_here(plan, segments, base_cfg, ns):  # before anything is launched or written
             print(line, file=sys.stderr, flush=True)
         _say_config(note)
         run = Run(plan, segments, out_dir, ns.max_steps)

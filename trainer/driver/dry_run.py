@@ -1,7 +1,8 @@
 """growlm-run --dry_run: per stage the model shape, parameters, where and how it is reached, the launcher command of
-its job and the expected model-state memory per rank (runtime.memory), with a warning where it exceeds
---mem_per_rank_gib, and where a job that runs on this machine cannot fit its memory (the check that growlm-run makes
-before launching and refuses it with, trainer.driver.fits_here). Starts nothing and writes nothing."""
+its job, the expected model-state memory per rank and the activations of one micro batch (runtime.memory), with a
+warning where the model states exceed --mem_per_rank_gib, and where a job that runs on this machine cannot fit its
+memory (the check that growlm-run makes before launching and refuses it with, trainer.driver.fits_here). Starts
+nothing and writes nothing."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from growlm import TRAIN_SCRIPT
 from growlm.growth.stages.plan import StageList
 from growlm.model.config import ModelConfig, param_count
 from growlm.runtime.engine import precision_of
-from growlm.runtime.memory import GIB, model_state_bytes
-from growlm.trainer.driver.fits_here import memory_problem, runs_here
+from growlm.runtime.memory import GIB, activation_bytes, model_state_bytes
+from growlm.trainer.driver.fits_here import job_batch, memory_problem, runs_here
 from growlm.trainer.driver.segments import (
     Segment,
     deepspeed_path,
@@ -68,7 +69,7 @@ def print_dry_run(
     print(
         f"growlm-run dry run: {len(plan.stages) + 1} model(s) in {len(segments)} job(s), {precision}, --max_steps "
         f"{ns.max_steps}; memory = parameters + gradients + Adam state per rank (ZeRO paper, Rajbhandari et al. "
-        "2020, Sec. 3.1 / Fig. 1; activations not included)"
+        "2020, Sec. 3.1 / Fig. 1), and activations of one micro batch per rank (Korthikanti et al. 2022, eq. 1)"
     )
     warnings = 0
     shown = set()
@@ -82,6 +83,9 @@ def print_dry_run(
             f"{r.micro_batch} x accumulation {r.grad_accum} x {r.world_size} ranks = {r.global_batch} sequences"
         )
         print(f"  model states per rank: {mem / GIB:.3f} GiB")
+        batch = job_batch(plan, seg, ns)
+        acts = activation_bytes(cfg, batch, precision)
+        print(f"  activations of one micro batch of {batch.text()}: {acts / GIB:.3f} GiB per rank")
         if seg.index not in shown and r.ranks_per_node > slots_here():
             warnings += 1
             print(
@@ -95,7 +99,7 @@ def print_dry_run(
                 f"  WARNING: {mem / GIB:.3f} GiB per rank exceeds --mem_per_rank_gib {args.mem_per_rank_gib:g}: use "
                 "more ranks or a higher ZeRO stage for this stage"
             )
-        problem = memory_problem(plan, seg, base_cfg) if seg.index not in shown and runs_here(seg) else ""
+        problem = memory_problem(plan, seg, base_cfg, ns) if seg.index not in shown and runs_here(seg) else ""
         if problem:  # the real run refuses this job before launching anything (fits_here.check_jobs_fit_here)
             warnings += 1
             print(f"  WARNING: {problem}; growlm-run without --dry_run refuses it")
