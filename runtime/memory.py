@@ -28,12 +28,13 @@ resident memory follows 20 bytes per parameter, not 16).
 
 Activations: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models" (arXiv
 2205.05198), Sec. 4.1, eq. 1: a transformer layer without recomputation keeps s b h (34 + 5 a s / h) bytes in 16-bit
-for backward (s sequence length, b micro batch, h hidden size, a attention heads; the 5 a s^2 b term is the score
-matrix, its softmax and dropout mask). ZeRO partitions model states, not activations: every rank holds its own micro
-batch's. The count is the paper's for a GPT-shaped layer, used as it is for every family (a Llama's SwiGLU and grouped
-keys differ a little), and it keeps the score term although a fused attention kernel keeps no score matrix (torch's
-scaled_dot_product_attention, causal and without dropout, runs its flash kernel on the CPU too and saves q, k, v,
-the output and the log-sum-exp for backward): for a long sequence it is an upper bound of the attention's part.
+for backward (s sequence length, b micro batch, h hidden size, a attention heads), where the 5 a s^2 b term is the
+score matrix, its softmax and dropout mask. growlm's attention never keeps those: torch's
+scaled_dot_product_attention (causal, no dropout) runs a fused kernel that saves q, k, v, the output and the
+log-sum-exp for backward, on the CPU too, which is what the paper's selective recomputation of the attention core
+leaves (Sec. 5: 34 s b h per layer). So the count is 34 s b h per layer, linear in s. ZeRO partitions model states,
+not activations: every rank holds its own micro batch's. The constant is the paper's for a GPT-shaped layer, used as
+it is for every family (a Llama's SwiGLU and grouped keys differ a little).
 """
 
 from __future__ import annotations
@@ -120,10 +121,11 @@ class MicroBatch:
 
 def activation_bytes(cfg: ModelConfig, batch: MicroBatch, precision: str) -> int:
     """Bytes of activations one rank keeps for the backward of one micro batch (module docstring: Korthikanti et al.
-    2022, arXiv 2205.05198). With s = ``batch.seq_len``, b = ``batch.size``, h = n_embd, a = n_head, L = n_layer and
+    2022, arXiv 2205.05198). With s = ``batch.seq_len``, b = ``batch.size``, h = n_embd, L = n_layer and
     V = vocab_size, and x = 2 in fp32 (activations twice the size of 16-bit ones), else 1:
 
-    - each layer, without recomputation: x s b h (34 + 5 a s / h) (Sec. 4.1, eq. 1), L of them;
+    - each layer, without recomputation: x 34 s b h (Sec. 4.1, eq. 1 without its score term, which a fused attention
+      kernel never keeps: Sec. 5), L of them;
     - with activation checkpointing: each layer's input, x 2 s b h (Sec. 5), plus one layer's full activations while
       its backward recomputes them;
     - the logits, b s V elements in the parameters' dtype (2 bytes, 4 in fp32), and their fp32 copy for the cross
@@ -139,9 +141,9 @@ def activation_bytes(cfg: ModelConfig, batch: MicroBatch, precision: str) -> int
             f"precision {precision!r} (one of {list(BYTES_PER_PARAM)}), micro batch {batch.size} and seq_len "
             f"{batch.seq_len} (each >= 1)"
         )
-    s, b, h, a = batch.seq_len, batch.size, cfg.n_embd, cfg.n_head
+    s, b, h = batch.seq_len, batch.size, cfg.n_embd
     x = 2 if precision == "fp32" else 1
-    layer = x * (34 * s * b * h + 5 * a * s * s * b)  # s b h (34 + 5 a s / h), in integers
+    layer = x * 34 * s * b * h
     layers = cfg.n_layer * x * 2 * s * b * h + layer if batch.checkpointing else cfg.n_layer * layer
     logits = b * s * cfg.vocab_size * (4 if precision == "fp32" else 2) + b * s * cfg.vocab_size * 4
     return layers + logits
